@@ -1,0 +1,151 @@
+"""The one exception tree of LLM Dispatch.
+
+Every error that can reach a producer, a reply or a history row is one of these. Each class carries
+a stable ``error_type`` string: replies, counters and ClickHouse rows use that string, and
+:func:`error_from_type` turns it back into the class on the producer side.
+
+    DispatchError
+    ├── ContractError                  bad input; never retried
+    │   ├── MalformedEnvelope          bytes that do not decode into the wire contract
+    │   ├── EnvelopeTooLarge           refused at submit: over the configured size limit
+    │   └── UnknownPool                the group has no such pool
+    ├── BackendError                   the OpenAI-compatible backend failed
+    │   ├── BackendConnectError        retryable: could not connect
+    │   ├── BackendTimeout             retryable: no answer in time
+    │   ├── BackendHTTPError           non-2xx; retryable for 408/409/429/5xx
+    │   └── BackendInvalidResponse     2xx whose body is not a chat completion
+    ├── QueueUnavailable               retryable: Valkey cannot be reached
+    ├── RequestTimeout                 the producer gave up waiting for its reply
+    ├── RequestExpired                 the deadline passed before the request left its queue
+    ├── ProducerClosed                 submit on a closed producer, or closed while waiting
+    └── Rejected                       refused by policy (queueing disabled, admission control)
+
+Lower layers' exceptions are translated at the edge with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+
+class DispatchError(Exception):
+    """Base of every LLM Dispatch error."""
+
+    error_type: str = "dispatch_error"
+    retryable: bool = False
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self.message = message or self.__class__.__doc__ or self.error_type
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ContractError(DispatchError):
+    """Input that breaks the wire contract."""
+
+    error_type = "invalid_request"
+
+
+class MalformedEnvelope(ContractError):
+    """Bytes that do not decode into a valid envelope or reply."""
+
+    error_type = "malformed_envelope"
+
+
+class EnvelopeTooLarge(ContractError):
+    """An envelope over the configured size limit, refused at submit."""
+
+    error_type = "envelope_too_large"
+
+
+class UnknownPool(ContractError):
+    """A pool id that the fabric group does not have."""
+
+    error_type = "unknown_pool"
+
+
+class BackendError(DispatchError):
+    """The OpenAI-compatible backend failed."""
+
+    error_type = "backend_error"
+
+
+class BackendConnectError(BackendError):
+    """The backend could not be reached."""
+
+    error_type = "backend_connect_error"
+    retryable = True
+
+
+class BackendTimeout(BackendError):
+    """The backend did not answer in time."""
+
+    error_type = "backend_timeout"
+    retryable = True
+
+
+class BackendHTTPError(BackendError):
+    """The backend answered with a non-2xx status."""
+
+    error_type = "backend_http_error"
+
+    def __init__(self, message: str = "", *, status_code: int = 0) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.retryable = status_code in (408, 409, 429) or status_code >= 500
+
+
+class BackendInvalidResponse(BackendError):
+    """A 2xx answer whose body is not a chat completion."""
+
+    error_type = "backend_invalid_response"
+
+
+class QueueUnavailable(DispatchError):
+    """Valkey cannot be reached."""
+
+    error_type = "queue_unavailable"
+    retryable = True
+
+
+class RequestTimeout(DispatchError):
+    """The producer's timeout passed before its reply arrived."""
+
+    error_type = "timeout"
+
+
+class RequestExpired(DispatchError):
+    """The request's deadline passed before it left its queue; it was not executed."""
+
+    error_type = "expired"
+
+
+class ProducerClosed(DispatchError):
+    """The producer was closed."""
+
+    error_type = "producer_closed"
+
+
+class Rejected(DispatchError):
+    """Refused by policy: queueing disabled, admission control."""
+
+    error_type = "rejected"
+
+
+def _all_subclasses(cls: type[DispatchError]) -> list[type[DispatchError]]:
+    found = [cls]
+    for sub in cls.__subclasses__():
+        found.extend(_all_subclasses(sub))
+    return found
+
+
+ERROR_TYPES: dict[str, type[DispatchError]] = {c.error_type: c for c in _all_subclasses(DispatchError)}
+
+
+def error_from_type(error_type: str, message: str) -> DispatchError:
+    """Rebuild the typed exception a reply describes; unknown types become the base class."""
+    cls = ERROR_TYPES.get(error_type, DispatchError)
+    error = cls(message)
+    if error.error_type != error_type:
+        error.error_type = error_type
+    return error
