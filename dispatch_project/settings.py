@@ -1,0 +1,119 @@
+"""Django settings for LLM Dispatch, read once from the environment (django-environ).
+
+Every setting has an embedded default so that a fresh checkout runs with no configuration:
+SQLite and the project data directory under ``var/``, a private Valkey server, and the ClickHouse
+engine in-process through chDB. See the README's settings table.
+"""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+
+DISPATCH_DATA_DIR = Path(env.str("DISPATCH_DATA_DIR", default=str(BASE_DIR / "var"))).resolve()
+
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="dev-only-insecure-key-change-me-in-production-0123456789")
+DEBUG = env.bool("DJANGO_DEBUG", default=True)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list(
+    "DJANGO_CSRF_TRUSTED_ORIGINS", default=["http://127.0.0.1:8000", "http://localhost:8000"]
+)
+
+# Empty means: start (or reuse) the embedded Valkey server under DISPATCH_DATA_DIR.
+VALKEY_URL = env.str("VALKEY_URL", default="")
+DISPATCH_KEY_PREFIX = env.str("DISPATCH_KEY_PREFIX", default="")
+CLICKHOUSE_URL = env.str("CLICKHOUSE_URL", default=f"chdb://{DISPATCH_DATA_DIR / 'clickhouse'}")
+HISTORY_RETENTION_DAYS = env.int("HISTORY_RETENTION_DAYS", default=30)
+HISTORY_STORE_CONTENT = env.bool("HISTORY_STORE_CONTENT", default=False)
+
+DISPATCH_PRODUCER_ALIVE_TTL_S = env.float("DISPATCH_PRODUCER_ALIVE_TTL_S", default=12.0)
+DISPATCH_PRODUCER_ALIVE_REFRESH_S = env.float("DISPATCH_PRODUCER_ALIVE_REFRESH_S", default=3.0)
+DISPATCH_MAX_ENVELOPE_BYTES = env.int("DISPATCH_MAX_ENVELOPE_BYTES", default=8 * 1024 * 1024)
+DISPATCH_CONCURRENCY = env.int("DISPATCH_CONCURRENCY", default=64)
+DISPATCH_SHUTDOWN_GRACE_S = env.float("DISPATCH_SHUTDOWN_GRACE_S", default=30.0)
+DISPATCH_LEASE_S = env.float("DISPATCH_LEASE_S", default=15.0)
+DISPATCH_BACKEND_TIMEOUT_S = env.float("DISPATCH_BACKEND_TIMEOUT_S", default=120.0)
+DISPATCH_COST_PER_IMAGE = env.int("DISPATCH_COST_PER_IMAGE", default=2)
+DISPATCH_COST_PER_PAGE = env.int("DISPATCH_COST_PER_PAGE", default=1)
+DISPATCH_COST_MAX = env.int("DISPATCH_COST_MAX", default=64)
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "pools",
+    "history",
+    "dashboard",
+    "ops",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "dispatch_project.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "dispatch_project.wsgi.application"
+ASGI_APPLICATION = "dispatch_project.asgi.application"
+
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{DISPATCH_DATA_DIR / 'db.sqlite3'}")}
+
+# Hosts are filled in at start-up by dispatch_project.connections, once the Valkey URL is known.
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [], "prefix": f"{DISPATCH_KEY_PREFIX}asgi", "capacity": 500, "expiry": 30},
+    }
+}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DISPATCH_DATA_DIR / "static"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGIN_URL = "/admin/login/"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("DISPATCH_LOG_LEVEL", default="INFO")},
+    "loggers": {"django.channels.server": {"level": "WARNING"}},
+}

@@ -1,0 +1,74 @@
+"""Frozen, typed settings handed to the runtime.
+
+The Django management commands (or a plain script) build these once from the environment; the
+runtime never reads the environment or Django settings itself.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+from runtime import keys
+from runtime.contract import DEFAULT_MAX_ENVELOPE_BYTES
+from runtime.cost import CostModel
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerSettings:
+    """How a producer submits work and stays visibly alive."""
+
+    alive_ttl_s: float = keys.PRODUCER_ALIVE_TTL_S
+    alive_refresh_s: float = keys.PRODUCER_ALIVE_REFRESH_S
+    default_timeout_s: float = 120.0
+    max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
+    # How long the known-pool list is trusted before it is read again from Valkey.
+    pool_registry_refresh_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.alive_ttl_s <= 0 or self.alive_refresh_s <= 0:
+            raise ValueError("producer liveness TTL and refresh interval must be positive")
+        if self.alive_refresh_s * 2 > self.alive_ttl_s:
+            raise ValueError(
+                f"liveness refresh ({self.alive_refresh_s}s) must be at most half the TTL ({self.alive_ttl_s}s)"
+            )
+        if self.max_envelope_bytes < 1024:
+            raise ValueError("max_envelope_bytes must be at least 1024")
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherSettings:
+    """One dispatcher process of a fabric group."""
+
+    group_id: str
+    dispatcher_id: str = field(default_factory=lambda: default_dispatcher_id())
+    gateway_id: str = field(default_factory=socket.gethostname)
+    # Calls this process runs at once; the group total in the published config caps all processes.
+    concurrency: int = 64
+    shutdown_grace_s: float = 30.0
+    lease_s: float = keys.INFLIGHT_LEASE_S
+    reply_ttl_s: float = keys.REPLY_LIST_TTL_S
+    # Fallback poll while idle, for producers that push without publishing a wake-up.
+    idle_poll_s: float = 0.05
+    # How many items of each pool's head are read per scheduling round.
+    peek_depth: int = 8
+    reconnect_backoff_s: tuple[float, float] = (0.1, 5.0)
+    backend_timeout_s: float = 120.0
+    backend_connect_timeout_s: float = 5.0
+    snapshot_interval_s: float = 0.25
+    cost: CostModel = field(default_factory=CostModel)
+
+    def __post_init__(self) -> None:
+        if not self.group_id:
+            raise ValueError("a dispatcher needs a fabric group id")
+        if self.concurrency < 1:
+            raise ValueError("dispatcher concurrency must be at least 1")
+        if self.lease_s <= 1:
+            raise ValueError("the in-flight lease must be longer than one second")
+        if self.peek_depth < 1:
+            raise ValueError("peek_depth must be at least 1")
+
+
+def default_dispatcher_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"

@@ -1,0 +1,356 @@
+"""The wire contract: the canonical chat-completion call, the queued envelope and the reply.
+
+One canonical call shape serves both the direct and the queued path. Encoding is JSON (orjson);
+decoding is strict: anything that does not match raises :class:`MalformedEnvelope` saying what is
+wrong. The envelope's first field is ``request_id`` so that a truncated or unreadable item still
+shows which request it was in logs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from runtime.errors import EnvelopeTooLarge, MalformedEnvelope
+
+CONTRACT_VERSION = 1
+DEFAULT_MAX_ENVELOPE_BYTES = 8 * 1024 * 1024
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+PART_TYPES = frozenset({"text", "image_url", "input_audio", "file"})
+# Known OpenAI chat-completion parameters and the JSON types each may take. Anything else is a
+# provider extra and passes through untouched.
+_NUMBER = (int, float)
+PARAMETER_TYPES: dict[str, tuple[type, ...]] = {
+    "temperature": _NUMBER,
+    "top_p": _NUMBER,
+    "max_tokens": (int,),
+    "max_completion_tokens": (int,),
+    "n": (int,),
+    "stop": (str, list),
+    "seed": (int,),
+    "presence_penalty": _NUMBER,
+    "frequency_penalty": _NUMBER,
+    "logit_bias": (dict,),
+    "logprobs": (bool,),
+    "top_logprobs": (int,),
+    "response_format": (dict,),
+    "tools": (list,),
+    "tool_choice": (str, dict),
+    "parallel_tool_calls": (bool,),
+    "user": (str,),
+    "reasoning_effort": (str,),
+    "metadata": (dict,),
+}
+STATUS_OK = "ok"
+STATUS_ERROR = "error"
+
+
+def _fail(what: str) -> MalformedEnvelope:
+    return MalformedEnvelope(what)
+
+
+def _expect(value: Any, types: tuple[type, ...] | type, what: str) -> Any:
+    # bool is an int in Python; a JSON true is never a valid count or number here.
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise _fail(f"{what} must be {_type_names(types)}, got a boolean")
+    if not isinstance(value, types):
+        raise _fail(f"{what} must be {_type_names(types)}, got {type(value).__name__}")
+    return value
+
+
+def _type_names(types: tuple[type, ...] | type) -> str:
+    names = {
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+        bool: "a boolean",
+    }
+    seq = types if isinstance(types, tuple) else (types,)
+    return " or ".join(names.get(t, t.__name__) for t in seq)
+
+
+def _check_part(part: Any, where: str) -> int:
+    """Validates one content part; returns 1 for an image part, else 0."""
+    _expect(part, dict, where)
+    kind = part.get("type")
+    if kind not in PART_TYPES:
+        raise _fail(f"{where}.type must be one of {sorted(PART_TYPES)}, got {kind!r}")
+    if kind == "text":
+        _expect(part.get("text"), str, f"{where}.text")
+        return 0
+    if kind == "image_url":
+        image = _expect(part.get("image_url"), dict, f"{where}.image_url")
+        _expect(image.get("url"), str, f"{where}.image_url.url")
+        return 1
+    return 0
+
+
+def _check_message(message: Any, where: str) -> int:
+    """Validates one chat message; returns the number of image parts it carries."""
+    _expect(message, dict, where)
+    role = message.get("role")
+    if role not in ROLES:
+        raise _fail(f"{where}.role must be one of {sorted(ROLES)}, got {role!r}")
+    content = message.get("content")
+    if content is None:
+        if role not in ("assistant",) or not message.get("tool_calls"):
+            raise _fail(f"{where}.content is required")
+        return 0
+    if isinstance(content, str):
+        return 0
+    parts = _expect(content, list, f"{where}.content")
+    return sum(_check_part(part, f"{where}.content[{i}]") for i, part in enumerate(parts))
+
+
+@dataclass(frozen=True, slots=True)
+class ChatCall:
+    """A normalized OpenAI-compatible chat-completion call (non-streaming).
+
+    ``parameters`` holds the known sampling and tool parameters, type-checked; ``extra`` holds
+    provider extras, passed to the backend untouched.
+    """
+
+    model: str
+    messages: tuple[Mapping[str, Any], ...]
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_openai(cls, body: Mapping[str, Any]) -> ChatCall:
+        """Builds a call from an OpenAI chat-completions request body; raises MalformedEnvelope."""
+        _expect(body, dict, "call")
+        model = _expect(body.get("model"), str, "call.model")
+        if not model.strip():
+            raise _fail("call.model must not be empty")
+        messages = _expect(body.get("messages"), list, "call.messages")
+        if not messages:
+            raise _fail("call.messages must not be empty")
+        for i, message in enumerate(messages):
+            _check_message(message, f"call.messages[{i}]")
+        if body.get("stream"):
+            raise _fail("call.stream is not supported on the queued path")
+        parameters: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for name, value in body.items():
+            if name in ("model", "messages", "stream"):
+                continue
+            if name in PARAMETER_TYPES:
+                if value is not None:
+                    _expect(value, PARAMETER_TYPES[name], f"call.{name}")
+                    if isinstance(value, float) and not math.isfinite(value):
+                        raise _fail(f"call.{name} must be finite")
+                parameters[name] = value
+            else:
+                extra[name] = value
+        return cls(model=model, messages=tuple(messages), parameters=parameters, extra=extra)
+
+    def to_openai(self) -> dict[str, Any]:
+        """The request body sent to the backend, provider extras included."""
+        body: dict[str, Any] = {"model": self.model, "messages": list(self.messages)}
+        body.update(self.parameters)
+        body.update(self.extra)
+        return body
+
+    @property
+    def image_parts(self) -> int:
+        return sum(_check_message(m, "message") for m in self.messages)
+
+
+@dataclass(frozen=True, slots=True)
+class Metadata:
+    """What the scheduler and history need to know about a request besides the call itself."""
+
+    image_count: int = 0
+    page_count: int = 0
+    cost_units: int | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Metadata:
+        if raw is None:
+            return cls()
+        _expect(raw, dict, "metadata")
+        image_count = _expect(raw.get("image_count", 0), int, "metadata.image_count")
+        page_count = _expect(raw.get("page_count", 0), int, "metadata.page_count")
+        cost_units = raw.get("cost_units")
+        if cost_units is not None:
+            _expect(cost_units, int, "metadata.cost_units")
+        if min(image_count, page_count, cost_units if cost_units is not None else 0) < 0:
+            raise _fail("metadata counts must not be negative")
+        labels = _expect(raw.get("labels", {}), dict, "metadata.labels")
+        for key, value in labels.items():
+            _expect(value, str, f"metadata.labels[{key!r}]")
+        return cls(image_count=image_count, page_count=page_count, cost_units=cost_units, labels=labels)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "image_count": self.image_count,
+            "page_count": self.page_count,
+            "cost_units": self.cost_units,
+            "labels": dict(self.labels),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One queued request, as it sits in ``list:llm:requests:{pool_id}``."""
+
+    request_id: str
+    producer_id: str
+    pool_id: str
+    call: ChatCall
+    enqueued_at: float
+    deadline: float | None = None
+    trace: Mapping[str, str] = field(default_factory=dict)
+    metadata: Metadata = field(default_factory=Metadata)
+
+    def encode(self, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -> bytes:
+        """Serializes the envelope; refuses one over ``max_bytes`` with EnvelopeTooLarge."""
+        raw = orjson.dumps(
+            {
+                "request_id": self.request_id,
+                "v": CONTRACT_VERSION,
+                "producer_id": self.producer_id,
+                "pool_id": self.pool_id,
+                "call": self.call.to_openai(),
+                "trace": dict(self.trace),
+                "enqueued_at": self.enqueued_at,
+                "deadline": self.deadline,
+                "metadata": self.metadata.to_json(),
+            }
+        )
+        if len(raw) > max_bytes:
+            raise EnvelopeTooLarge(
+                f"envelope of request {self.request_id} is {len(raw)} bytes, over the limit of {max_bytes}"
+            )
+        return raw
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Envelope:
+        """Strictly decodes a queued item; raises MalformedEnvelope saying what is wrong."""
+        data = _load(raw, "envelope")
+        version = data.get("v", CONTRACT_VERSION)
+        if version != CONTRACT_VERSION:
+            raise _fail(f"envelope version {version!r} is not supported (expected {CONTRACT_VERSION})")
+        ids = {
+            name: _non_empty_str(data.get(name), f"envelope.{name}")
+            for name in ("request_id", "producer_id", "pool_id")
+        }
+        enqueued_at = float(_expect(data.get("enqueued_at"), _NUMBER, "envelope.enqueued_at"))
+        deadline = data.get("deadline")
+        if deadline is not None:
+            deadline = float(_expect(deadline, _NUMBER, "envelope.deadline"))
+        trace = _expect(data.get("trace", {}), dict, "envelope.trace")
+        for key, value in trace.items():
+            _expect(value, str, f"envelope.trace[{key!r}]")
+        return cls(
+            call=ChatCall.from_openai(data.get("call")),
+            enqueued_at=enqueued_at,
+            deadline=deadline,
+            trace=trace,
+            metadata=Metadata.from_json(data.get("metadata")),
+            **ids,
+        )
+
+
+def _non_empty_str(value: Any, what: str) -> str:
+    _expect(value, str, what)
+    if not value:
+        raise _fail(f"{what} must not be empty")
+    return value
+
+
+def _load(raw: bytes | str, what: str) -> dict[str, Any]:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise _fail(f"{what} is not valid JSON: {exc}") from exc
+    return _expect(data, dict, what)
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Seconds spent waiting in the queue, executing against the backend, and in all."""
+
+    queue_wait_s: float = 0.0
+    execution_s: float = 0.0
+    total_s: float = 0.0
+
+    def to_json(self) -> dict[str, float]:
+        return {"queue_wait_s": self.queue_wait_s, "execution_s": self.execution_s, "total_s": self.total_s}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Timing:
+        _expect(raw, dict, "reply.timing")
+        values = {
+            name: float(_expect(raw.get(name, 0.0), _NUMBER, f"reply.timing.{name}"))
+            for name in ("queue_wait_s", "execution_s", "total_s")
+        }
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The answer routed back to ``list:llm:replies:{producer_id}``."""
+
+    request_id: str
+    status: str
+    completion: Mapping[str, Any] | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    timing: Timing = field(default_factory=Timing)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == STATUS_OK
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {
+                "request_id": self.request_id,
+                "v": CONTRACT_VERSION,
+                "status": self.status,
+                "completion": self.completion,
+                "error_type": self.error_type,
+                "error_message": self.error_message,
+                "timing": self.timing.to_json(),
+            }
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Reply:
+        data = _load(raw, "reply")
+        request_id = _non_empty_str(data.get("request_id"), "reply.request_id")
+        status = data.get("status")
+        if status == STATUS_OK:
+            completion = _expect(data.get("completion"), dict, "reply.completion")
+            timing = Timing.from_json(data.get("timing", {}))
+            return cls(request_id, status, completion=completion, timing=timing)
+        if status == STATUS_ERROR:
+            error_type = _non_empty_str(data.get("error_type"), "reply.error_type")
+            message = data.get("error_message") or ""
+            _expect(message, str, "reply.error_message")
+            return cls(
+                request_id,
+                status,
+                error_type=error_type,
+                error_message=message,
+                timing=Timing.from_json(data.get("timing", {})),
+            )
+        raise _fail(f"reply.status must be {STATUS_OK!r} or {STATUS_ERROR!r}, got {status!r}")
+
+
+def usage_from_completion(completion: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """(input_tokens, output_tokens) from an OpenAI completion body, when it reports them."""
+    usage = completion.get("usage")
+    if not isinstance(usage, dict):
+        return None, None
+    prompt, output = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return (prompt if isinstance(prompt, int) else None, output if isinstance(output, int) else None)

@@ -1,0 +1,83 @@
+"""Every Valkey key, channel and stream name of LLM Dispatch, and their default TTLs.
+
+The first three names are the wire contract shared with producers and other tools; keep them.
+Everything else here is the runtime's own bookkeeping. An optional prefix wraps every name so that
+several installations can share one server; it is empty by default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Liveness: a dead producer is noticed within one TTL; the producer refreshes several times per TTL.
+PRODUCER_ALIVE_TTL_S = 12.0
+PRODUCER_ALIVE_REFRESH_S = 3.0
+# Replies for a producer that never comes back expire instead of piling up.
+REPLY_LIST_TTL_S = 60.0
+# A dispatcher's in-flight lease: a killed dispatcher leaks its slots for at most this long.
+INFLIGHT_LEASE_S = 15.0
+# The latest snapshot of each dispatcher; a dead dispatcher disappears when it lapses.
+SNAPSHOT_TTL_S = 10.0
+# Spans wait here for the history ingester; the stream is trimmed (and the trim counted) past this.
+SPAN_STREAM_MAXLEN = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpace:
+    """Builds key names; ``prefix`` (e.g. ``"prod:"``) is prepended to every one."""
+
+    prefix: str = ""
+
+    # --- wire contract -------------------------------------------------------------------------
+    def requests(self, pool_id: str) -> str:
+        return f"{self.prefix}list:llm:requests:{pool_id}"
+
+    def replies(self, producer_id: str) -> str:
+        return f"{self.prefix}list:llm:replies:{producer_id}"
+
+    def producer_alive(self, producer_id: str) -> str:
+        return f"{self.prefix}key:llm:producer:{producer_id}:alive"
+
+    # --- runtime bookkeeping -------------------------------------------------------------------
+    def wake_channel(self, pool_id: str) -> str:
+        """Pub/sub channel a producer pings after pushing, so idle dispatchers wake at once."""
+        return f"{self.prefix}chan:llm:wake:{pool_id}"
+
+    def group_inflight(self, group_id: str) -> str:
+        """Sorted set of in-flight leases of a group (member: pool + request id, score: expiry)."""
+        return f"{self.prefix}zset:llm:inflight:{group_id}"
+
+    def pool_inflight(self, pool_id: str) -> str:
+        """Sorted set of in-flight leases of one pool, across all dispatchers."""
+        return f"{self.prefix}zset:llm:inflight-pool:{pool_id}"
+
+    def group_config(self, group_id: str) -> str:
+        """JSON of the group's published configuration (policy, pools, endpoints)."""
+        return f"{self.prefix}key:llm:config:{group_id}"
+
+    def config_channel(self, group_id: str) -> str:
+        """Pub/sub channel announcing that the group's configuration changed."""
+        return f"{self.prefix}chan:llm:config:{group_id}"
+
+    def pool_registry(self) -> str:
+        """Hash pool_id -> group_id of every enabled pool, checked by producers at submit."""
+        return f"{self.prefix}hash:llm:pools"
+
+    def counters(self, group_id: str) -> str:
+        """Hash of the group's cumulative counters (drops by reason, completions, failures)."""
+        return f"{self.prefix}hash:llm:counters:{group_id}"
+
+    def snapshot(self, group_id: str, dispatcher_id: str) -> str:
+        return f"{self.prefix}key:llm:snapshot:{group_id}:{dispatcher_id}"
+
+    def snapshot_pattern(self, group_id: str) -> str:
+        return f"{self.prefix}key:llm:snapshot:{group_id}:*"
+
+    def span_stream(self) -> str:
+        return f"{self.prefix}stream:llm:spans"
+
+    def span_trim_counter(self) -> str:
+        return f"{self.prefix}key:llm:spans:trimmed"
+
+
+DEFAULT_KEYS = KeySpace()

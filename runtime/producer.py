@@ -1,0 +1,366 @@
+"""The producer client: submit a chat completion to a pool and get the completion back.
+
+One :class:`Producer` owns one ``producer_id``. While it can receive replies it keeps
+``key:llm:producer:{producer_id}:alive`` fresh; a single reply pump drains
+``list:llm:replies:{producer_id}`` and hands each reply to the waiter with that ``request_id``, so
+thousands of concurrent submits share one connection. A submit that times out or is cancelled
+removes its waiter; a reply arriving for it later is counted as late and discarded.
+
+With ``direct_backend`` set (queueing disabled), ``submit`` calls the backend itself and returns the
+same :class:`CompletionResult` shape, raising the same typed errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import redis.asyncio as aioredis
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from runtime import semconv
+from runtime.config import ProducerSettings
+from runtime.contract import ChatCall, Envelope, Metadata, Reply, Timing
+from runtime.errors import (
+    DispatchError,
+    MalformedEnvelope,
+    ProducerClosed,
+    QueueUnavailable,
+    RequestTimeout,
+    UnknownPool,
+    error_from_type,
+)
+from runtime.keys import DEFAULT_KEYS, KeySpace
+
+if TYPE_CHECKING:
+    from runtime.adapter import OpenAIBackend
+
+log = logging.getLogger(__name__)
+_propagator = TraceContextTextMapPropagator()
+_T = TypeVar("_T")
+REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionResult:
+    """What ``submit`` returns, the same on the queued and the direct path."""
+
+    request_id: str
+    pool_id: str
+    completion: Mapping[str, Any]
+    timing: Timing
+
+
+@dataclass(slots=True)
+class ProducerStats:
+    submitted: int = 0
+    completed: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    late_replies: int = 0
+    malformed_replies: int = 0
+    pump_reconnects: int = 0
+
+
+@dataclass(slots=True)
+class _Waiter:
+    future: asyncio.Future[Reply]
+    pool_id: str
+
+
+@dataclass(slots=True)
+class _PoolRegistry:
+    pools: dict[str, str] = field(default_factory=dict)
+    read_at: float = float("-inf")
+
+
+class Producer:
+    """Async producer client. Use ``async with Producer(...)`` or call ``start``/``close``."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        settings: ProducerSettings | None = None,
+        keys: KeySpace = DEFAULT_KEYS,
+        producer_id: str | None = None,
+        direct_backend: OpenAIBackend | None = None,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
+        self.client = client
+        self.settings = settings or ProducerSettings()
+        self.keys = keys
+        self.producer_id = producer_id or f"producer-{uuid.uuid4().hex[:16]}"
+        self.direct_backend = direct_backend
+        self.stats = ProducerStats()
+        self._tracer = tracer or trace.get_tracer("llm_dispatch.producer")
+        self._waiters: dict[str, _Waiter] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._registry = _PoolRegistry()
+        self._started = False
+        self._closed = False
+        self._alive_key = keys.producer_alive(self.producer_id)
+        self._reply_key = keys.replies(self.producer_id)
+
+    def __repr__(self) -> str:
+        mode = "direct" if self.direct_backend else "queued"
+        return (
+            f"<Producer {self.producer_id} {mode} waiting={len(self._waiters)} "
+            f"submitted={self.stats.submitted} completed={self.stats.completed} "
+            f"late_replies={self.stats.late_replies}>"
+        )
+
+    async def __aenter__(self) -> Producer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        if self.direct_backend is not None:
+            return
+        await self._mark_alive()
+        self._tasks = [
+            asyncio.create_task(self._keep_alive(), name=f"alive:{self.producer_id}"),
+            asyncio.create_task(self._pump_replies(), name=f"pump:{self.producer_id}"),
+        ]
+
+    async def close(self) -> None:
+        """Stops refreshing liveness, deletes the marker, and fails every waiter with ProducerClosed."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for waiter in self._waiters.values():
+            if not waiter.future.done():
+                waiter.future.set_exception(ProducerClosed(f"producer {self.producer_id} closed"))
+        self._waiters.clear()
+        if self.direct_backend is None:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await self.client.delete(self._alive_key)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def submit(
+        self,
+        call: ChatCall | Mapping[str, Any],
+        *,
+        pool_id: str,
+        metadata: Metadata | None = None,
+        timeout: float | None = None,
+    ) -> CompletionResult:
+        """Runs one chat completion through ``pool_id``; returns it or raises a DispatchError."""
+        if self._closed or not self._started:
+            raise ProducerClosed(
+                f"producer {self.producer_id} is {'closed' if self._closed else 'not started'}"
+            )
+        chat = call if isinstance(call, ChatCall) else ChatCall.from_openai(call)
+        timeout_s = self.settings.default_timeout_s if timeout is None else timeout
+        request_id = uuid.uuid4().hex
+        span = self._tracer.start_span(
+            semconv.SPAN_NAME_SUBMIT,
+            kind=trace.SpanKind.PRODUCER,
+            attributes={
+                semconv.REQUEST_ID: request_id,
+                semconv.PRODUCER_ID: self.producer_id,
+                semconv.POOL_ID: pool_id,
+                semconv.GEN_AI_REQUEST_MODEL: chat.model,
+                semconv.SPAN_KIND_ROLE: "producer",
+            },
+        )
+        self.stats.submitted += 1
+        try:
+            if self.direct_backend is not None:
+                result = await self._submit_direct(chat, request_id, pool_id, timeout_s)
+            else:
+                result = await self._submit_queued(
+                    chat, request_id, pool_id, metadata or Metadata(), timeout_s, span
+                )
+        except DispatchError as exc:
+            self.stats.failed += 1
+            span.set_attribute(semconv.ERROR_TYPE, exc.error_type)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+            raise
+        finally:
+            span.end()
+        self.stats.completed += 1
+        return result
+
+    async def _submit_direct(
+        self, chat: ChatCall, request_id: str, pool_id: str, timeout_s: float
+    ) -> CompletionResult:
+        assert self.direct_backend is not None
+        started = time.monotonic()
+        completion = await self.direct_backend.complete(chat.to_openai(), timeout_s=timeout_s)
+        elapsed = time.monotonic() - started
+        return CompletionResult(request_id, pool_id, completion.body, Timing(0.0, elapsed, elapsed))
+
+    async def _submit_queued(
+        self,
+        chat: ChatCall,
+        request_id: str,
+        pool_id: str,
+        metadata: Metadata,
+        timeout_s: float,
+        span: trace.Span,
+    ) -> CompletionResult:
+        await self._check_pool(pool_id)
+        carrier: dict[str, str] = {}
+        _propagator.inject(carrier, context=trace.set_span_in_context(span))
+        now = time.time()
+        envelope = Envelope(
+            request_id=request_id,
+            producer_id=self.producer_id,
+            pool_id=pool_id,
+            call=chat,
+            enqueued_at=now,
+            deadline=now + timeout_s,
+            trace=carrier,
+            metadata=metadata,
+        )
+        raw = envelope.encode(max_bytes=self.settings.max_envelope_bytes)
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._waiters[request_id] = _Waiter(future, pool_id)
+        try:
+            try:
+                async with self.client.pipeline(transaction=False) as pipe:
+                    pipe.rpush(self.keys.requests(pool_id), raw)
+                    pipe.publish(self.keys.wake_channel(pool_id), b"1")
+                    await pipe.execute()
+            except REDIS_ERRORS as exc:
+                raise QueueUnavailable(f"could not enqueue request {request_id}: {exc}") from exc
+            try:
+                reply = await asyncio.wait_for(future, timeout_s)
+            except TimeoutError:
+                self.stats.timed_out += 1
+                raise RequestTimeout(
+                    f"request {request_id} to pool {pool_id!r} got no reply within {timeout_s:g}s"
+                ) from None
+        finally:
+            self._waiters.pop(request_id, None)
+        if not reply.ok:
+            raise error_from_type(reply.error_type or "dispatch_error", reply.error_message or "")
+        assert reply.completion is not None
+        return CompletionResult(request_id, pool_id, reply.completion, reply.timing)
+
+    async def _check_pool(self, pool_id: str) -> None:
+        """Refuses a pool no fabric group has; skipped while no configuration is published at all."""
+        registry = self._registry
+        if time.monotonic() - registry.read_at > self.settings.pool_registry_refresh_s or (
+            registry.pools and pool_id not in registry.pools
+        ):
+            try:
+                raw = await self.client.hgetall(self.keys.pool_registry())
+            except REDIS_ERRORS as exc:
+                raise QueueUnavailable(f"could not read the pool registry: {exc}") from exc
+            registry.pools = {k.decode(): v.decode() for k, v in raw.items()}
+            registry.read_at = time.monotonic()
+        if registry.pools and pool_id not in registry.pools:
+            known = ", ".join(sorted(registry.pools))
+            raise UnknownPool(f"no fabric group has an enabled pool {pool_id!r} (known pools: {known})")
+
+    async def _mark_alive(self) -> None:
+        ttl_ms = int(self.settings.alive_ttl_s * 1000)
+        await self.client.set(self._alive_key, b"1", px=ttl_ms)
+
+    async def _keep_alive(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.alive_refresh_s)
+            try:
+                await self._mark_alive()
+            except REDIS_ERRORS as exc:
+                log.warning("producer %s could not refresh liveness: %s", self.producer_id, exc)
+
+    async def _pump_replies(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                popped = await self.client.blpop([self._reply_key], timeout=1)
+                if popped is None:
+                    continue
+                batch = [popped[1]]
+                more = await self.client.lpop(self._reply_key, 512)
+                if more:
+                    batch.extend(more)
+                backoff = 0.1
+            except REDIS_ERRORS as exc:
+                self.stats.pump_reconnects += 1
+                log.warning(
+                    "producer %s reply pump lost Valkey (%s); retrying in %.1fs",
+                    self.producer_id,
+                    exc,
+                    backoff,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            for raw in batch:
+                self._deliver(raw)
+
+    def _deliver(self, raw: bytes) -> None:
+        try:
+            reply = Reply.decode(raw)
+        except MalformedEnvelope as exc:
+            self.stats.malformed_replies += 1
+            log.warning("producer %s dropped a malformed reply: %s", self.producer_id, exc)
+            return
+        waiter = self._waiters.pop(reply.request_id, None)
+        if waiter is None or waiter.future.done():
+            self.stats.late_replies += 1
+            return
+        waiter.future.set_result(reply)
+
+
+class SyncProducer:
+    """A blocking facade over :class:`Producer` for code that is not async.
+
+    It runs its own event loop in a daemon thread; ``submit`` may be called from any thread.
+    """
+
+    def __init__(self, url: str, **producer_kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="llm-dispatch-producer", daemon=True
+        )
+        self._thread.start()
+        self._client = aioredis.Redis.from_url(url)
+        self.producer = Producer(self._client, **producer_kwargs)
+        self._run(self.producer.start())
+
+    def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def submit(self, call: ChatCall | Mapping[str, Any], **kwargs: Any) -> CompletionResult:
+        return self._run(self.producer.submit(call, **kwargs))
+
+    def close(self) -> None:
+        self._run(self.producer.close())
+        self._run(self._client.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> SyncProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,67 @@
+"""The Lua scripts that make multi-command queue steps atomic (one round trip each).
+
+CLAIM takes exactly the request the dispatcher peeked: it compares the SHA-1 of the list head with
+the peeked bytes, so a request taken by another dispatcher in between is never run under the wrong
+cost. A launch also checks the producer's liveness and the hard caps and records an in-flight lease
+in the same step; a drop just removes the item.
+"""
+
+from __future__ import annotations
+
+# KEYS: requests list, group lease zset, pool lease zset, producer alive key
+# ARGV: expected sha1, mode ("launch" | "drop"), lease member, lease seconds, pool max, group limit
+# Returns {code, in_flight_of_pool}; code is one of the CLAIM_* strings below.
+CLAIM = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+local head = redis.call('LINDEX', KEYS[1], 0)
+if not head then return {'moved', 0} end
+if redis.sha1hex(head) ~= ARGV[1] then return {'moved', 0} end
+if ARGV[2] == 'drop' then
+  redis.call('LPOP', KEYS[1])
+  return {'dropped', 0}
+end
+if redis.call('EXISTS', KEYS[4]) == 0 then
+  redis.call('LPOP', KEYS[1])
+  return {'producer_gone', 0}
+end
+local in_pool = redis.call('ZCARD', KEYS[3])
+if in_pool >= tonumber(ARGV[5]) then return {'pool_cap', in_pool} end
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[6]) then return {'group_cap', in_pool} end
+local expiry = now + tonumber(ARGV[4])
+redis.call('ZADD', KEYS[2], expiry, ARGV[3])
+redis.call('ZADD', KEYS[3], expiry, ARGV[3])
+redis.call('LPOP', KEYS[1])
+return {'claimed', in_pool + 1}
+"""
+CLAIMED = "claimed"
+CLAIM_MOVED = "moved"
+CLAIM_DROPPED = "dropped"
+CLAIM_PRODUCER_GONE = "producer_gone"
+CLAIM_POOL_CAP = "pool_cap"
+CLAIM_GROUP_CAP = "group_cap"
+
+# KEYS: producer alive key, replies list, group lease zset, pool lease zset
+# ARGV: reply bytes (empty: release only), reply list TTL ms, lease member
+# Returns 1 when the reply was delivered, 0 when the producer is gone (reply dropped).
+FINISH = """
+redis.call('ZREM', KEYS[3], ARGV[3])
+redis.call('ZREM', KEYS[4], ARGV[3])
+if ARGV[1] == '' then return 1 end
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1
+"""
+
+# KEYS: group lease zset, pool lease zset; ARGV: new expiry offset seconds, member
+# Extends a lease only if it still exists (XX), so a lease reaped after expiry is not revived.
+RENEW = """
+local t = redis.call('TIME')
+local expiry = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[1])
+redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[2])
+redis.call('ZADD', KEYS[2], 'XX', expiry, ARGV[2])
+return 1
+"""

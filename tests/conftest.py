@@ -1,0 +1,60 @@
+"""Shared fixtures: a real Valkey server over TCP and per-test key isolation.
+
+With ``VALKEY_URL`` set the suite uses that server (e.g. the machine's Redis 7); otherwise it starts
+a private embedded Valkey for the session. Each test gets its own key prefix, so tests never see
+each other's queues even on a shared server.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from runtime import embedded
+from runtime.keys import KeySpace
+
+
+@pytest.fixture(scope="session")
+def valkey_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url = os.environ.get("VALKEY_URL")
+    if url:
+        yield url
+        return
+    data_dir = tmp_path_factory.mktemp("valkey")
+    server = embedded.start(data_dir)
+    os.environ["DISPATCH_TEST_VALKEY_URL"] = server.url
+    yield server.url
+    embedded.stop(data_dir)
+
+
+@pytest.fixture
+def keys() -> KeySpace:
+    return KeySpace(prefix=f"t{uuid.uuid4().hex[:10]}:")
+
+
+@pytest.fixture
+async def aredis(valkey_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(valkey_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def sredis(valkey_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(valkey_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def private_valkey(tmp_path: Path) -> Iterator[embedded.EmbeddedValkey]:
+    """A Valkey server of this test's own, which the test may stop and restart."""
+    server = embedded.start(tmp_path / "private-valkey")
+    yield server
+    embedded.stop(server.data_dir)

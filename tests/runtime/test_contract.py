@@ -1,0 +1,136 @@
+"""Strict decoding of the wire contract: every malformed shape raises MalformedEnvelope."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runtime.contract import ChatCall, Envelope, Metadata, Reply, Timing
+from runtime.errors import EnvelopeTooLarge, MalformedEnvelope
+
+CALL = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def envelope(**overrides: object) -> Envelope:
+    values: dict = {
+        "request_id": "r1",
+        "producer_id": "p1",
+        "pool_id": "interactive",
+        "call": ChatCall.from_openai(CALL),
+        "enqueued_at": 1.0,
+    }
+    values.update(overrides)
+    return Envelope(**values)
+
+
+def test_envelope_round_trip_keeps_every_field() -> None:
+    call = ChatCall.from_openai({**CALL, "temperature": 0.2, "tools": [], "vendor_knob": {"x": 1}})
+    original = envelope(
+        call=call,
+        deadline=31.0,
+        trace={"traceparent": "00-abc-def-01"},
+        metadata=Metadata(image_count=2, page_count=3, cost_units=7, labels={"job": "a"}),
+    )
+    decoded = Envelope.decode(original.encode())
+    assert decoded == original
+    assert decoded.call.to_openai()["vendor_knob"] == {"x": 1}
+    assert decoded.call.parameters == {"temperature": 0.2, "tools": []}
+
+
+def test_request_id_is_the_first_field() -> None:
+    assert envelope().encode().startswith(b'{"request_id":"r1"')
+
+
+def test_image_parts_are_counted() -> None:
+    call = ChatCall.from_openai(
+        {
+            "model": "m",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "read"},
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                        {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+                    ],
+                }
+            ],
+        }
+    )
+    assert call.image_parts == 2
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.pop("request_id"), "envelope.request_id"),
+        (lambda d: d.update(request_id=""), "must not be empty"),
+        (lambda d: d.update(pool_id=5), "envelope.pool_id must be a string"),
+        (lambda d: d.update(enqueued_at="soon"), "envelope.enqueued_at"),
+        (lambda d: d.update(enqueued_at=True), "boolean"),
+        (lambda d: d.update(deadline="x"), "envelope.deadline"),
+        (lambda d: d.update(v=99), "version"),
+        (lambda d: d.update(call=None), "call must be an object"),
+        (lambda d: d["call"].update(model=""), "call.model must not be empty"),
+        (lambda d: d["call"].update(messages=[]), "call.messages must not be empty"),
+        (lambda d: d["call"].update(messages=[{"role": "wizard", "content": "x"}]), "role"),
+        (lambda d: d["call"].update(messages=[{"role": "user"}]), "content is required"),
+        (lambda d: d["call"].update(messages=[{"role": "user", "content": [{"type": "video"}]}]), "type"),
+        (lambda d: d["call"].update(messages=[{"role": "user", "content": [{"type": "text"}]}]), "text"),
+        (lambda d: d["call"].update(temperature="hot"), "call.temperature"),
+        (lambda d: d["call"].update(max_tokens=1.5), "call.max_tokens"),
+        (lambda d: d["call"].update(stream=True), "stream"),
+        (lambda d: d.update(metadata={"image_count": -1}), "negative"),
+        (lambda d: d.update(metadata={"cost_units": "big"}), "metadata.cost_units"),
+        (lambda d: d.update(metadata={"labels": {"a": 1}}), "labels"),
+        (lambda d: d.update(trace={"traceparent": 1}), "trace"),
+    ],
+)
+def test_malformed_envelopes_say_what_is_wrong(mutate, message: str) -> None:
+    data = orjson.loads(envelope().encode())
+    mutate(data)
+    with pytest.raises(MalformedEnvelope, match=message):
+        Envelope.decode(orjson.dumps(data))
+
+
+@pytest.mark.parametrize("raw", [b"", b"not json", b"[1,2]", b"null", b'"str"', b"{", b"\xff\xfe"])
+def test_garbage_is_malformed(raw: bytes) -> None:
+    with pytest.raises(MalformedEnvelope):
+        Envelope.decode(raw)
+
+
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_never_raise_anything_but_malformed(raw: bytes) -> None:
+    try:
+        Envelope.decode(raw)
+    except MalformedEnvelope:
+        pass
+
+
+def test_envelope_over_the_limit_is_refused_at_encode() -> None:
+    big = ChatCall.from_openai({"model": "m", "messages": [{"role": "user", "content": "x" * 5000}]})
+    with pytest.raises(EnvelopeTooLarge, match="over the limit of 2048"):
+        envelope(call=big).encode(max_bytes=2048)
+
+
+def test_reply_round_trip_ok_and_error() -> None:
+    ok = Reply("r1", "ok", completion={"choices": []}, timing=Timing(0.1, 0.2, 0.3))
+    assert Reply.decode(ok.encode()) == ok
+    err = Reply("r2", "error", error_type="backend_timeout", error_message="slow")
+    assert Reply.decode(err.encode()) == err
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"request_id": "r", "status": "maybe"},
+        {"request_id": "r", "status": "ok"},
+        {"request_id": "r", "status": "error"},
+        {"status": "ok", "completion": {}},
+    ],
+)
+def test_malformed_replies(data: dict) -> None:
+    with pytest.raises(MalformedEnvelope):
+        Reply.decode(orjson.dumps(data))
