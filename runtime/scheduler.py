@@ -1,0 +1,523 @@
+"""Which queued requests leave their pools now: Deficit Round Robin and FIFO over a fabric group.
+
+Pure decision logic in the style of httpcore's pool: no I/O, no clock, no asyncio. The dispatcher
+peeks the heads of the pools' queues, counts what is running, and calls :func:`decide`; the returned
+:class:`Decision` names the heads to claim, in order. A request that cannot launch is never named, so
+it stays in its queue (peek before pop).
+
+Calling convention (for the dispatcher):
+
+* Keep one :class:`SchedulerState` per dispatcher and group (``SchedulerState()``) and pass it to every
+  call. ``decide`` **updates it in place** (copying it would cost O(pools) per call) and returns it as
+  ``Decision.state``, so ``state = decision.state`` is valid but not required.
+* Pass the same :class:`GroupPolicy` object while the configuration is unchanged: derived data (the
+  pools with protected slots) is cached on the state by identity. A new object is simply re-indexed.
+* ``observations`` maps pool id to :class:`PoolObservation`; a pool missing from it counts as idle.
+  ``heads`` should hold at least ``max_burst_per_visit`` items where possible; a visit ends when the
+  peeked heads run out.
+* ``Launch.index`` is the position in that pool's ``heads``; per pool the indices are 0, 1, 2 ... in
+  launch order. If the dispatcher cannot claim a named launch (another dispatcher took it, or it was
+  dropped as expired), it may give the credit back with :func:`refund`.
+
+DRR in brief: the ring is ``GroupPolicy.pools`` in tuple order. A round gives every backlogged pool
+that can launch its ``quantum`` once; a pool then launches heads while their cost fits its deficit, up
+to ``max_burst_per_visit`` per visit. A pool that stopped only because of the burst limit keeps its
+credit and the round makes another pass (without new quanta) before the next round begins, so the
+burst limit interleaves pools without distorting the weights. One call walks the ring at most once,
+starting at ``cursor``, and stops as soon as the group total or the local slots are used up; the cursor
+then points at the pool that was cut off. If a whole walk launches nothing although capacity is left,
+every pool refused only for credit receives ``k * quantum`` at once, with ``k`` the smallest number of
+(virtual, empty) rounds after which one of them can launch -- so a huge-cost head is served in one
+call and nothing spins.
+
+Credit bound: a pool's deficit never exceeds ``quantum + largest head cost seen while it was
+backlogged`` (the top-up is clamped to that). Idle pools hold no credit: a pool that is drained by a
+launch, or seen with backlog 0, drops its credit at once; at each wrap of the ring, credit of pools that
+are no longer backlogged (e.g. drained by another dispatcher) is dropped too.
+
+Protected slots: ``reserved_for_others(p)`` is the sum, over the other backlogged, unpaused, unblocked
+pools ``q``, of ``max(0, min(q.min_concurrent, q.max_concurrent) - q.in_flight)``, updated as this call
+launches. ``p`` may launch while ``group_in_flight < total - reserved_for_others(p)``, or -- inside its
+own protected slots -- while the group total holds. Idle pools' slots are therefore lent out.
+
+FIFO: heads of all pools are merged by ``enqueued_at`` (ties: ring order); paused, blocked and
+pool-capped pools are passed over, the call stops when the group total or the local slots are used up,
+or when a pool's peeked heads run out while it has more backlog (its unseen next item may be older than
+the other pools' heads). FIFO keeps no credit and does not apply protected slots.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = [
+    "POLICIES",
+    "POLICY_DRR",
+    "POLICY_FIFO",
+    "SKIP_BREAKER_OPEN",
+    "SKIP_GROUP_CAP",
+    "SKIP_LOCAL_CAPACITY",
+    "SKIP_NO_CREDIT",
+    "SKIP_PAUSED",
+    "SKIP_POOL_CAP",
+    "SKIP_REASONS",
+    "SKIP_RESERVED",
+    "Decision",
+    "GroupPolicy",
+    "HeadItem",
+    "Launch",
+    "PoolObservation",
+    "PoolPolicy",
+    "SchedulerState",
+    "decide",
+    "refund",
+    "validate_policy",
+]
+
+POLICY_DRR = "drr"
+POLICY_FIFO = "fifo"
+POLICIES = (POLICY_DRR, POLICY_FIFO)
+
+SKIP_NO_CREDIT = "no_credit"  # the head costs more than the pool's credit
+SKIP_POOL_CAP = "pool_cap"  # the pool's max_concurrent is reached
+SKIP_GROUP_CAP = "group_cap"  # the group's total_concurrency is reached
+SKIP_RESERVED = "reserved"  # the only free group slots are protected for other backlogged pools
+SKIP_PAUSED = "paused"  # the pool is paused by an operator
+SKIP_LOCAL_CAPACITY = "local_capacity"  # this dispatcher has no free slot
+SKIP_BREAKER_OPEN = "breaker_open"  # the usual PoolObservation.blocked value; any blocked string is a reason
+SKIP_REASONS = (
+    SKIP_NO_CREDIT,
+    SKIP_POOL_CAP,
+    SKIP_GROUP_CAP,
+    SKIP_RESERVED,
+    SKIP_PAUSED,
+    SKIP_LOCAL_CAPACITY,
+    SKIP_BREAKER_OPEN,
+)
+
+_GLOBAL_REASONS = frozenset((SKIP_GROUP_CAP, SKIP_LOCAL_CAPACITY))
+_BURST = "burst"  # internal stop reasons of a visit
+_CREDIT = "credit"
+_EMPTY = "empty"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPolicy:
+    """Scheduling settings of one pool (lane)."""
+
+    pool_id: str
+    quantum: int  # "Weight": credit added per round, >= 1
+    max_concurrent: int  # hard in-flight cap across all dispatchers, >= 1
+    min_concurrent: int = 0  # protected running slots while this pool has backlog
+    max_burst_per_visit: int = 1  # >= 1
+    paused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPolicy:
+    """Scheduling settings of a fabric group; ``pools`` order is the DRR ring order."""
+
+    policy: str  # "drr" | "fifo"
+    total_concurrency: int  # group-wide in-flight cap
+    pools: tuple[PoolPolicy, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HeadItem:
+    """One peeked request at the head of a pool's queue."""
+
+    cost: int
+    enqueued_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class PoolObservation:
+    """What the dispatcher sees of one pool right now."""
+
+    pool_id: str
+    backlog: int  # queue length (LLEN)
+    heads: tuple[HeadItem, ...]  # the first few queued items, in queue order (may be fewer than backlog)
+    in_flight: int  # running now, counted across ALL dispatchers of the group
+    blocked: str | None = None  # external refusal reason, e.g. "breaker_open"; the pool can't launch
+
+
+@dataclass(frozen=True, slots=True)
+class _Index:
+    """Data derived from a GroupPolicy, cached on the state by identity."""
+
+    policy: GroupPolicy
+    protected: tuple[PoolPolicy, ...]
+
+
+@dataclass(slots=True)
+class SchedulerState:
+    """Scheduler memory carried between calls by one dispatcher; :func:`decide` updates it in place."""
+
+    deficits: dict[str, int] = field(default_factory=dict)  # credit of backlogged pools (absent = 0)
+    cursor: int = 0  # ring position where the next walk starts
+    round: int = 0  # current DRR round (a label; only equality matters)
+    credited: dict[str, int] = field(default_factory=dict)  # round in which a pool last got its quantum
+    max_cost: dict[str, int] = field(default_factory=dict)  # largest head cost seen while backlogged
+    carry: bool = False  # a pool stopped by its burst limit still holds credit: another pass this round
+    index: _Index | None = field(default=None, repr=False, compare=False)
+
+    def __repr__(self) -> str:
+        credit = sum(self.deficits.values())
+        return (
+            f"<SchedulerState cursor={self.cursor} round={self.round} carry={self.carry} "
+            f"credited_pools={len(self.deficits)} total_credit={credit}>"
+        )
+
+    def deficit(self, pool_id: str) -> int:
+        """Credit the pool holds now (0 when it has none)."""
+        return self.deficits.get(pool_id, 0)
+
+    def forget(self, pool_id: str) -> None:
+        """Drop everything known about a pool: it left the rotation (idle) and keeps no credit."""
+        self.deficits.pop(pool_id, None)
+        self.credited.pop(pool_id, None)
+        self.max_cost.pop(pool_id, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """Claim the item at ``index`` of ``pool_id``'s peeked heads."""
+
+    pool_id: str
+    index: int
+    cost: int
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The result of one :func:`decide` call."""
+
+    launches: tuple[Launch, ...]  # in the order the dispatcher must claim them
+    state: SchedulerState
+    skips: dict[tuple[str, str], int]  # (pool_id, reason) -> count for this call
+
+
+class _Call:
+    """Bookkeeping of one decide call: capacity used so far, launches, skips."""
+
+    __slots__ = ("group_used", "launched", "launches", "local_free", "reserved", "skips", "total")
+
+    def __init__(self, total: int, group_used: int, local_free: int, reserved: int) -> None:
+        self.total = total
+        self.group_used = group_used
+        self.local_free = local_free
+        self.reserved = reserved  # sum of protected slots still owed to backlogged pools
+        self.launched: dict[str, int] = {}
+        self.launches: list[Launch] = []
+        self.skips: dict[tuple[str, str], int] = {}
+
+    def skip(self, pool_id: str, reason: str) -> None:
+        key = (pool_id, reason)
+        self.skips[key] = self.skips.get(key, 0) + 1
+
+    def has_capacity(self) -> bool:
+        return self.group_used < self.total and self.local_free > 0
+
+    def refusal(self, pool: PoolPolicy, obs: PoolObservation) -> str | None:
+        """Why ``pool`` cannot launch one more item right now (credit aside), or None."""
+        if pool.paused:
+            return SKIP_PAUSED
+        if obs.blocked:
+            return obs.blocked
+        running = obs.in_flight + self.launched.get(pool.pool_id, 0)
+        if running >= pool.max_concurrent:
+            return SKIP_POOL_CAP
+        if self.group_used >= self.total:
+            return SKIP_GROUP_CAP
+        if self.local_free <= 0:
+            return SKIP_LOCAL_CAPACITY
+        if running < pool.min_concurrent:
+            return None  # inside its own protected slots
+        # The pool owes itself nothing (running >= min), so every reserved slot is for others.
+        if self.group_used >= self.total - self.reserved:
+            return SKIP_RESERVED
+        return None
+
+    def launch(self, pool: PoolPolicy, obs: PoolObservation, index: int, cost: int) -> None:
+        pid = pool.pool_id
+        done = self.launched.get(pid, 0)
+        owed_before = _owed(pool, obs, done)
+        self.launched[pid] = done + 1
+        self.reserved += _owed(pool, obs, done + 1) - owed_before
+        self.group_used += 1
+        self.local_free -= 1
+        self.launches.append(Launch(pid, index, cost))
+
+
+def _owed(pool: PoolPolicy, obs: PoolObservation, launched: int) -> int:
+    """Protected slots ``pool`` still claims after ``launched`` launches in this call."""
+    if pool.min_concurrent <= 0 or pool.paused or obs.blocked or obs.backlog - launched <= 0:
+        return 0
+    return max(0, min(pool.min_concurrent, pool.max_concurrent) - obs.in_flight - launched)
+
+
+def _index(policy: GroupPolicy, state: SchedulerState) -> _Index:
+    index = state.index
+    if index is None or index.policy is not policy:
+        index = _Index(policy, tuple(p for p in policy.pools if p.min_concurrent > 0))
+        state.index = index
+    return index
+
+
+def _backlogged(obs: PoolObservation | None) -> bool:
+    return obs is not None and obs.backlog > 0
+
+
+def decide(
+    policy: GroupPolicy,
+    state: SchedulerState,
+    observations: Mapping[str, PoolObservation],
+    *,
+    group_in_flight: int,
+    local_free_slots: int,
+) -> Decision:
+    """Decide which peeked heads to launch now. Updates ``state`` in place; see the module docstring."""
+    if policy.policy == POLICY_FIFO:
+        return _decide_fifo(policy, state, observations, group_in_flight, local_free_slots)
+    if policy.policy != POLICY_DRR:
+        raise ValueError(f"unknown scheduling policy {policy.policy!r}; expected one of {POLICIES}")
+    reserved = 0
+    for pool in _index(policy, state).protected:
+        obs = observations.get(pool.pool_id)
+        if obs is not None:
+            reserved += _owed(pool, obs, 0)
+    call = _Call(policy.total_concurrency, group_in_flight, local_free_slots, reserved)
+    if policy.pools:
+        _walk(policy.pools, state, observations, call)
+    return Decision(tuple(call.launches), state, call.skips)
+
+
+def _walk(
+    pools: tuple[PoolPolicy, ...],
+    state: SchedulerState,
+    observations: Mapping[str, PoolObservation],
+    call: _Call,
+) -> None:
+    """One walk over the ring from the cursor; then, if it launched nothing, the no-spin jump."""
+    n = len(pools)
+    start = state.cursor % n
+    starved: list[tuple[int, PoolPolicy, PoolObservation]] = []
+    for step in range(n):
+        pos = start + step
+        if pos >= n:
+            pos -= n
+        pool = pools[pos]
+        obs = observations.get(pool.pool_id)
+        if obs is None or obs.backlog <= 0:
+            state.forget(pool.pool_id)  # idle: leaves the rotation with no credit
+        elif obs.heads and _visit(pos, pool, obs, state, call, starved) in _GLOBAL_REASONS:
+            state.cursor = pos
+            _record_starved(call, starved)
+            return
+        if pos == n - 1:
+            _end_pass(state, observations)
+    state.cursor = start
+    if not call.launches and starved and call.has_capacity():
+        _jump(state, call, starved)
+    else:
+        _record_starved(call, starved)
+
+
+def _visit(
+    pos: int,
+    pool: PoolPolicy,
+    obs: PoolObservation,
+    state: SchedulerState,
+    call: _Call,
+    starved: list[tuple[int, PoolPolicy, PoolObservation]],
+) -> str | None:
+    """Visit one backlogged pool: refuse it, or top up its credit and serve it. Returns the stop reason."""
+    pid = pool.pool_id
+    reason = call.refusal(pool, obs)
+    if reason is not None:
+        call.skip(pid, reason)
+        return reason
+    index = call.launched.get(pid, 0)
+    if index >= len(obs.heads):
+        return None  # only with a duplicated pool id: nothing more peeked for it in this call
+    seen = max(state.max_cost.get(pid, 0), obs.heads[index].cost)
+    state.max_cost[pid] = seen
+    deficit = state.deficits.get(pid, 0)
+    if state.credited.get(pid) != state.round:
+        state.credited[pid] = state.round
+        deficit = min(deficit + pool.quantum, pool.quantum + seen)
+    state.deficits[pid] = deficit
+    stop = _serve(pool, obs, state, call)
+    if stop == _CREDIT and pid not in call.launched:
+        starved.append((pos, pool, obs))
+    return stop
+
+
+def _serve(pool: PoolPolicy, obs: PoolObservation, state: SchedulerState, call: _Call) -> str:
+    """Launch heads of ``pool`` while credit, burst, heads and capacity allow; return why it stopped."""
+    pid = pool.pool_id
+    deficit = state.deficits[pid]
+    index = call.launched.get(pid, 0)
+    heads = obs.heads
+    burst = 0
+    max_cost = state.max_cost
+    while True:
+        if index >= obs.backlog:
+            state.forget(pid)  # drained: leaves the rotation with no credit
+            return _EMPTY
+        if index >= len(heads):
+            stop = _BURST if deficit > 0 else _CREDIT
+            break
+        cost = heads[index].cost
+        if cost > max_cost[pid]:
+            max_cost[pid] = cost
+        if cost > deficit:
+            stop = _CREDIT
+            break
+        if burst >= pool.max_burst_per_visit:
+            stop = _BURST
+            break
+        reason = call.refusal(pool, obs)
+        if reason is not None:
+            call.skip(pid, reason)
+            stop = reason
+            break
+        call.launch(pool, obs, index, cost)
+        deficit -= cost
+        index += 1
+        burst += 1
+    state.deficits[pid] = deficit
+    if stop == _BURST:
+        state.carry = True
+    return stop
+
+
+def _end_pass(state: SchedulerState, observations: Mapping[str, PoolObservation]) -> None:
+    """The walk wrapped the ring: drop stale credit and start a new round unless credit is carried."""
+    stale = [pid for pid in state.deficits if not _backlogged(observations.get(pid))]
+    for pid in stale:
+        state.forget(pid)
+    if not state.carry:
+        state.round += 1
+    state.carry = False
+
+
+def _record_starved(call: _Call, starved: list[tuple[int, PoolPolicy, PoolObservation]]) -> None:
+    for _, pool, _obs in starved:
+        call.skip(pool.pool_id, SKIP_NO_CREDIT)
+
+
+def _jump(state: SchedulerState, call: _Call, starved: list[tuple[int, PoolPolicy, PoolObservation]]) -> None:
+    """No-spin: give every credit-starved pool k quanta at once (k empty rounds) and serve them."""
+    deficits = state.deficits
+    k = min(
+        -(-(obs.heads[0].cost - deficits.get(pool.pool_id, 0)) // pool.quantum) for _, pool, obs in starved
+    )
+    state.round += 1
+    state.carry = False
+    for _, pool, _obs in starved:
+        pid = pool.pool_id
+        deficits[pid] = min(deficits.get(pid, 0) + k * pool.quantum, pool.quantum + state.max_cost[pid])
+        state.credited[pid] = state.round
+    for i, (pos, pool, obs) in enumerate(starved):
+        stop = _serve(pool, obs, state, call)
+        if stop in _GLOBAL_REASONS:
+            state.cursor = pos
+            _record_starved(call, [s for s in starved[i + 1 :] if s[1].pool_id not in call.launched])
+            return
+    _record_starved(call, [s for s in starved if s[1].pool_id not in call.launched])
+
+
+def refund(state: SchedulerState, launch: Launch) -> None:
+    """Give back the credit of a launch the dispatcher could not claim.
+
+    Refunding the launches of the last call restores the credit held before it, so the bound holds.
+    A pool that the launch drained has left the rotation and gets nothing back.
+    """
+    pid = launch.pool_id
+    if pid in state.deficits:
+        state.deficits[pid] += launch.cost
+    elif pid in state.credited:
+        state.deficits[pid] = launch.cost
+
+
+def _decide_fifo(
+    policy: GroupPolicy,
+    state: SchedulerState,
+    observations: Mapping[str, PoolObservation],
+    group_in_flight: int,
+    local_free_slots: int,
+) -> Decision:
+    """Launch in global arrival order across the pools' peeked heads."""
+    if state.deficits:
+        state.deficits.clear()
+        state.credited.clear()
+        state.max_cost.clear()
+    call = _Call(policy.total_concurrency, group_in_flight, local_free_slots, 0)
+    heap: list[tuple[float, int, int]] = []
+    pools = policy.pools
+    for pos, pool in enumerate(pools):
+        obs = observations.get(pool.pool_id)
+        if obs is not None and obs.backlog > 0 and obs.heads:
+            heap.append((obs.heads[0].enqueued_at, pos, 0))
+    heapq.heapify(heap)
+    while heap:
+        _, pos, index = heapq.heappop(heap)
+        pool = pools[pos]
+        obs = observations[pool.pool_id]
+        reason = call.refusal(pool, obs)
+        if reason is not None:
+            call.skip(pool.pool_id, reason)
+            if reason in _GLOBAL_REASONS:
+                break
+            continue
+        if index >= len(obs.heads):
+            break  # barrier: this pool's unseen next item may be older than every other head
+        call.launch(pool, obs, index, obs.heads[index].cost)
+        index += 1
+        if index < obs.backlog:
+            at = obs.heads[index].enqueued_at if index < len(obs.heads) else obs.heads[-1].enqueued_at
+            heapq.heappush(heap, (at, pos, index))
+    return Decision(tuple(call.launches), state, call.skips)
+
+
+def validate_policy(policy: GroupPolicy) -> list[str]:
+    """Human-readable problems of a group policy; an empty list means it is valid."""
+    problems: list[str] = []
+    if policy.policy not in POLICIES:
+        problems.append(f"unknown scheduling policy {policy.policy!r}; expected one of {', '.join(POLICIES)}")
+    if policy.total_concurrency < 1:
+        problems.append(f"total concurrency must be at least 1, got {policy.total_concurrency}")
+    seen: set[str] = set()
+    for pool in policy.pools:
+        if pool.pool_id in seen:
+            problems.append(f"pool {pool.pool_id!r} appears more than once")
+        seen.add(pool.pool_id)
+        problems.extend(_pool_problems(pool))
+    protected = sum(max(0, p.min_concurrent) for p in policy.pools if not p.paused)
+    if protected > policy.total_concurrency:
+        problems.append(
+            f"protected slots of enabled pools (sum of min concurrent = {protected}) exceed the group's "
+            f"total concurrency ({policy.total_concurrency})"
+        )
+    return problems
+
+
+def _pool_problems(pool: PoolPolicy) -> list[str]:
+    name = f"pool {pool.pool_id!r}"
+    problems: list[str] = []
+    if pool.quantum < 1:
+        problems.append(f"{name}: weight (quantum) must be at least 1, got {pool.quantum}")
+    if pool.max_concurrent < 1:
+        problems.append(f"{name}: max concurrent must be at least 1, got {pool.max_concurrent}")
+    if pool.min_concurrent < 0:
+        problems.append(f"{name}: min concurrent must not be negative, got {pool.min_concurrent}")
+    if pool.min_concurrent > pool.max_concurrent:
+        problems.append(
+            f"{name}: min concurrent ({pool.min_concurrent}) exceeds max concurrent ({pool.max_concurrent})"
+        )
+    if pool.max_burst_per_visit < 1:
+        problems.append(f"{name}: max burst per visit must be at least 1, got {pool.max_burst_per_visit}")
+    return problems
