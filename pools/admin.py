@@ -1,0 +1,196 @@
+"""Admin for fabric groups and pools. Writes go through pools.services, reads through pools.selectors;
+after every write the affected groups are republished to Valkey, and a failed publication is shown as a
+warning (the database write stands)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from pools import selectors, services
+from pools.forms import FabricGroupForm, PoolChangelistFormSet, PoolInlineFormSet, PoolRowForm
+from pools.models import FabricGroup, Pool
+from runtime.redact import redact_url
+
+REPUBLISH_HINT = (
+    "Running dispatchers keep their previous configuration; "
+    "run `manage.py pools_publish` once Valkey is back."
+)
+
+
+def report_publication(request: HttpRequest, results: Iterable[services.PublishResult]) -> None:
+    """One message per published group: info when it reached Valkey, a warning when it did not."""
+    for result in results:
+        if result.ok:
+            messages.info(
+                request,
+                f"Configuration of group “{result.group_id}” published to its dispatchers "
+                f"(version {result.version}).",
+            )
+        else:
+            messages.warning(
+                request,
+                f"Saved, but the configuration of group “{result.group_id}” was not published: "
+                f"{result.error}. "
+                f"{REPUBLISH_HINT}",
+            )
+
+
+class PoolInline(admin.TabularInline):
+    model = Pool
+    form = PoolRowForm
+    formset = PoolInlineFormSet
+    extra = 0
+    fields = (
+        "pool_id",
+        "display_name",
+        "quantum",
+        "min_concurrent",
+        "max_concurrent",
+        "max_burst_per_visit",
+        "endpoint_url",
+        "enabled",
+        "paused",
+        "sort_order",
+    )
+    ordering = ("sort_order", "pool_id")
+
+
+@admin.register(FabricGroup)
+class FabricGroupAdmin(admin.ModelAdmin):
+    form = FabricGroupForm
+    inlines = (PoolInline,)
+    list_display = (
+        "group_id",
+        "name",
+        "policy",
+        "total_concurrency",
+        "pool_count",
+        "queueing_enabled",
+        "endpoint",
+    )
+    list_filter = ("policy", "queueing_enabled")
+    search_fields = ("group_id", "name")
+    actions = ("publish_groups",)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: FabricGroup | None = None) -> tuple[str, ...]:
+        # A new id would be a new group: dispatchers run with --group <id>.
+        return ("group_id", "updated_at") if obj else ("updated_at",)
+
+    @admin.display(description="pools")
+    def pool_count(self, obj: FabricGroup) -> int:
+        return selectors.group_pools(group=obj).count()
+
+    @admin.display(description="default endpoint")
+    def endpoint(self, obj: FabricGroup) -> str:
+        return redact_url(obj.default_endpoint_url) if obj.default_endpoint_url else "—"
+
+    def save_model(self, request: HttpRequest, obj: FabricGroup, form: Any, change: bool) -> None:
+        services.group_save(group=obj, publish=False)  # published in save_related, with its pools
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        pools = formset.save(commit=False)
+        for pool in formset.deleted_objects:
+            services.pool_delete(pool=pool, publish=False)
+        for pool in pools:
+            services.pool_save(pool=pool, publish=False)
+        formset.save_m2m()
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        super().save_related(request, form, formsets, change)
+        report_publication(request, [services.group_publish(group=form.instance)])
+
+    def delete_model(self, request: HttpRequest, obj: FabricGroup) -> None:
+        report_publication(request, services.group_delete(group=obj))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[FabricGroup]) -> None:
+        for group in queryset:
+            report_publication(request, services.group_delete(group=group))
+
+    @admin.action(description="Publish selected groups to their dispatchers")
+    def publish_groups(self, request: HttpRequest, queryset: QuerySet[FabricGroup]) -> None:
+        report_publication(request, [services.group_publish(group=group) for group in queryset])
+
+
+@admin.register(Pool)
+class PoolAdmin(admin.ModelAdmin):
+    list_display = (
+        "pool_id",
+        "display_name",
+        "group",
+        "quantum",
+        "min_concurrent",
+        "max_concurrent",
+        "max_burst_per_visit",
+        "state",
+        "queued",
+        "sort_order",
+    )
+    list_editable = ("quantum", "min_concurrent", "max_concurrent", "max_burst_per_visit")
+    list_filter = ("group", "enabled", "paused")
+    search_fields = ("pool_id", "display_name")
+    list_select_related = ("group",)
+    actions = ("pause_pools", "resume_pools")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Pool | None = None) -> tuple[str, ...]:
+        # Renaming a lane would strand its queued requests under the old key.
+        return ("pool_id", "updated_at") if obj else ("updated_at",)
+
+    def get_changelist_formset(self, request: HttpRequest, **kwargs: Any) -> Any:
+        return super().get_changelist_formset(request, formset=PoolChangelistFormSet, **kwargs)
+
+    def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
+        return super().get_changelist_form(request, form=PoolRowForm, **kwargs)
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        changelist = super().get_changelist_instance(request)
+        rows = list(changelist.result_list)  # evaluated once; the page renders these same objects
+        lengths = selectors.pool_queue_lengths(pool_ids=[p.pool_id for p in rows])
+        for pool in rows:
+            pool.queued_count = lengths.get(pool.pool_id)
+        return changelist
+
+    @admin.display(description="state")
+    def state(self, obj: Pool) -> str:
+        if not obj.enabled:
+            return format_html('<span style="color:#777">● disabled</span>')
+        if obj.paused:
+            return format_html(
+                '<span style="background:#f5a623;color:#000;padding:1px 6px;border-radius:8px;'
+                'font-weight:bold" title="Paused: queued work stays queued">⏸ PAUSED</span>'
+            )
+        return format_html('<span style="color:#1a7f37">● running</span>')
+
+    @admin.display(description="queued")
+    def queued(self, obj: Pool) -> str:
+        count = getattr(obj, "queued_count", None)
+        return "?" if count is None else str(count)
+
+    def save_model(self, request: HttpRequest, obj: Pool, form: Any, change: bool) -> None:
+        report_publication(request, services.pool_save(pool=obj))
+
+    def delete_model(self, request: HttpRequest, obj: Pool) -> None:
+        report_publication(request, services.pool_delete(pool=obj))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
+        group_ids = {pool.group_id for pool in queryset}
+        for pool in queryset:
+            services.pool_delete(pool=pool, publish=False)
+        report_publication(request, services.group_publish_many(group_ids=group_ids))
+
+    @admin.action(description="Pause selected pools")
+    def pause_pools(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
+        results = services.pool_set_paused(pools=queryset, paused=True)
+        messages.success(request, f"Paused {queryset.count()} pool(s); their queued work stays queued.")
+        report_publication(request, results)
+
+    @admin.action(description="Resume selected pools")
+    def resume_pools(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
+        results = services.pool_set_paused(pools=queryset, paused=False)
+        messages.success(request, f"Resumed {queryset.count()} pool(s).")
+        report_publication(request, results)

@@ -1,0 +1,152 @@
+"""Fabric groups and their pools (lanes): the source of truth that is published to dispatchers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+
+from pools.validation import (
+    group_problems,
+    pool_value_errors,
+    pool_values,
+    validate_endpoint_url,
+    validate_env_name,
+    validate_lane_id,
+)
+
+
+class FabricGroup(models.Model):
+    """A set of pools scheduled together by the dispatchers of one group, under one concurrency total."""
+
+    class Policy(models.TextChoices):
+        DRR = "drr", "Deficit Round Robin (weighted)"
+        FIFO = "fifo", "FIFO (arrival order)"
+
+    group_id = models.CharField(
+        "group id",
+        primary_key=True,
+        max_length=63,
+        validators=[validate_lane_id],
+        help_text="Stable id used by dispatchers (rundispatcher --group) and in Valkey keys.",
+    )
+    name = models.CharField(max_length=200, blank=True)
+    policy = models.CharField(max_length=8, choices=Policy.choices, default=Policy.DRR)
+    queueing_enabled = models.BooleanField(
+        default=True, help_text="When off, producers are refused at submit instead of queueing."
+    )
+    default_endpoint_url = models.CharField(
+        "default endpoint URL",
+        max_length=500,
+        blank=True,
+        validators=[validate_endpoint_url],
+        help_text="OpenAI-compatible base URL used by pools without their own, "
+        "e.g. http://127.0.0.1:8100/v1. No credentials in the URL.",
+    )
+    api_key_env = models.CharField(
+        "API key environment variable",
+        max_length=100,
+        blank=True,
+        validators=[validate_env_name],
+        help_text="NAME of the environment variable holding the backend API key (e.g. OPENAI_API_KEY), "
+        "never the key itself.",
+    )
+    total_concurrency = models.PositiveIntegerField(
+        default=16,
+        validators=[MinValueValidator(1, "Total concurrency must be at least 1.")],
+        help_text="Group-wide cap on in-flight calls, across all dispatchers of the group.",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    # Set by admin forms whose formset checks the group rules with the submitted pool values.
+    skip_group_check = False
+
+    class Meta:
+        ordering = ("group_id",)
+        verbose_name = "fabric group"
+
+    def __str__(self) -> str:
+        return self.name or self.group_id
+
+    def clean(self) -> None:
+        super().clean()
+        if self.skip_group_check or self._state.adding or not self.total_concurrency:
+            return
+        pools = [pool_values(p) for p in self.pools.all()]
+        problems = group_problems(policy=self.policy, total_concurrency=self.total_concurrency, pools=pools)
+        if problems:
+            raise ValidationError(problems)
+
+
+class Pool(models.Model):
+    """One lane of a group: producers push to ``list:llm:requests:{pool_id}``."""
+
+    group = models.ForeignKey(FabricGroup, on_delete=models.CASCADE, related_name="pools")
+    pool_id = models.CharField(
+        "pool id",
+        max_length=63,
+        unique=True,
+        validators=[validate_lane_id],
+        error_messages={"unique": "A pool with this id already exists (pool ids are global lane ids)."},
+        help_text="Stable lane id producers select; the queue is list:llm:requests:{pool id}.",
+    )
+    display_name = models.CharField(max_length=200, blank=True)
+    quantum = models.PositiveIntegerField(
+        "Weight", default=1, help_text="Relative dispatch credit, not a concurrency limit"
+    )
+    min_concurrent = models.PositiveIntegerField(
+        "min concurrent", default=0, help_text="Protected running slots while the pool has backlog"
+    )
+    max_concurrent = models.PositiveIntegerField(
+        "max concurrent", default=8, help_text="Hard in-flight cap across all dispatchers"
+    )
+    max_burst_per_visit = models.PositiveIntegerField(
+        "max burst per visit", default=1, help_text="Most requests launched per scheduler visit"
+    )
+    endpoint_url = models.CharField(
+        "endpoint URL",
+        max_length=500,
+        blank=True,
+        validators=[validate_endpoint_url],
+        help_text="Optional; empty uses the group's default endpoint URL.",
+    )
+    enabled = models.BooleanField(
+        default=True, help_text="Disabled pools are removed from the pool registry: submits are refused."
+    )
+    paused = models.BooleanField(
+        default=False, help_text="Paused pools keep their queued work; nothing is dispatched until resumed."
+    )
+    sort_order = models.IntegerField(default=0, help_text="Position in the DRR ring.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    # Set by admin forms whose formset checks the group rules with all submitted rows.
+    skip_group_check = False
+
+    class Meta:
+        ordering = ("group_id", "sort_order", "pool_id")
+
+    def __str__(self) -> str:
+        return self.pool_id
+
+    def clean(self) -> None:
+        super().clean()
+        errors = pool_value_errors(pool_values(self))
+        if errors:
+            raise ValidationError(errors)
+        if self.skip_group_check or self.group_id is None:
+            return
+        self.check_group_rules()
+
+    def check_group_rules(self) -> None:
+        """The group rules with this pool's unsaved values in place of its stored ones."""
+        group = self.group
+        siblings: list[dict[str, Any]] = [pool_values(p) for p in group.pools.exclude(pk=self.pk)]
+        problems = group_problems(
+            policy=group.policy,
+            total_concurrency=group.total_concurrency,
+            pools=[*siblings, pool_values(self)],
+        )
+        if problems:
+            raise ValidationError(problems)

@@ -1,0 +1,188 @@
+"""Writes to fabric groups and pools, and their publication to running dispatchers.
+
+Every write that changes what dispatchers should run is followed by :func:`group_publish`: one atomic
+script (runtime.groupconfig.PUBLISH_SCRIPT) stores the group's config JSON, rewrites the group's entries
+in the pool registry producers check at submit, and notifies the group's config channel. Publishing
+never raises: when Valkey cannot be reached the database write stands, the failure comes back as a
+:class:`PublishResult` with an error for the caller to show, and ``manage.py pools_publish`` repairs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import redis
+from django.db import transaction
+
+from dispatch_project.connections import key_space, sync_client
+from pools import selectors
+from pools.models import FabricGroup, Pool
+from pools.validation import group_problems
+from runtime.embedded import EmbeddedValkeyError
+from runtime.errors import DispatchError
+from runtime.groupconfig import PUBLISH_SCRIPT, UNPUBLISH_SCRIPT, GroupConfig, publish_args, unpublish_args
+
+log = logging.getLogger(__name__)
+
+# Failures of the Valkey side that must not undo an admin write.
+_VALKEY_ERRORS = (redis.exceptions.RedisError, OSError, EmbeddedValkeyError, DispatchError)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    """The outcome of publishing (or unpublishing) one group; ``error`` is empty on success."""
+
+    group_id: str
+    version: int = 0
+    pools: int = 0  # enabled pools now in the registry
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+def _next_version(client: redis.Redis, group_id: str) -> int:
+    """A millisecond timestamp, bumped past the published version so it increases on every publish."""
+    now_ms = time.time_ns() // 1_000_000
+    raw = client.get(key_space().group_config(group_id))
+    if not raw:
+        return now_ms
+    try:
+        previous = GroupConfig.decode(raw).version
+    except DispatchError:
+        return now_ms
+    return max(now_ms, previous + 1)
+
+
+def group_publish(*, group: FabricGroup) -> PublishResult:
+    """Publishes the group's current configuration to Valkey for its running dispatchers."""
+    config = selectors.group_config(group=group)
+    pools = [{"pool_id": p.pool_id, **_numbers(p), "enabled": p.enabled} for p in config.pools]
+    problems = group_problems(policy=config.policy, total_concurrency=config.total_concurrency, pools=pools)
+    if problems:
+        error = "not published, the configuration is invalid: " + "; ".join(problems)
+        return PublishResult(group.group_id, error=error)
+    try:
+        client = sync_client()
+        try:
+            version = _next_version(client, group.group_id)
+            config = selectors.group_config(group=group, version=version)
+            script_keys, args = publish_args(key_space(), config)
+            count = int(client.eval(PUBLISH_SCRIPT, len(script_keys), *script_keys, *args))
+        finally:
+            client.close()
+    except _VALKEY_ERRORS as exc:
+        log.warning("could not publish group %s: %s", group.group_id, exc)
+        return PublishResult(group.group_id, error=f"Valkey unreachable ({exc})")
+    log.info("published group %s version %s with %s enabled pools", group.group_id, version, count)
+    return PublishResult(group.group_id, version=version, pools=count)
+
+
+def _numbers(pool: object) -> dict[str, int]:
+    names = ("quantum", "max_concurrent", "min_concurrent", "max_burst_per_visit")
+    return {name: getattr(pool, name) for name in names}
+
+
+def group_unpublish(*, group_id: str) -> PublishResult:
+    """Removes a group's configuration and pool registry entries; its dispatchers see an empty config."""
+    try:
+        client = sync_client()
+        try:
+            script_keys, args = unpublish_args(key_space(), group_id)
+            client.eval(UNPUBLISH_SCRIPT, len(script_keys), *script_keys, *args)
+        finally:
+            client.close()
+    except _VALKEY_ERRORS as exc:
+        log.warning("could not unpublish group %s: %s", group_id, exc)
+        return PublishResult(group_id, error=f"Valkey unreachable ({exc})")
+    return PublishResult(group_id)
+
+
+def group_publish_all(*, prune: bool = True) -> list[PublishResult]:
+    """Publishes every group; with ``prune``, unpublishes registry entries of groups no longer in the DB."""
+    results = [group_publish(group=group) for group in selectors.group_list()]
+    if prune and all(r.ok for r in results):
+        known = {r.group_id for r in results}
+        try:
+            client = sync_client()
+            try:
+                registry = client.hgetall(key_space().pool_registry())
+            finally:
+                client.close()
+        except _VALKEY_ERRORS as exc:
+            return [*results, PublishResult("*", error=f"Valkey unreachable ({exc})")]
+        stale = sorted({v.decode() for v in registry.values()} - known)
+        results.extend(group_unpublish(group_id=group_id) for group_id in stale)
+    return results
+
+
+def group_save(*, group: FabricGroup, publish: bool = True) -> list[PublishResult]:
+    """Validates and saves the group; publishes it unless the caller publishes later (batched edits)."""
+    group.full_clean()
+    group.save()
+    return [group_publish(group=group)] if publish else []
+
+
+def group_delete(*, group: FabricGroup) -> list[PublishResult]:
+    """Deletes the group and its pools and removes them from Valkey; queued requests stay in their lists."""
+    group_id = group.group_id
+    group.delete()
+    return [group_unpublish(group_id=group_id)]
+
+
+def pool_save(*, pool: Pool, publish: bool = True) -> list[PublishResult]:
+    """Validates and saves the pool; publishes its group, and the group it left when it moved."""
+    previous_group_id = (
+        Pool.objects.filter(pk=pool.pk).values_list("group_id", flat=True).first() if pool.pk else None
+    )
+    pool.full_clean()
+    pool.save()
+    if not publish:
+        return []
+    group_ids = {pool.group_id, previous_group_id} - {None}
+    return group_publish_many(group_ids=group_ids)
+
+
+def pool_delete(*, pool: Pool, publish: bool = True) -> list[PublishResult]:
+    """Deletes the pool; its queued requests stay in their list, the registry refuses new submits."""
+    group_id = pool.group_id
+    pool.delete()
+    return group_publish_many(group_ids={group_id}) if publish else []
+
+
+def pool_set_paused(*, pools: Iterable[Pool], paused: bool) -> list[PublishResult]:
+    """Pauses or resumes pools (queued work stays queued) and republishes each affected group once."""
+    pks = [p.pk for p in pools]
+    with transaction.atomic():
+        Pool.objects.filter(pk__in=pks).update(paused=paused)
+        group_ids = set(Pool.objects.filter(pk__in=pks).values_list("group_id", flat=True))
+    return group_publish_many(group_ids=group_ids)
+
+
+def pool_pause(*, pool: Pool) -> list[PublishResult]:
+    results = pool_set_paused(pools=[pool], paused=True)
+    pool.paused = True
+    return results
+
+
+def pool_resume(*, pool: Pool) -> list[PublishResult]:
+    results = pool_set_paused(pools=[pool], paused=False)
+    pool.paused = False
+    return results
+
+
+def group_publish_many(*, group_ids: Iterable[str]) -> list[PublishResult]:
+    """Publishes each group (unpublishes the ones that no longer exist), in id order."""
+    results = []
+    for group_id in sorted(group_ids):
+        try:
+            group = selectors.group_get(group_id=group_id)
+        except FabricGroup.DoesNotExist:
+            results.append(group_unpublish(group_id=group_id))
+        else:
+            results.append(group_publish(group=group))
+    return results

@@ -1,0 +1,113 @@
+"""Validation rules of fabric groups and pools, shared by the models, the admin forms and the checks.
+
+Field rules (ids, URLs, env var names, per-pool numbers) live here with the messages operators see.
+Group rules (protected slots against the group total, duplicates) are the scheduler's own
+:func:`runtime.scheduler.validate_policy`, so the admin and the dispatcher agree on what is valid.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
+
+from runtime.redact import url_has_credentials
+from runtime.scheduler import GroupPolicy, PoolPolicy, validate_policy
+
+ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+ID_RE = re.compile(ID_PATTERN)
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+_url_validator = URLValidator(schemes=["http", "https"])
+
+
+def validate_lane_id(value: str) -> None:
+    """Pool and group ids end up in Valkey key names: lowercase slug, 1-63 characters."""
+    if not ID_RE.fullmatch(value or ""):
+        raise ValidationError(
+            "%(value)r is not a valid id: use 1-63 lowercase letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit.",
+            code="invalid_id",
+            params={"value": value},
+        )
+
+
+def validate_endpoint_url(value: str) -> None:
+    """An OpenAI-compatible base URL: http or https, and no secret inside it."""
+    if not value:
+        return
+    if url_has_credentials(value):
+        # Never echo the value: it holds a secret.
+        raise ValidationError(
+            "This URL embeds credentials (user:password@ or a secret query parameter such as api_key). "
+            "Remove them and put the key in the environment variable named by the group's API key env.",
+            code="url_credentials",
+        )
+    try:
+        _url_validator(value)
+    except ValidationError:
+        raise ValidationError(
+            "Enter a valid http:// or https:// URL, e.g. http://127.0.0.1:8100/v1.", code="invalid_url"
+        ) from None
+
+
+def validate_env_name(value: str) -> None:
+    """The NAME of an environment variable (e.g. OPENAI_API_KEY), never the key itself."""
+    if value and not ENV_NAME_RE.fullmatch(value):
+        raise ValidationError(
+            "Enter the name of an environment variable (letters, digits and '_', e.g. OPENAI_API_KEY), "
+            "not the key itself.",
+            code="invalid_env_name",
+        )
+
+
+def pool_value_errors(values: Mapping[str, Any]) -> dict[str, str]:
+    """Per-pool number rules, keyed by field name; values that are missing are skipped."""
+    errors: dict[str, str] = {}
+    quantum, burst = values.get("quantum"), values.get("max_burst_per_visit")
+    low, high = values.get("min_concurrent"), values.get("max_concurrent")
+    if quantum is not None and quantum < 1:
+        errors["quantum"] = "Weight must be at least 1 (it is relative dispatch credit per round)."
+    if burst is not None and burst < 1:
+        errors["max_burst_per_visit"] = "Max burst per visit must be at least 1."
+    if high is not None and high < 1:
+        errors["max_concurrent"] = "Max concurrent must be at least 1: a pool with a cap of 0 never runs."
+    if low is not None and low < 0:
+        errors["min_concurrent"] = "Min concurrent must not be negative."
+    elif low is not None and high is not None and high >= 1 and low > high:
+        errors["min_concurrent"] = (
+            f"Min concurrent ({low}) must not exceed max concurrent ({high}): "
+            "protected slots cannot be more than the pool's hard cap."
+        )
+    return errors
+
+
+def pool_policy(values: Mapping[str, Any]) -> PoolPolicy:
+    """The scheduler's view of a pool, from a model instance's or a form's values.
+
+    ``paused`` is deliberately False: a paused pool comes back by a resume that does not
+    re-validate, so its protected slots must already fit the group.
+    """
+    return PoolPolicy(
+        pool_id=str(values.get("pool_id") or ""),
+        quantum=int(values.get("quantum") or 0),
+        max_concurrent=int(values.get("max_concurrent") or 0),
+        min_concurrent=int(values.get("min_concurrent") or 0),
+        max_burst_per_visit=int(values.get("max_burst_per_visit") or 0),
+        paused=False,
+    )
+
+
+def group_problems(*, policy: str, total_concurrency: int, pools: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The scheduler's verdict on a group whose enabled pools have these values."""
+    enabled = tuple(pool_policy(p) for p in pools if p.get("enabled", True))
+    return validate_policy(GroupPolicy(policy=policy, total_concurrency=total_concurrency, pools=enabled))
+
+
+def pool_values(pool: Any) -> dict[str, Any]:
+    """The fields :func:`group_problems` reads, from a Pool instance."""
+    fields = ("pool_id", "quantum", "max_concurrent", "min_concurrent", "max_burst_per_visit", "enabled")
+    return {name: getattr(pool, name) for name in fields}
