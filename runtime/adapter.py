@@ -1,0 +1,277 @@
+"""The OpenAI-compatible backend adapter: send one normalized chat-completions call, classify the outcome.
+
+:class:`OpenAIBackend` POSTs the request body untouched to ``{base_url}/chat/completions`` and maps
+every failure onto :mod:`runtime.errors` at this edge:
+
+* could not connect (refused, DNS, connect timeout)  -> :class:`BackendConnectError`
+* read / write / pool timeout, or the call's overall time budget ran out -> :class:`BackendTimeout`
+* non-2xx -> :class:`BackendHTTPError` (with the provider's ``error.message`` when it sent one)
+* 2xx whose body is not JSON or has no ``choices`` list -> :class:`BackendInvalidResponse`
+* the connection broke after the request was sent -> :class:`BackendError` (not retried: the
+  backend may have run the call)
+
+Credentials: a URL's ``user:password@`` part is never sent in the URL (httpx would turn it into Basic
+auth) and never shown. When such a URL comes without an explicit ``api_key``, its password (or, when
+there is no password, its username) is used as the bearer token. Messages and :attr:`display_url` use
+:func:`runtime.redact.redact_url`, which also masks secret-looking query parameters.
+
+:class:`BackendPool` keeps one pooled ``httpx.AsyncClient`` per endpoint, shared by every request
+(and every API key) sent to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from runtime.errors import (
+    BackendConnectError,
+    BackendError,
+    BackendHTTPError,
+    BackendInvalidResponse,
+    BackendTimeout,
+)
+from runtime.redact import redact_url, strip_userinfo, userinfo_secret
+
+_SNIPPET = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token usage as the backend reported it; None where it did not."""
+
+    input_tokens: int | None
+    output_tokens: int | None
+    total_tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A successful chat completion."""
+
+    body: dict[str, Any]
+    usage: Usage | None
+    status_code: int
+    model: str | None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_usage(body: Mapping[str, Any]) -> Usage | None:
+    """``usage.prompt_tokens/completion_tokens/total_tokens`` (or ``input_/output_tokens``), if any."""
+    usage = body.get("usage")
+    if not isinstance(usage, Mapping):
+        return None
+    prompt = _int_or_none(usage.get("prompt_tokens", usage.get("input_tokens")))
+    completion = _int_or_none(usage.get("completion_tokens", usage.get("output_tokens")))
+    total = _int_or_none(usage.get("total_tokens"))
+    if total is None and prompt is not None and completion is not None:
+        total = prompt + completion
+    if prompt is None and completion is None and total is None:
+        return None
+    return Usage(input_tokens=prompt, output_tokens=completion, total_tokens=total)
+
+
+def provider_message(content: bytes) -> str:
+    """The most useful text of an error body: OpenAI's ``error.message``, vLLM's ``message``, or a snippet."""
+    try:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"]
+        for candidate in (error, body.get("message"), body.get("detail")):
+            if isinstance(candidate, str) and candidate:
+                return candidate
+    text = content[:_SNIPPET].decode("utf-8", "replace").strip()
+    return f"{text!r}" if text else "(empty body)"
+
+
+def _chat_url(base_url: str) -> str:
+    """``{base_url}/chat/completions`` with userinfo removed and the query string kept."""
+    url = httpx.URL(strip_userinfo(base_url))
+    return str(url.copy_with(path=url.path.rstrip("/") + "/chat/completions"))
+
+
+class OpenAIBackend:
+    """One OpenAI-compatible endpoint. Safe to share between concurrent calls."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        connect_timeout_s: float = 5.0,
+        max_connections: int = 256,
+        transport: httpx.AsyncBaseTransport | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        """``client``, when given, is shared and not closed by :meth:`aclose` (BackendPool uses it)."""
+        if timeout_s <= 0 or connect_timeout_s <= 0:
+            raise ValueError("timeout_s and connect_timeout_s must be > 0")
+        self.display_url = redact_url(base_url)
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._url = _chat_url(base_url)
+        key = api_key if api_key is not None else userinfo_secret(base_url)
+        self._headers = {"content-type": "application/json", "accept": "application/json"}
+        if key:
+            self._headers["authorization"] = f"Bearer {key}"
+        self._owns_client = client is None
+        self._client = client or make_client(
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            max_connections=max_connections,
+            transport=transport,
+        )
+
+    def __repr__(self) -> str:
+        return f"<OpenAIBackend {self.display_url} timeout_s={self.timeout_s}>"
+
+    async def complete(self, body: Mapping[str, Any], *, timeout_s: float | None = None) -> Completion:
+        """POST the chat-completions call; ``timeout_s`` bounds the whole call (capped by the default)."""
+        budget = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
+        if budget <= 0:
+            raise BackendTimeout(f"no time left to call backend {self.display_url}")
+        content = orjson.dumps(body)
+        timeout = httpx.Timeout(budget, connect=min(budget, self.connect_timeout_s))
+        try:
+            async with asyncio.timeout(budget):
+                response = await self._client.post(
+                    self._url, content=content, headers=self._headers, timeout=timeout
+                )
+        except TimeoutError as exc:
+            raise BackendTimeout(f"backend {self.display_url} did not answer within {budget:.3g}s") from exc
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc, budget) from exc
+        return self._completion(response)
+
+    def _transport_error(self, exc: httpx.HTTPError, budget: float) -> BackendError:
+        kind = type(exc).__name__
+        if isinstance(exc, httpx.ConnectTimeout):
+            return BackendConnectError(
+                f"could not connect to backend {self.display_url}: no connection within "
+                f"{min(budget, self.connect_timeout_s):.3g}s ({kind})"
+            )
+        if isinstance(exc, httpx.ConnectError):
+            return BackendConnectError(
+                f"could not connect to backend {self.display_url}: {kind}: {self._scrub(str(exc))}"
+            )
+        if isinstance(exc, httpx.PoolTimeout):
+            return BackendTimeout(
+                f"no free connection to backend {self.display_url} within {budget:.3g}s ({kind})"
+            )
+        if isinstance(exc, httpx.TimeoutException):
+            return BackendTimeout(f"backend {self.display_url} did not answer within {budget:.3g}s ({kind})")
+        return BackendError(f"backend {self.display_url} failed mid-call: {kind}: {self._scrub(str(exc))}")
+
+    def _scrub(self, text: str) -> str:
+        """Lower layers may quote the request URL, whose query can hold a key: show it redacted."""
+        return text.replace(self._url, redact_url(self._url))
+
+    def _completion(self, response: httpx.Response) -> Completion:
+        status = response.status_code
+        if not 200 <= status < 300:
+            raise BackendHTTPError(
+                f"backend {self.display_url} answered HTTP {status}: {provider_message(response.content)}",
+                status_code=status,
+            )
+        try:
+            body = orjson.loads(response.content)
+        except orjson.JSONDecodeError as exc:
+            snippet = response.content[:_SNIPPET].decode("utf-8", "replace")
+            raise BackendInvalidResponse(
+                f"backend {self.display_url} answered HTTP {status} with a body that is not JSON: {snippet!r}"
+            ) from exc
+        if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
+            raise BackendInvalidResponse(
+                f"backend {self.display_url} answered HTTP {status} with JSON that is not a chat "
+                f"completion (no 'choices' list)"
+            )
+        model = body.get("model")
+        return Completion(
+            body=body,
+            usage=parse_usage(body),
+            status_code=status,
+            model=model if isinstance(model, str) else None,
+        )
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+
+def make_client(
+    *,
+    timeout_s: float = 120.0,
+    connect_timeout_s: float = 5.0,
+    max_connections: int = 256,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> httpx.AsyncClient:
+    """The pooled client used for one endpoint: keep-alive, no redirects, no cookies kept between calls."""
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+        limits=limits,
+        transport=transport,
+        follow_redirects=False,
+    )
+
+
+_POOL_KWARGS = frozenset({"timeout_s", "connect_timeout_s", "max_connections", "transport"})
+
+
+class BackendPool:
+    """One pooled client per endpoint URL, shared by all requests (and all API keys) sent to it."""
+
+    def __init__(self, *, api_keys: Mapping[str, str | None] | None = None, **backend_kwargs: Any) -> None:
+        unknown = set(backend_kwargs) - _POOL_KWARGS
+        if unknown:
+            raise TypeError(
+                f"unknown BackendPool options: {sorted(unknown)}; allowed: {sorted(_POOL_KWARGS)}"
+            )
+        self._api_keys = dict(api_keys or {})
+        self._backend_kwargs = backend_kwargs
+        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._backends: dict[tuple[str, str | None], OpenAIBackend] = {}
+
+    def get(self, base_url: str, api_key: str | None = None) -> OpenAIBackend:
+        """The backend for ``base_url``; the key defaults to ``api_keys[base_url]``, then URL userinfo."""
+        if api_key is None:
+            api_key = self._api_keys.get(base_url)
+        backend = self._backends.get((base_url, api_key))
+        if backend is not None:
+            return backend
+        endpoint = _chat_url(base_url)
+        client = self._clients.get(endpoint)
+        if client is None:
+            client = self._clients[endpoint] = make_client(**self._client_kwargs())
+        backend = OpenAIBackend(base_url, api_key=api_key, client=client, **self._backend_only_kwargs())
+        self._backends[(base_url, api_key)] = backend
+        return backend
+
+    def _client_kwargs(self) -> dict[str, Any]:
+        return dict(self._backend_kwargs)
+
+    def _backend_only_kwargs(self) -> dict[str, Any]:
+        keys = ("timeout_s", "connect_timeout_s")
+        return {k: v for k, v in self._backend_kwargs.items() if k in keys}
+
+    def __repr__(self) -> str:
+        urls = sorted({b.display_url for b in self._backends.values()})
+        return f"<BackendPool clients={len(self._clients)} endpoints={urls}>"
+
+    async def aclose(self) -> None:
+        clients, self._clients, self._backends = list(self._clients.values()), {}, {}
+        for client in clients:
+            await client.aclose()
