@@ -1,0 +1,336 @@
+"""The history ingester: span stream -> ClickHouse, at least once, never blocking dispatch.
+
+A consumer-group reader. Each round it reads a batch with XREADGROUP, inserts it into ClickHouse in one
+INSERT, then XACKs it and trims the stream up to its oldest still-pending entry (so what the exporter's
+MAXLEN cap deletes later is exactly what was never stored; see ``runtime.tracing``). On start it first
+re-reads its own pending entries (``XREADGROUP ... 0``: a killed ingester's in-flight batch) and claims
+entries other consumers left pending for longer than ``claim_idle_s`` (XAUTOCLAIM). A crash between
+insert and XACK re-inserts that batch; the table's ReplacingMergeTree and ``FINAL`` reads remove the
+duplicates (see ``history.schema``). With ClickHouse or Valkey down the batch stays pending in the
+stream and the ingester retries with exponential backoff.
+
+``python manage.py runhistory`` runs :class:`Ingester` in the foreground; the web process that owns an
+embedded chDB database calls :func:`start_in_background`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import redis
+
+from history import schema
+from history.client import HistoryClient, HistoryUnavailable
+from runtime.keys import KeySpace
+from runtime.tracing import scrub_text, scrub_value
+
+log = logging.getLogger(__name__)
+
+GROUP = "history"
+DEFAULT_CONSUMER = "history-ingester"
+
+# Trim everything the group has acknowledged: up to the oldest pending entry, or past the last delivered.
+_TRIM_ACKED = """
+local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', KEYS[1])
+if not ok then return 0 end
+local last = nil
+for _, g in ipairs(groups) do
+  local name, lastid = nil, nil
+  for i = 1, #g, 2 do
+    if g[i] == 'name' then name = g[i + 1] end
+    if g[i] == 'last-delivered-id' then lastid = g[i + 1] end
+  end
+  if name == ARGV[1] then last = lastid end
+end
+if not last then return 0 end
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1])
+local minid
+if tonumber(pending[1]) > 0 then
+  minid = pending[2]
+else
+  local ms, seq = string.match(last, '(%d+)-(%d+)')
+  minid = ms .. '-' .. tostring(tonumber(seq) + 1)
+end
+return redis.call('XTRIM', KEYS[1], 'MINID', minid)
+"""
+
+
+class IngesterCrash(Exception):
+    """Raised by test hooks to simulate a process dying between two steps."""
+
+
+@dataclass(slots=True)
+class IngesterStats:
+    inserted: int = 0
+    acked: int = 0
+    malformed: int = 0
+    batches: int = 0
+    failures: int = 0
+    redelivered: int = 0
+
+
+def _to_str(value: Any) -> str:
+    if isinstance(value, str):
+        return scrub_text(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return scrub_text(orjson.dumps(scrub_value(value)).decode())
+
+
+def _str_map(mapping: Any) -> dict[str, str]:
+    return {str(k): _to_str(v) for k, v in (mapping or {}).items()}
+
+
+def span_row(doc: dict[str, Any]) -> list[Any]:
+    """One decoded stream entry as a row of ``schema.INSERT_COLUMNS`` (credentials scrubbed again)."""
+    start, end = int(doc["start_ns"]), int(doc.get("end_ns") or doc["start_ns"])
+    resource = _str_map(doc.get("resource"))
+    events = doc.get("events") or []
+    links = doc.get("links") or []
+    return [
+        start,
+        str(doc["trace_id"]),
+        str(doc["span_id"]),
+        str(doc.get("parent_span_id") or ""),
+        str(doc.get("trace_state") or ""),
+        str(doc["name"]),
+        str(doc.get("kind") or "Internal"),
+        resource.get("service.name", ""),
+        resource,
+        str((doc.get("scope") or {}).get("name") or ""),
+        str((doc.get("scope") or {}).get("version") or ""),
+        _str_map(doc.get("attributes")),
+        max(0, end - start),
+        str(doc.get("status_code") or "Unset"),
+        scrub_text(str(doc.get("status_message") or "")),
+        [int(e["ts_ns"]) for e in events],
+        [str(e["name"]) for e in events],
+        [_str_map(e.get("attributes")) for e in events],
+        [str(ln["trace_id"]) for ln in links],
+        [str(ln["span_id"]) for ln in links],
+        [str(ln.get("trace_state") or "") for ln in links],
+        [_str_map(ln.get("attributes")) for ln in links],
+    ]
+
+
+class Ingester:
+    """Reads the span stream with a consumer group and batch-inserts into ClickHouse."""
+
+    def __init__(
+        self,
+        redis_client: redis.Redis,
+        history: HistoryClient,
+        *,
+        keys: KeySpace,
+        consumer: str = DEFAULT_CONSUMER,
+        batch_size: int = 1000,
+        block_ms: int = 500,
+        claim_idle_s: float = 60.0,
+        retention_days: int = 30,
+        max_backoff_s: float = 30.0,
+        after_insert: Callable[[int], None] | None = None,
+    ) -> None:
+        self.redis = redis_client
+        self.history = history
+        self.keys = keys
+        self.stream = keys.span_stream()
+        self.consumer = consumer
+        self.batch_size = batch_size
+        self.block_ms = block_ms
+        self.claim_idle_s = claim_idle_s
+        self.retention_days = retention_days
+        self.max_backoff_s = max_backoff_s
+        self.after_insert = after_insert  # test hook: runs between INSERT and XACK
+        self.stats = IngesterStats()
+        self._trim = redis_client.register_script(_TRIM_ACKED)
+        self._migrated = False
+        self._backlog_done = False
+        self._backoff = 0.0
+
+    def __repr__(self) -> str:
+        s = self.stats
+        return (
+            f"<Ingester {self.stream} consumer={self.consumer} inserted={s.inserted} acked={s.acked} "
+            f"malformed={s.malformed} failures={s.failures} backoff={self._backoff:.1f}s>"
+        )
+
+    def _ensure_group(self) -> None:
+        try:
+            self.redis.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def _read(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        if not self._backlog_done:
+            # Our own pending entries first: the batch a killed predecessor inserted but did not ack.
+            got = self.redis.xreadgroup(GROUP, self.consumer, {self.stream: "0"}, count=self.batch_size)
+            entries = got[0][1] if got else []
+            live = [(i, f) for i, f in entries if f]
+            if live or entries:
+                self._ack_deleted([i for i, f in entries if not f])
+                if live:
+                    self.stats.redelivered += len(live)
+                    return live
+            self._backlog_done = True
+            claimed = self.redis.xautoclaim(
+                self.stream, GROUP, self.consumer, int(self.claim_idle_s * 1000), "0-0", count=self.batch_size
+            )
+            if claimed and claimed[1]:
+                self._backlog_done = False  # read them back as our own pending entries
+                return self._read()
+        got = self.redis.xreadgroup(
+            GROUP, self.consumer, {self.stream: ">"}, count=self.batch_size, block=self.block_ms
+        )
+        return got[0][1] if got else []
+
+    def _ack_deleted(self, ids: list[bytes]) -> None:
+        if ids:  # pending entries that the MAXLEN cap already removed: nothing to store
+            self.redis.xack(self.stream, GROUP, *ids)
+
+    def _rows(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[list[Any]]:
+        rows = []
+        for entry_id, fields in entries:
+            try:
+                rows.append(span_row(orjson.loads(fields[b"span"])))
+            except Exception:
+                self.stats.malformed += 1
+                log.warning("history: dropping malformed span entry %s", entry_id)
+        return rows
+
+    def step(self) -> int:
+        """One round: read, insert, ack. Returns entries acknowledged; raises on Valkey/ClickHouse errors."""
+        if not self._migrated:
+            schema.migrate(self.history, retention_days=self.retention_days)
+            self._migrated = True
+        self._ensure_group()
+        entries = self._read()
+        if not entries:
+            return 0
+        rows = self._rows(entries)
+        if rows:
+            self.history.insert(schema.TABLE, rows, schema.INSERT_COLUMNS)
+            self.stats.inserted += len(rows)
+        if self.after_insert is not None:
+            self.after_insert(len(rows))
+        ids = [entry_id for entry_id, _ in entries]
+        self.redis.xack(self.stream, GROUP, *ids)
+        self._trim(keys=[self.stream], args=[GROUP])
+        self.stats.acked += len(ids)
+        self.stats.batches += 1
+        return len(ids)
+
+    def run(self, stop: threading.Event) -> None:
+        """Runs rounds until ``stop`` is set; errors back off exponentially and are retried."""
+        log.info("history ingester started: %r", self)
+        while not stop.is_set():
+            try:
+                self.step()
+                self._backoff = 0.0
+            except IngesterCrash:
+                raise
+            except (HistoryUnavailable, redis.RedisError, OSError) as exc:
+                self._fail(stop, exc)
+            except Exception as exc:
+                log.exception("history ingester round failed")
+                self._fail(stop, exc)
+        log.info("history ingester stopped: %r", self)
+
+    def _fail(self, stop: threading.Event, exc: Exception) -> None:
+        self.stats.failures += 1
+        self._migrated = self._migrated and not isinstance(exc, HistoryUnavailable)
+        self._backlog_done = False  # re-read what we hold pending, in the same order
+        self._backoff = min(self.max_backoff_s, max(0.2, self._backoff * 2))
+        log.warning("history ingester: %s; retrying in %.1fs", exc, self._backoff)
+        stop.wait(self._backoff)
+
+
+# --- background runner for the process that owns an embedded database -----------------------------
+
+
+@dataclass(slots=True)
+class _Background:
+    thread: threading.Thread
+    stop: threading.Event
+    ingester: Ingester
+
+
+_background: _Background | None = None
+_background_lock = threading.Lock()
+
+
+def build_from_settings(**kwargs: Any) -> Ingester:
+    """An ingester wired from Django settings (Valkey URL, key prefix, CLICKHOUSE_URL, retention)."""
+    from django.conf import settings
+
+    from dispatch_project import connections
+    from history.client import history_client
+
+    client = redis.Redis.from_url(connections.valkey_url(), socket_timeout=5, socket_connect_timeout=2)
+    kwargs.setdefault("consumer", f"{DEFAULT_CONSUMER}-{socket.gethostname()}")
+    return Ingester(
+        client,
+        history_client(),
+        keys=connections.key_space(),
+        retention_days=int(settings.HISTORY_RETENTION_DAYS),
+        **kwargs,
+    )
+
+
+def start_in_background(*, force: bool = False) -> Ingester | None:
+    """Starts the ingester on a daemon thread of this process, once; returns it (None when skipped).
+
+    By default it runs only when ``CLICKHOUSE_URL`` is an embedded ``chdb://`` database, which this process
+    must then own; with a ClickHouse server run ``manage.py runhistory`` instead (or pass ``force=True``).
+    Never raises: a failure to start is logged.
+    """
+    global _background
+    from django.conf import settings
+
+    if not force and not str(settings.CLICKHOUSE_URL).startswith("chdb:"):
+        return None
+    with _background_lock:
+        if _background is not None and _background.thread.is_alive():
+            return _background.ingester
+        try:
+            ingester = build_from_settings()
+        except Exception:
+            log.exception("history ingester could not start")
+            return None
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=ingester.run, args=(stop,), name=f"history-ingester-{os.getpid()}", daemon=True
+        )
+        thread.start()
+        _background = _Background(thread, stop, ingester)
+        return ingester
+
+
+def stop_background(timeout_s: float = 5.0) -> None:
+    """Stops the background ingester (if any) and waits for its current round, at most ``timeout_s``."""
+    global _background
+    with _background_lock:
+        bg, _background = _background, None
+    if bg is not None:
+        bg.stop.set()
+        bg.thread.join(timeout_s)
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
+    """Polls ``predicate`` until true or ``timeout_s`` passes (used by commands and tests)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()

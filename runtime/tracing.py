@@ -1,0 +1,329 @@
+"""OpenTelemetry SDK set-up: spans leave the process through a bounded Valkey stream.
+
+Producer and dispatcher create spans with the plain OpenTelemetry API; :func:`configure_tracing`
+installs the SDK behind it. Each finished span is queued in a bounded :class:`BatchSpanProcessor`
+(the hot path only appends; when full the oldest span is dropped and counted) and exported by a
+background thread to :class:`ValkeyStreamSpanExporter`, which XADDs one compact JSON entry per span to
+``keys.span_stream()``. The history ingester (``history.ingester``) reads that stream with a consumer
+group and batch-inserts into ClickHouse.
+
+Trim accounting: the stream is capped at ``maxlen`` (approximate MAXLEN). The ingester removes what it
+has acknowledged (``XTRIM MINID`` up to its oldest pending entry), so every entry the exporter's cap
+removes was never stored: the exporter adds XTRIM's deleted count to ``keys.span_trim_counter()``.
+Export failures (Valkey down) are counted on the exporter and logged, never raised.
+
+Prompt and completion text are stored only when ``store_content=True`` is passed; the dispatcher
+asks :func:`store_content` (a module-level getter for the flag of the last configured provider).
+
+Optionally, when ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set in
+the ``environ`` mapping the caller passes, spans are also sent to that collector over OTLP/HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+import redis
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from runtime.keys import SPAN_STREAM_MAXLEN, KeySpace
+from runtime.redact import redact_url, url_has_credentials
+
+log = logging.getLogger(__name__)
+_propagator = TraceContextTextMapPropagator()
+_store_content = False
+
+SPAN_FIELD = "span"
+"""The stream entry's single field; its value is the span's JSON."""
+SPAN_FORMAT_VERSION = 1
+
+# Collector ClickHouse exporter spellings (pdata's SpanKind / StatusCode names).
+_KIND_NAMES = {
+    trace.SpanKind.INTERNAL: "Internal",
+    trace.SpanKind.SERVER: "Server",
+    trace.SpanKind.CLIENT: "Client",
+    trace.SpanKind.PRODUCER: "Producer",
+    trace.SpanKind.CONSUMER: "Consumer",
+}
+_STATUS_NAMES = {
+    trace.StatusCode.UNSET: "Unset",
+    trace.StatusCode.OK: "Ok",
+    trace.StatusCode.ERROR: "Error",
+}
+
+# XADD every span, then cap the stream; what the cap deletes was never ingested (see module doc).
+_XADD_TRIM = """
+for i = 1, #ARGV - 1 do
+  redis.call('XADD', KEYS[1], '*', 'span', ARGV[i])
+end
+local deleted = redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', ARGV[#ARGV])
+if deleted > 0 then
+  redis.call('INCRBY', KEYS[2], deleted)
+end
+return deleted
+"""
+
+_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
+
+
+def scrub_text(value: str) -> str:
+    """Every URL inside ``value`` that carries credentials, redacted (userinfo and secret params)."""
+    if "://" not in value:
+        return value
+
+    def _one(match: re.Match[str]) -> str:
+        url = match.group(0)
+        return redact_url(url) if url_has_credentials(url) else url
+
+    return _URL_RE.sub(_one, value)
+
+
+def scrub_value(value: Any) -> Any:
+    """Attribute value with credential-bearing URLs redacted (strings and sequences of strings)."""
+    if isinstance(value, str):
+        return scrub_text(value)
+    if isinstance(value, list | tuple):
+        return [scrub_value(item) for item in value]
+    return value
+
+
+def _attrs(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {
+        str(k): scrub_value(v if not isinstance(v, tuple) else list(v)) for k, v in (attributes or {}).items()
+    }
+
+
+def _hex_span_id(span_id: int | None) -> str:
+    return format(span_id, "016x") if span_id else ""
+
+
+def encode_span(span: ReadableSpan) -> bytes:
+    """One span as the compact JSON the ingester stores (ids as lowercase hex, times in ns)."""
+    ctx = span.get_span_context()
+    parent = span.parent
+    scope = span.instrumentation_scope
+    doc = {
+        "v": SPAN_FORMAT_VERSION,
+        "trace_id": format(ctx.trace_id, "032x") if ctx else "",
+        "span_id": _hex_span_id(ctx.span_id if ctx else None),
+        "parent_span_id": _hex_span_id(parent.span_id if parent else None),
+        "trace_state": ctx.trace_state.to_header() if ctx and ctx.trace_state else "",
+        "name": span.name,
+        "kind": _KIND_NAMES.get(span.kind, "Internal"),
+        "start_ns": span.start_time or 0,
+        "end_ns": span.end_time or span.start_time or 0,
+        "status_code": _STATUS_NAMES.get(span.status.status_code, "Unset"),
+        "status_message": scrub_text(span.status.description or ""),
+        "attributes": _attrs(span.attributes),
+        "resource": _attrs(span.resource.attributes if span.resource else None),
+        "scope": {"name": scope.name if scope else "", "version": (scope.version or "") if scope else ""},
+        "events": [
+            {"ts_ns": ev.timestamp, "name": ev.name, "attributes": _attrs(ev.attributes)}
+            for ev in span.events
+        ],
+        "links": [
+            {
+                "trace_id": format(link.context.trace_id, "032x"),
+                "span_id": _hex_span_id(link.context.span_id),
+                "trace_state": link.context.trace_state.to_header() if link.context.trace_state else "",
+                "attributes": _attrs(link.attributes),
+            }
+            for link in span.links
+        ],
+    }
+    return orjson.dumps(doc)
+
+
+class ValkeyStreamSpanExporter(SpanExporter):
+    """Exports spans into the bounded span stream; counts (never raises) failures."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        keys: KeySpace,
+        maxlen: int = SPAN_STREAM_MAXLEN,
+        log_every_s: float = 30.0,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.maxlen = maxlen
+        self.exported = 0
+        self.failed = 0
+        self.trimmed = 0
+        self._script = client.register_script(_XADD_TRIM)
+        self._log_every_s = log_every_s
+        self._last_log = float("-inf")
+        self._shutdown = False
+
+    def __repr__(self) -> str:
+        return (
+            f"<ValkeyStreamSpanExporter {self.keys.span_stream()} exported={self.exported} "
+            f"failed={self.failed} trimmed={self.trimmed}>"
+        )
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if self._shutdown or not spans:
+            return SpanExportResult.SUCCESS
+        try:
+            payloads = [encode_span(span) for span in spans]
+            deleted = self._script(
+                keys=[self.keys.span_stream(), self.keys.span_trim_counter()], args=[*payloads, self.maxlen]
+            )
+        except Exception as exc:  # Valkey down, timeout, or a span that does not encode: count, never raise
+            self.failed += len(spans)
+            now = time.monotonic()
+            if now - self._last_log >= self._log_every_s:
+                self._last_log = now
+                log.warning("span export to Valkey failed (%d spans lost so far): %s", self.failed, exc)
+            return SpanExportResult.FAILURE
+        self.exported += len(spans)
+        self.trimmed += int(deleted or 0)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self._shutdown = True
+        self.client.close()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+class CountingBatchSpanProcessor(BatchSpanProcessor):
+    """The SDK batch processor, plus a count of spans it dropped because its queue was full."""
+
+    def __init__(self, exporter: SpanExporter, *, max_queue_size: int, **kwargs: Any) -> None:
+        super().__init__(exporter, max_queue_size=max_queue_size, **kwargs)
+        self.max_queue_size = max_queue_size
+        self.dropped = 0
+
+    def on_end(self, span: ReadableSpan) -> None:
+        queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)
+        if queue is not None and len(queue) >= self.max_queue_size:
+            self.dropped += 1  # the SDK drops the oldest span to make room
+        try:
+            super().on_end(span)
+        except Exception:  # never into the caller's hot path
+            log.exception("span processor failed")
+
+
+def _otlp_endpoint(environ: Mapping[str, str]) -> str | None:
+    specific = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    if specific:
+        return specific
+    generic = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    return f"{generic.rstrip('/')}/v1/traces" if generic else None
+
+
+def _otlp_headers(environ: Mapping[str, str]) -> dict[str, str]:
+    raw = environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or environ.get("OTEL_EXPORTER_OTLP_HEADERS") or ""
+    headers = {}
+    for item in raw.split(","):
+        name, sep, value = item.partition("=")
+        if sep and name.strip():
+            headers[name.strip()] = value.strip()
+    return headers
+
+
+def configure_tracing(
+    *,
+    redis_url: str,
+    keys: KeySpace,
+    service_name: str,
+    maxlen: int = SPAN_STREAM_MAXLEN,
+    environ: Mapping[str, str] | None = None,
+    store_content: bool = False,
+    resource_attributes: Mapping[str, str] | None = None,
+    max_queue_size: int = 8192,
+    max_export_batch_size: int = 512,
+    schedule_delay_millis: float = 500,
+    install_global: bool = True,
+) -> TracerProvider:
+    """Builds (and by default installs as the global provider) an SDK TracerProvider for this process.
+
+    ``environ`` is the caller's environment mapping (e.g. ``os.environ``), consulted for OTEL_EXPORTER_OTLP_*.
+    The provider carries ``store_content`` and ``span_exporter`` / ``span_processor`` attributes. The
+    global provider can be set only once per process (an OpenTelemetry rule): tests pass
+    ``install_global=False`` and take tracers from the returned provider.
+    """
+    global _store_content
+    attributes: dict[str, Any] = {
+        "service.name": service_name,
+        "service.instance.id": f"{socket.gethostname()}-{os.getpid()}",
+        "telemetry.sdk.language": "python",
+        "telemetry.sdk.name": "opentelemetry",
+        **(resource_attributes or {}),
+    }
+    provider = TracerProvider(resource=Resource(attributes))
+    client = redis.Redis.from_url(redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    exporter = ValkeyStreamSpanExporter(client, keys=keys, maxlen=maxlen)
+    processor = CountingBatchSpanProcessor(
+        exporter,
+        max_queue_size=max_queue_size,
+        max_export_batch_size=max_export_batch_size,
+        schedule_delay_millis=schedule_delay_millis,
+    )
+    provider.add_span_processor(processor)
+    endpoint = _otlp_endpoint(environ or {})
+    if endpoint:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        otlp = OTLPSpanExporter(endpoint=endpoint, headers=_otlp_headers(environ or {}), timeout=5)
+        provider.add_span_processor(BatchSpanProcessor(otlp, max_queue_size=max_queue_size))
+        log.info("tracing: also exporting spans over OTLP/HTTP to %s", redact_url(endpoint))
+    provider.store_content = store_content  # type: ignore[attr-defined]
+    provider.span_exporter = exporter  # type: ignore[attr-defined]
+    provider.span_processor = processor  # type: ignore[attr-defined]
+    _store_content = store_content
+    if install_global:
+        trace.set_tracer_provider(provider)
+    return provider
+
+
+def store_content() -> bool:
+    """Whether spans may carry prompt/completion text (``gen_ai.input.messages`` / ``output.messages``).
+
+    The flag of the most recently configured provider; False when tracing was never configured.
+    """
+    return _store_content
+
+
+def shutdown_tracing(provider: TracerProvider, timeout_s: float = 5.0) -> None:
+    """Flushes queued spans and stops the exporters, giving up after ``timeout_s``; never raises."""
+    done = threading.Event()
+
+    def _shutdown() -> None:
+        try:
+            provider.force_flush(timeout_millis=int(timeout_s * 1000))
+            provider.shutdown()
+        except Exception:
+            log.exception("tracing shutdown failed")
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=_shutdown, name="tracing-shutdown", daemon=True)
+    worker.start()
+    if not done.wait(timeout_s):
+        log.warning("tracing shutdown did not finish within %.1fs; queued spans may be lost", timeout_s)
+
+
+def span_from_context(trace_carrier: Mapping[str, str] | None) -> Context:
+    """The parent context carried in an envelope's W3C ``trace`` mapping (an empty context if none)."""
+    try:
+        carrier = {str(k): str(v) for k, v in (trace_carrier or {}).items()}
+        return _propagator.extract(carrier=carrier)
+    except Exception:  # a malformed carrier must not stop a dispatch
+        return Context()

@@ -1,0 +1,193 @@
+"""runtime.tracing: a real SDK tracer exporting into a real Valkey stream."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+
+import orjson
+import pytest
+import redis
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import TracerProvider
+
+from runtime import tracing
+from runtime.keys import KeySpace
+from runtime.tracing import configure_tracing, scrub_text, shutdown_tracing, span_from_context
+
+
+def _entries(sredis: redis.Redis, keys: KeySpace) -> list[dict]:
+    return [orjson.loads(f[b"span"]) for _, f in sredis.xrange(keys.span_stream())]
+
+
+def test_span_is_one_compact_json_entry(
+    provider: TracerProvider, sredis: redis.Redis, keys: KeySpace
+) -> None:
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("parent", kind=trace.SpanKind.PRODUCER) as parent:
+        span = tracer.start_span("chat m", kind=trace.SpanKind.CLIENT, attributes={"a": 1, "b": [1, 2]})
+        span.set_status(trace.Status(trace.StatusCode.ERROR, "boom"))
+        span.end()
+    provider.force_flush()
+    docs = {d["name"]: d for d in _entries(sredis, keys)}
+    child, par = docs["chat m"], docs["parent"]
+    assert child["trace_id"] == par["trace_id"] == format(parent.get_span_context().trace_id, "032x")
+    assert child["parent_span_id"] == par["span_id"] and par["parent_span_id"] == ""
+    assert child["kind"] == "Client" and par["kind"] == "Producer"
+    assert child["status_code"] == "Error" and child["status_message"] == "boom"
+    assert child["attributes"] == {"a": 1, "b": [1, 2]}
+    assert child["resource"]["service.name"] == "llm-dispatch-dispatcher"
+    assert child["scope"]["name"] == "test"
+    assert child["end_ns"] >= child["start_ns"] > 0
+
+
+def test_context_round_trip_through_envelope_carrier(provider: TracerProvider) -> None:
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    tracer = provider.get_tracer("test")
+    parent = tracer.start_span("submit")
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier, context=trace.set_span_in_context(parent))
+    child = tracer.start_span("chat m", context=span_from_context(carrier))
+    assert child.get_span_context().trace_id == parent.get_span_context().trace_id
+    assert child.parent is not None and child.parent.span_id == parent.get_span_context().span_id
+
+
+@pytest.mark.parametrize("carrier", [None, {}, {"traceparent": "garbage"}, {"traceparent": 5}])
+def test_span_from_bad_carrier_is_an_empty_context(carrier: object) -> None:
+    ctx = span_from_context(carrier)  # type: ignore[arg-type]
+    assert isinstance(ctx, Context)
+    assert not trace.get_current_span(ctx).get_span_context().is_valid
+
+
+def test_exporter_scrubs_credentials(provider: TracerProvider, sredis: redis.Redis, keys: KeySpace) -> None:
+    span = provider.get_tracer("test").start_span(
+        "chat m", attributes={"url": "https://bob:hunter2@llm.example/v1?api_key=zzz&x=1", "n": "plain"}
+    )
+    span.set_status(trace.Status(trace.StatusCode.ERROR, "POST https://bob:hunter2@llm.example/v1 failed"))
+    span.end()
+    provider.force_flush()
+    raw = b"".join(f[b"span"] for _, f in sredis.xrange(keys.span_stream()))
+    assert b"hunter2" not in raw and b"zzz" not in raw and b"bob" not in raw
+    assert b"llm.example/v1" in raw
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("no url here", "no url here"),
+        ("http://host:80/v1", "http://host:80/v1"),
+        ("see https://u:p@h/x and http://h2/?token=t", "see https://h/x and http://h2/?token=***"),
+        ("https://h/?api-version=1", "https://h/?api-version=1"),
+    ],
+)
+def test_scrub_text(text: str, expected: str) -> None:
+    assert scrub_text(text) == expected
+
+
+def test_trimming_is_counted(valkey_url: str, sredis: redis.Redis, keys: KeySpace) -> None:
+    tp = configure_tracing(
+        redis_url=valkey_url,
+        keys=keys,
+        service_name="s",
+        maxlen=10,
+        install_global=False,
+        schedule_delay_millis=10,
+    )
+    tracer = tp.get_tracer("test")
+    for i in range(450):
+        tracer.start_span(f"s{i}").end()
+    tp.force_flush()
+    shutdown_tracing(tp, 2.0)
+    trimmed = int(sredis.get(keys.span_trim_counter()) or 0)
+    assert trimmed > 0
+    assert trimmed + sredis.xlen(keys.span_stream()) == 450
+    assert tp.span_exporter.trimmed == trimmed  # type: ignore[attr-defined]
+
+
+def test_valkey_down_is_counted_not_raised(keys: KeySpace) -> None:
+    tp = configure_tracing(
+        redis_url="redis://127.0.0.1:1/0",
+        keys=keys,
+        service_name="s",
+        install_global=False,
+        schedule_delay_millis=10,
+    )
+    tracer = tp.get_tracer("test")
+    for _ in range(5):
+        tracer.start_span("x").end()  # the hot path never raises
+    tp.force_flush()
+    exporter = tp.span_exporter  # type: ignore[attr-defined]
+    assert exporter.failed == 5 and exporter.exported == 0
+    assert "failed=5" in repr(exporter)
+    shutdown_tracing(tp, 1.0)
+
+
+def test_bounded_queue_drops_oldest_and_counts(keys: KeySpace) -> None:
+    tp = configure_tracing(
+        redis_url="redis://127.0.0.1:1/0",
+        keys=keys,
+        service_name="s",
+        install_global=False,
+        max_queue_size=8,
+        max_export_batch_size=8,
+        schedule_delay_millis=60_000,
+    )
+    tracer = tp.get_tracer("test")
+    for _ in range(200):
+        tracer.start_span("x").end()
+    assert tp.span_processor.dropped > 0  # type: ignore[attr-defined]
+    shutdown_tracing(tp, 1.0)
+
+
+def test_store_content_flag(valkey_url: str, keys: KeySpace) -> None:
+    tp = configure_tracing(
+        redis_url=valkey_url, keys=keys, service_name="s", store_content=True, install_global=False
+    )
+    assert tracing.store_content() is True and tp.store_content is True  # type: ignore[attr-defined]
+    tp2 = configure_tracing(redis_url=valkey_url, keys=keys, service_name="s", install_global=False)
+    assert tracing.store_content() is False
+    shutdown_tracing(tp, 1.0)
+    shutdown_tracing(tp2, 1.0)
+
+
+@pytest.fixture
+def otlp_server() -> Iterator[tuple[str, list[str]]]:
+    paths: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            paths.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", paths
+    server.shutdown()
+
+
+def test_otlp_exporter_added_from_environ(
+    valkey_url: str, keys: KeySpace, sredis: redis.Redis, otlp_server: tuple[str, list[str]]
+) -> None:
+    url, paths = otlp_server
+    tp = configure_tracing(
+        redis_url=valkey_url,
+        keys=keys,
+        service_name="s",
+        install_global=False,
+        environ={"OTEL_EXPORTER_OTLP_ENDPOINT": url},
+    )
+    tp.get_tracer("test").start_span("x").end()
+    tp.force_flush()
+    assert paths == ["/v1/traces"]
+    assert sredis.xlen(keys.span_stream()) == 1
+    shutdown_tracing(tp, 2.0)
