@@ -158,13 +158,15 @@ class PoolAdmin(admin.ModelAdmin):
     @admin.display(description="state")
     def state(self, obj: Pool) -> str:
         if not obj.enabled:
-            return format_html('<span style="color:#777">● disabled</span>')
+            return format_html('<span style="color:#777">{}</span>', "● disabled")
         if obj.paused:
             return format_html(
                 '<span style="background:#f5a623;color:#000;padding:1px 6px;border-radius:8px;'
-                'font-weight:bold" title="Paused: queued work stays queued">⏸ PAUSED</span>'
+                'font-weight:bold" title="{}">{}</span>',
+                "Paused: queued work stays queued until resumed",
+                "⏸ PAUSED",
             )
-        return format_html('<span style="color:#1a7f37">● running</span>')
+        return format_html('<span style="color:#1a7f37">{}</span>', "● running")
 
     @admin.display(description="queued")
     def queued(self, obj: Pool) -> str:

@@ -50,7 +50,14 @@ def _kept_forms(formset: Any) -> list[forms.ModelForm]:
     return kept
 
 
-class PoolInlineFormSet(BaseInlineFormSet):
+class _PoolFormSetMixin:
+    def get_unique_error_message(self, unique_check: Any) -> str:
+        if tuple(unique_check) == ("pool_id",):
+            return "Two rows use the same pool id; pool ids are lane ids and must be unique."
+        return super().get_unique_error_message(unique_check)  # type: ignore[misc]
+
+
+class PoolInlineFormSet(_PoolFormSetMixin, BaseInlineFormSet):
     """The pools edited under their group: the group rules over the submitted rows and total."""
 
     def clean(self) -> None:
@@ -66,7 +73,7 @@ class PoolInlineFormSet(BaseInlineFormSet):
             raise ValidationError(problems)
 
 
-class PoolChangelistFormSet(BaseModelFormSet):
+class PoolChangelistFormSet(_PoolFormSetMixin, BaseModelFormSet):
     """The list-editable rows: each touched group is checked with its stored pools overlaid by the rows."""
 
     def clean(self) -> None:

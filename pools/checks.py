@@ -1,0 +1,72 @@
+"""System checks of the configured fabric groups (``manage.py check``), with stable ids and hints.
+
+dispatch.E001  a group's configuration is refused by the scheduler (e.g. protected slots over the total)
+dispatch.E002  an enabled pool has no endpoint URL: neither its own nor its group's default
+dispatch.W001  a group's ``api_key_env`` names an environment variable that is not set here
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from django.core import checks
+from django.db import DatabaseError
+
+from pools import selectors
+from pools.models import FabricGroup
+from pools.validation import group_problems, pool_values
+
+TAG = "dispatch"
+
+
+def check_fabric_groups(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    try:
+        groups = list(selectors.group_list().prefetch_related("pools"))
+    except DatabaseError:
+        return []  # not migrated yet (e.g. during `migrate` itself): nothing configured to check
+    found: list[checks.CheckMessage] = []
+    for group in groups:
+        found.extend(_group_messages(group))
+    return found
+
+
+def _group_messages(group: FabricGroup) -> list[checks.CheckMessage]:
+    pools = list(group.pools.all())
+    messages: list[checks.CheckMessage] = []
+    values = [pool_values(p) for p in pools]
+    for problem in group_problems(
+        policy=group.policy, total_concurrency=group.total_concurrency, pools=values
+    ):
+        messages.append(
+            checks.Error(
+                f"Fabric group {group.group_id!r}: {problem}.",
+                hint="Fix it in the admin (Pools > Fabric groups): lower the pools' min concurrent or raise "
+                "the group's total concurrency; dispatchers keep the last valid configuration until then.",
+                obj=group,
+                id="dispatch.E001",
+            )
+        )
+    if not group.default_endpoint_url:
+        for pool in pools:
+            if pool.enabled and not pool.endpoint_url:
+                messages.append(
+                    checks.Error(
+                        f"Pool {pool.pool_id!r} of fabric group {group.group_id!r} has no endpoint URL.",
+                        hint="Set the group's default endpoint URL or the pool's own endpoint URL.",
+                        obj=pool,
+                        id="dispatch.E002",
+                    )
+                )
+    if group.api_key_env and group.api_key_env not in os.environ:
+        messages.append(
+            checks.Warning(
+                f"Fabric group {group.group_id!r} reads its API key from ${group.api_key_env}, "
+                "which is not set in this environment.",
+                hint=f"Export {group.api_key_env} for the dispatchers of this group, or clear the field "
+                "if the backend needs no key.",
+                obj=group,
+                id="dispatch.W001",
+            )
+        )
+    return messages

@@ -1,0 +1,80 @@
+"""Pool tests publish to the session's test Valkey under their own key prefix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from dispatch_project import connections
+from pools.models import FabricGroup, Pool
+from runtime import embedded
+from runtime.groupconfig import GroupConfig
+from runtime.keys import KeySpace
+
+
+@pytest.fixture(autouse=True)
+def published_to_test_valkey(settings, valkey_url: str, keys: KeySpace) -> Iterator[None]:
+    """Points dispatch_project.connections (and so every publish) at the test server and key prefix."""
+    connections.valkey_url.cache_clear()
+    settings.VALKEY_URL = valkey_url
+    settings.DISPATCH_KEY_PREFIX = keys.prefix
+    yield
+    connections.valkey_url.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hasher(settings) -> None:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def valkey_down(settings) -> Iterator[str]:
+    """VALKEY_URL pointing at a port nothing listens on."""
+    url = f"redis://127.0.0.1:{embedded.free_port()}/0"
+    connections.valkey_url.cache_clear()
+    settings.VALKEY_URL = url
+    yield url
+    connections.valkey_url.cache_clear()
+
+
+@pytest.fixture
+def superuser_client(db) -> Client:
+    user = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def group(db) -> FabricGroup:
+    """A DRR group (total 16) with interactive (min 4) and backfill, saved without publishing."""
+    group = FabricGroup.objects.create(
+        group_id="g1",
+        name="G1",
+        policy="drr",
+        total_concurrency=16,
+        default_endpoint_url="http://127.0.0.1:8100/v1",
+    )
+    Pool.objects.create(
+        group=group,
+        pool_id="interactive",
+        quantum=4,
+        min_concurrent=4,
+        max_concurrent=12,
+        max_burst_per_visit=4,
+    )
+    Pool.objects.create(group=group, pool_id="backfill", quantum=1, max_concurrent=8, sort_order=1)
+    return group
+
+
+def published(client: redis.Redis, keys: KeySpace, group_id: str) -> GroupConfig | None:
+    raw = client.get(keys.group_config(group_id))
+    return GroupConfig.decode(raw) if raw else None
+
+
+def registry(client: redis.Redis, keys: KeySpace) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in client.hgetall(keys.pool_registry()).items()}

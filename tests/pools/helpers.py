@@ -1,0 +1,87 @@
+"""Form data for the admin's group page (group fields + pools inline) and the pool changelist."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pools.models import FabricGroup, Pool
+
+POOL_DEFAULTS = {
+    "display_name": "",
+    "quantum": 1,
+    "min_concurrent": 0,
+    "max_concurrent": 8,
+    "max_burst_per_visit": 1,
+    "endpoint_url": "",
+    "enabled": True,
+    "paused": False,
+    "sort_order": 0,
+}
+
+
+def _flag(data: dict[str, Any], key: str, value: bool) -> None:
+    if value:
+        data[key] = "on"
+
+
+def group_form(group: dict[str, Any], pools: list[dict[str, Any]], *, initial: int = 0) -> dict[str, Any]:
+    """POST data of the group add/change page; ``pools`` rows may carry ``id`` and ``DELETE``."""
+    data: dict[str, Any] = {
+        "name": group.get("name", ""),
+        "policy": group.get("policy", "drr"),
+        "default_endpoint_url": group.get("default_endpoint_url", "http://127.0.0.1:8100/v1"),
+        "api_key_env": group.get("api_key_env", ""),
+        "total_concurrency": group.get("total_concurrency", 16),
+        "pools-TOTAL_FORMS": len(pools),
+        "pools-INITIAL_FORMS": initial,
+        "pools-MIN_NUM_FORMS": 0,
+        "pools-MAX_NUM_FORMS": 1000,
+        "_save": "Save",
+    }
+    if "group_id" in group:
+        data["group_id"] = group["group_id"]
+    _flag(data, "queueing_enabled", group.get("queueing_enabled", True))
+    for i, row in enumerate(pools):
+        row = {**POOL_DEFAULTS, **row}
+        for name, value in row.items():
+            if name in ("enabled", "paused", "DELETE"):
+                _flag(data, f"pools-{i}-{name}", value)
+            else:
+                data[f"pools-{i}-{name}"] = value
+    return data
+
+
+def existing_rows(group: FabricGroup, **changes: dict[str, Any]) -> list[dict[str, Any]]:
+    """The group's stored pools as inline rows, with per-pool_id changes applied."""
+    rows = []
+    for pool in Pool.objects.filter(group=group).order_by("sort_order", "pool_id"):
+        row = {name: getattr(pool, name) for name in POOL_DEFAULTS}
+        row.update(
+            id=pool.pk,
+            pool_id=pool.pool_id,
+            group=group.pk,
+            **changes.get(pool.pool_id.replace("-", "_"), {}),
+        )
+        rows.append(row)
+    return rows
+
+
+def changelist_form(pools: list[Pool], **changes: dict[str, Any]) -> dict[str, Any]:
+    """POST data of the pool changelist's list-editable formset."""
+    data: dict[str, Any] = {
+        "form-TOTAL_FORMS": len(pools),
+        "form-INITIAL_FORMS": len(pools),
+        "form-MIN_NUM_FORMS": 0,
+        "form-MAX_NUM_FORMS": 1000,
+        "_save": "Save",
+    }
+    for i, pool in enumerate(pools):
+        row = {
+            name: getattr(pool, name)
+            for name in ("quantum", "min_concurrent", "max_concurrent", "max_burst_per_visit")
+        }
+        row.update(changes.get(pool.pool_id.replace("-", "_"), {}))
+        data[f"form-{i}-id"] = pool.pk
+        for name, value in row.items():
+            data[f"form-{i}-{name}"] = value
+    return data
