@@ -7,12 +7,13 @@ Group rules (protected slots against the group total, duplicates) are the schedu
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
-from django.core.validators import URLValidator
 
 from runtime.redact import url_has_credentials
 from runtime.scheduler import GroupPolicy, PoolPolicy, validate_policy
@@ -21,7 +22,29 @@ ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 ID_RE = re.compile(ID_PATTERN)
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-_url_validator = URLValidator(schemes=["http", "https"])
+# Single-label hosts are fine (docker / k8s service names like ``http://vllm:8000/v1``).
+_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+_HOST_RE = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*\.?$", re.IGNORECASE)
+
+
+def _is_http_url(value: str) -> bool:
+    if any(c.isspace() for c in value):
+        return False
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 -- raises ValueError on a bad port
+    except ValueError:
+        return False
+    host = parts.hostname or ""
+    if parts.scheme not in ("http", "https") or not host:
+        return False
+    if "[" in parts.netloc:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return False
+        return True
+    return bool(_HOST_RE.fullmatch(host))
 
 
 def validate_lane_id(value: str) -> None:
@@ -46,12 +69,10 @@ def validate_endpoint_url(value: str) -> None:
             "Remove them and put the key in the environment variable named by the group's API key env.",
             code="url_credentials",
         )
-    try:
-        _url_validator(value)
-    except ValidationError:
+    if not _is_http_url(value):
         raise ValidationError(
             "Enter a valid http:// or https:// URL, e.g. http://127.0.0.1:8100/v1.", code="invalid_url"
-        ) from None
+        )
 
 
 def validate_env_name(value: str) -> None:
