@@ -1,0 +1,143 @@
+"""history.queries against a real chDB engine, with exact expected values computed here."""
+
+from __future__ import annotations
+
+import math
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from history import queries
+from history.client import HistoryClient
+from history.queries import LEVELS, ExecutionFilter
+from tests.history.factories import execution_doc, store
+
+
+def exact_inclusive(values: list[float], p: float) -> float:
+    """The stated definition: linear interpolation between closest ranks, h = (n - 1) * p."""
+    xs = sorted(values)
+    h = (len(xs) - 1) * p
+    lo = math.floor(h)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (h - lo) * (xs[hi] - xs[lo])
+
+
+def _window() -> tuple[datetime, datetime]:
+    now = datetime.now(UTC)
+    return now - timedelta(hours=1), now + timedelta(seconds=5)
+
+
+def test_percentiles_equal_exact_values(history: HistoryClient) -> None:
+    rng = random.Random(7)
+    waits = [round(rng.uniform(0, 5), 6) for _ in range(101)]
+    execs = [round(rng.expovariate(1.0), 6) for _ in range(101)]
+    docs = [execution_doc(pool="a", queue_wait=w, execution=e) for w, e in zip(waits, execs, strict=True)]
+    docs += [execution_doc(pool="a", status="error", error_type="timeout", queue_wait=9.0, execution=2.0)]
+    docs += [execution_doc(pool="a", status="dropped", queue_wait=99.0, execution=0.0)]  # not in latency
+    store(history, docs)
+    since, until = _window()
+    (stats,) = queries.pool_analytics(client=history, since=since, until=until)
+    waits.append(9.0)
+    execs.append(2.0)
+    totals = [d["attributes"]["llm_dispatch.total_s"] for d in docs[:-1]]
+    for level in LEVELS:
+        assert stats.queue_wait[level] == pytest.approx(exact_inclusive(waits, level), rel=1e-12)
+        assert stats.execution[level] == pytest.approx(exact_inclusive(execs, level), rel=1e-12)
+        assert stats.total[level] == pytest.approx(exact_inclusive(totals, level), rel=1e-12)
+    assert (stats.count, stats.ok, stats.errors, stats.dropped) == (103, 101, 1, 1)
+    assert stats.error_rate == pytest.approx(1 / 102)
+    assert stats.tokens_per_s == pytest.approx(101 * 100 / sum(execs[:101]))
+    assert sum(stats.timeline) == 103
+
+
+def test_small_known_percentiles(history: HistoryClient) -> None:
+    store(history, [execution_doc(pool="p", queue_wait=float(v), execution=1.0) for v in (1, 2, 3, 4)])
+    since, until = _window()
+    (stats,) = queries.pool_analytics(client=history, since=since, until=until)
+    assert stats.queue_wait == {0.5: 2.5, 0.95: pytest.approx(3.85), 0.99: pytest.approx(3.97)}
+
+
+def test_analytics_per_pool_and_window(history: HistoryClient) -> None:
+    store(
+        history,
+        [
+            execution_doc(pool="a"),
+            execution_doc(pool="b", output_tokens=None),
+            execution_doc(pool="b", group="g2", ago_s=7200),
+        ],
+    )
+    since, until = _window()
+    stats = {s.pool: s for s in queries.pool_analytics(client=history, since=since, until=until)}
+    assert set(stats) == {"a", "b"} and stats["b"].count == 1
+    assert stats["b"].tokens_per_s is None
+    assert queries.pool_analytics(client=history, since=since, until=until, group="g2") == []
+
+
+def test_empty_analytics(history: HistoryClient) -> None:
+    since, until = _window()
+    assert queries.pool_analytics(client=history, since=since, until=until) == []
+    assert queries.executions_recent(client=history).rows == []
+    assert queries.filter_choices(client=history)["pool"] == []
+
+
+@pytest.mark.parametrize(
+    ("flt", "expected"),
+    [
+        (ExecutionFilter(), {"r1", "r2", "r3", "r4"}),
+        (ExecutionFilter(pool="b"), {"r2"}),
+        (ExecutionFilter(group="g2"), {"r3"}),
+        (ExecutionFilter(producer="p9"), {"r4"}),
+        (ExecutionFilter(gateway="gw-2"), {"r2"}),
+        (ExecutionFilter(status="error"), {"r3"}),
+        (ExecutionFilter(error_type="timeout"), {"r3"}),
+        (ExecutionFilter(model="m-large"), {"r4"}),
+        (ExecutionFilter(since=datetime.now(UTC) - timedelta(minutes=30)), {"r1", "r2", "r3"}),
+        (ExecutionFilter(until=datetime.now(UTC) - timedelta(minutes=30)), {"r4"}),
+        (ExecutionFilter(pool="a", status="error"), set()),
+    ],
+)
+def test_recent_filters(history: HistoryClient, flt: ExecutionFilter, expected: set[str]) -> None:
+    store(
+        history,
+        [
+            execution_doc(request_id="r1", pool="a"),
+            execution_doc(request_id="r2", pool="b", gateway="gw-2"),
+            execution_doc(request_id="r3", pool="c", group="g2", status="error", error_type="timeout"),
+            execution_doc(request_id="r4", producer="p9", model="m-large", ago_s=3600),
+        ],
+    )
+    page = queries.executions_recent(client=history, filters=flt)
+    assert {r["request_id"] for r in page.rows} == expected
+
+
+def test_recent_paging_newest_first(history: HistoryClient) -> None:
+    store(history, [execution_doc(request_id=f"r{i:02d}", ago_s=100 - i) for i in range(25)])
+    first = queries.executions_recent(client=history, page=1, page_size=10)
+    last = queries.executions_recent(client=history, page=3, page_size=10)
+    assert [r["request_id"] for r in first.rows][:2] == ["r24", "r23"]
+    assert first.has_next and not first.has_previous
+    assert [r["request_id"] for r in last.rows] == [f"r{i:02d}" for i in range(4, -1, -1)]
+    assert not last.has_next and last.has_previous
+
+
+def test_detail_includes_trace(history: HistoryClient) -> None:
+    chat = execution_doc(request_id="rq", status="error", error_type="backend_error")
+    producer_span = {
+        "trace_id": chat["trace_id"],
+        "span_id": "f" * 16,
+        "name": "llm_dispatch.submit",
+        "kind": "Producer",
+        "start_ns": chat["start_ns"] - 1000,
+        "end_ns": chat["end_ns"] + 1000,
+        "attributes": {"llm_dispatch.request_id": "rq"},
+        "resource": {"service.name": "llm-dispatch-producer"},
+    }
+    chat["parent_span_id"] = "f" * 16
+    store(history, [chat, producer_span])
+    detail = queries.execution_detail(client=history, request_id="rq")
+    assert detail is not None
+    assert detail["execution"]["status"] == "error" and detail["execution"]["error_type"] == "backend_error"
+    assert detail["execution"]["trace_id"] == chat["trace_id"]
+    assert [s["service"] for s in detail["trace"]] == ["llm-dispatch-producer", "llm-dispatch-dispatcher"]
+    assert queries.execution_detail(client=history, request_id="nope") is None
