@@ -26,7 +26,9 @@ REPUBLISH_HINT = (
 def report_publication(request: HttpRequest, results: Iterable[services.PublishResult]) -> None:
     """One message per published group: info when it reached Valkey, a warning when it did not."""
     for result in results:
-        if result.ok:
+        if result.ok and result.unpublished:
+            messages.info(request, f"Group “{result.group_id}” removed from its dispatchers' configuration.")
+        elif result.ok:
             messages.info(
                 request,
                 f"Configuration of group “{result.group_id}” published to its dispatchers "

@@ -39,6 +39,7 @@ class PublishResult:
     version: int = 0
     pools: int = 0  # enabled pools now in the registry
     error: str = ""
+    unpublished: bool = False  # the group's configuration was removed (the group no longer exists)
 
     @property
     def ok(self) -> bool:
@@ -99,7 +100,7 @@ def group_unpublish(*, group_id: str) -> PublishResult:
     except _VALKEY_ERRORS as exc:
         log.warning("could not unpublish group %s: %s", group_id, exc)
         return PublishResult(group_id, error=f"Valkey unreachable ({exc})")
-    return PublishResult(group_id)
+    return PublishResult(group_id, unpublished=True)
 
 
 def group_publish_all(*, prune: bool = True) -> list[PublishResult]:

@@ -190,7 +190,8 @@ def test_valkey_down_group_add_and_actions(superuser_client: Client, group: Fabr
 def test_pools_publish_command(group: FabricGroup, sredis: redis.Redis, keys: KeySpace, capsys) -> None:
     sredis.hset(keys.pool_registry(), "orphan", "gone-group")  # a group deleted while Valkey was down
     call_command("pools_publish")
-    assert "published g1" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "published g1" in out and "removed gone-group" in out
     assert registry(sredis, keys) == {"interactive": "g1", "backfill": "g1"}
     with pytest.raises(CommandError, match="unknown fabric group"):
         call_command("pools_publish", "nope")
@@ -208,3 +209,19 @@ def test_invalid_stored_configuration_is_not_published(group: FabricGroup, sredi
     result = services.group_publish(group=group)
     assert not result.ok and "not published, the configuration is invalid" in result.error
     assert published(sredis, keys, "g1") is None
+
+
+def test_admin_pages_render(superuser_client: Client, group: FabricGroup) -> None:
+    pool = Pool.objects.get(pool_id="interactive")
+    for url in (
+        "/admin/pools/fabricgroup/",
+        "/admin/pools/fabricgroup/add/",
+        f"/admin/pools/fabricgroup/{group.pk}/change/",
+        "/admin/pools/pool/?paused__exact=0&group__group_id__exact=g1",
+        "/admin/pools/pool/add/",
+        f"/admin/pools/pool/{pool.pk}/change/",
+    ):
+        response = superuser_client.get(url)
+        assert response.status_code == 200, url
+    page = superuser_client.get(f"/admin/pools/pool/{pool.pk}/change/").content.decode()
+    assert "Weight" in page and "Relative dispatch credit, not a concurrency limit" in page

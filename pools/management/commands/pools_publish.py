@@ -29,7 +29,9 @@ class Command(BaseCommand):
         else:
             results = services.group_publish_all(prune=not no_prune)
         for result in results:
-            if result.ok:
+            if result.ok and result.unpublished:
+                self.stdout.write(f"removed {result.group_id}: the group no longer exists")
+            elif result.ok:
                 self.stdout.write(
                     f"published {result.group_id}: version {result.version}, {result.pools} pools"
                 )
