@@ -1,0 +1,110 @@
+"""History views: staff only, with data, empty, and with ClickHouse down (real chDB engine)."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from history.client import HistoryClient, close_all
+from tests.history.factories import execution_doc, store
+
+pytestmark = pytest.mark.django_db
+
+SECRET = "hunter2-pw"
+
+
+@pytest.fixture
+def staff_client(client: Client) -> Client:
+    user = User.objects.create_user("ops", password="pw", is_staff=True)
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def with_history(settings, history: HistoryClient, ch_url: str) -> HistoryClient:  # type: ignore[no-untyped-def]
+    settings.CLICKHOUSE_URL = ch_url
+    return history
+
+
+@pytest.fixture
+def history_down(settings):  # type: ignore[no-untyped-def]
+    close_all()
+    settings.CLICKHOUSE_URL = "http://127.0.0.1:1"
+    yield
+    close_all()
+
+
+@pytest.fixture
+def no_valkey(settings, monkeypatch):  # type: ignore[no-untyped-def]
+    """The stream status box reads Valkey; point it at a closed port so tests stay self-contained."""
+    from dispatch_project import connections
+
+    monkeypatch.setattr(connections, "valkey_url", lambda: "redis://127.0.0.1:1/0")
+
+
+URLS = ["/history/", "/history/pools/", "/history/request/abc/"]
+
+
+@pytest.mark.parametrize("url", URLS)
+def test_anonymous_and_non_staff_are_refused(client: Client, url: str) -> None:
+    assert client.get(url).status_code == 302
+    client.force_login(User.objects.create_user("someone", password="pw"))
+    response = client.get(url)
+    assert response.status_code == 302 and response["Location"].startswith("/admin/login/")
+
+
+def test_views_with_data(staff_client: Client, with_history: HistoryClient, no_valkey: None) -> None:
+    doc = execution_doc(request_id="req-view", pool="batch", status="error", error_type="timeout")
+    doc["attributes"]["llm_dispatch.backend_url"] = f"http://user:{SECRET}@backend.local:8000/v1"
+    store(with_history, [doc, execution_doc(pool="interactive")])
+
+    recent = staff_client.get("/history/")
+    body = recent.content.decode()
+    assert recent.status_code == 200 and "req-view" in body and "timeout" in body and "interactive" in body
+
+    only = staff_client.get("/history/", {"pool": "interactive"}).content.decode()
+    assert "req-view" not in only
+
+    detail = staff_client.get("/history/request/req-view/")
+    text = detail.content.decode()
+    assert detail.status_code == 200
+    assert doc["trace_id"] in text and "backend.local:8000" in text and SECRET not in text
+    assert "timeout happened" in text
+
+    pools = staff_client.get("/history/pools/", {"window": "24h"})
+    text = pools.content.decode()
+    assert pools.status_code == 200 and "<svg" in text and "batch" in text and "Queue wait" in text
+    assert "100.0%" in text and "0.0%" in text  # batch: 1 error of 1; interactive: none
+
+
+def test_views_with_no_data(staff_client: Client, with_history: HistoryClient, no_valkey: None) -> None:
+    assert "No executions recorded yet" in staff_client.get("/history/").content.decode()
+    assert "No executions match" in staff_client.get("/history/", {"pool": "x"}).content.decode()
+    assert "No executions in the last 1h" in staff_client.get("/history/pools/").content.decode()
+    missing = staff_client.get("/history/request/none/")
+    assert missing.status_code == 404 and "No execution with this request id" in missing.content.decode()
+
+
+@pytest.mark.parametrize("url", URLS)
+def test_views_with_clickhouse_down(
+    staff_client: Client, history_down: None, no_valkey: None, url: str
+) -> None:
+    response = staff_client.get(url)
+    assert response.status_code == 503
+    text = response.content.decode()
+    assert "History is unavailable" in text and "Traceback" not in text
+
+
+def test_bad_filter_values_do_not_crash(
+    staff_client: Client, with_history: HistoryClient, no_valkey: None
+) -> None:
+    response = staff_client.get("/history/", {"since": "not a date", "page": "-3", "status": "weird"})
+    assert response.status_code == 200
+    assert staff_client.get("/history/pools/", {"window": "99y"}).status_code == 200
+
+
+def test_admin_links_to_history(staff_client: Client) -> None:
+    User.objects.filter(username="ops").update(is_superuser=True)
+    text = staff_client.get("/admin/").content.decode()
+    assert 'href="/history/"' in text and 'href="/history/pools/"' in text
