@@ -23,12 +23,20 @@ DRR in brief: the ring is ``GroupPolicy.pools`` in tuple order. A round gives ev
 that can launch its ``quantum`` once; a pool then launches heads while their cost fits its deficit, up
 to ``max_burst_per_visit`` per visit. A pool that stopped only because of the burst limit keeps its
 credit and the round makes another pass (without new quanta) before the next round begins, so the
-burst limit interleaves pools without distorting the weights. One call walks the ring at most once,
-starting at ``cursor``, and stops as soon as the group total or the local slots are used up; the cursor
-then points at the pool that was cut off. If a whole walk launches nothing although capacity is left,
-every pool refused only for credit receives ``k * quantum`` at once, with ``k`` the smallest number of
-(virtual, empty) rounds after which one of them can launch -- so a huge-cost head is served in one
-call and nothing spins.
+burst limit interleaves pools without distorting the weights. A call walks the ring from ``cursor``
+pass after pass while passes launch and capacity is left. It stops:
+
+* when the group total or the local slots are used up -- the cursor then names the pool cut off,
+  which resumes its visit (without a second quantum) on the next call;
+* when a pool runs out of peeked heads while it still has credit -- likewise, the visit resumes on
+  the next call with fresh heads; if it ran out with no credit left, the call ends after the pass;
+* when a pass launches nothing. If capacity is left and pools were refused only for credit, the
+  no-spin jump first fast-forwards the empty rounds a DRR would run until one of them can pay its
+  head: each such pool receives the quanta of exactly those virtual visits (so fairness is intact)
+  and the first pool able to pay launches in this call. A huge-cost head is served in one call.
+
+With unlimited burst and caps that do not bind, the launch sequence is exactly textbook DRR's,
+whatever the local capacity and peek depth (a test checks this).
 
 Credit bound: a pool's deficit never exceeds ``quantum + largest head cost seen while it was
 backlogged`` (the top-up is clamped to that). Idle pools hold no credit: a pool that is drained by a
@@ -101,6 +109,9 @@ _GLOBAL_REASONS = frozenset((SKIP_GROUP_CAP, SKIP_LOCAL_CAPACITY))
 _BURST = "burst"  # internal stop reasons of a visit
 _CREDIT = "credit"
 _EMPTY = "empty"
+_EXHAUSTED = "exhausted"  # peeked heads used up, no credit left: the visit is over anyway
+_SUSPENDED = "suspended"  # peeked heads used up with credit left: resume this visit next call
+_CUT = _GLOBAL_REASONS | {_SUSPENDED}  # stop the walk here; the cursor stays on this pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +213,16 @@ class Decision:
 class _Call:
     """Bookkeeping of one decide call: capacity used so far, launches, skips."""
 
-    __slots__ = ("group_used", "launched", "launches", "local_free", "reserved", "skips", "total")
+    __slots__ = (
+        "exhausted",
+        "group_used",
+        "launched",
+        "launches",
+        "local_free",
+        "reserved",
+        "skips",
+        "total",
+    )
 
     def __init__(self, total: int, group_used: int, local_free: int, reserved: int) -> None:
         self.total = total
@@ -212,6 +232,7 @@ class _Call:
         self.launched: dict[str, int] = {}
         self.launches: list[Launch] = []
         self.skips: dict[tuple[str, str], int] = {}
+        self.exhausted = False  # some pool ran out of peeked heads while it still had backlog
 
     def skip(self, pool_id: str, reason: str) -> None:
         key = (pool_id, reason)
@@ -300,10 +321,50 @@ def _walk(
     observations: Mapping[str, PoolObservation],
     call: _Call,
 ) -> None:
-    """One walk over the ring from the cursor; then, if it launched nothing, the no-spin jump."""
+    """Walk the ring from the cursor, pass after pass, while passes launch and capacity is left.
+
+    Stops when capacity runs out (the cursor then names the pool cut off), when a pass launches
+    nothing and the no-spin jump does not apply, or when a pool ran out of peeked heads: further
+    rounds would then be unfair to it.
+    """
     n = len(pools)
     start = state.cursor % n
-    starved: list[tuple[int, PoolPolicy, PoolObservation]] = []
+    while True:
+        before = len(call.launches)
+        starved: _Starved = []
+        cut = _pass(pools, start, state, observations, call, starved)
+        if cut is None and len(call.launches) == before:
+            if not starved or not call.has_capacity():
+                _record_starved(call, starved)
+                state.cursor = start
+                return
+            pos, stopped = _jump(state, call, starved)
+            if stopped:
+                cut = pos
+            else:
+                if pos == n - 1:
+                    _end_pass(state, observations)
+                start = pos + 1 if pos + 1 < n else 0  # the round goes on after the pool served
+        else:
+            _record_starved(call, starved)
+        if cut is not None:
+            state.cursor = cut
+            return
+        state.cursor = start
+        if call.exhausted or not call.has_capacity():
+            return
+
+
+def _pass(
+    pools: tuple[PoolPolicy, ...],
+    start: int,
+    state: SchedulerState,
+    observations: Mapping[str, PoolObservation],
+    call: _Call,
+    starved: _Starved,
+) -> int | None:
+    """Visit every ring position once from ``start``; return the position cut off by capacity, if any."""
+    n = len(pools)
     for step in range(n):
         pos = start + step
         if pos >= n:
@@ -312,17 +373,11 @@ def _walk(
         obs = observations.get(pool.pool_id)
         if obs is None or obs.backlog <= 0:
             state.forget(pool.pool_id)  # idle: leaves the rotation with no credit
-        elif obs.heads and _visit(pos, pool, obs, state, call, starved) in _GLOBAL_REASONS:
-            state.cursor = pos
-            _record_starved(call, starved)
-            return
+        elif obs.heads and _visit(pos, pool, obs, state, call, starved) in _CUT:
+            return pos
         if pos == n - 1:
             _end_pass(state, observations)
-    state.cursor = start
-    if not call.launches and starved and call.has_capacity():
-        _jump(state, call, starved)
-    else:
-        _record_starved(call, starved)
+    return None
 
 
 def _visit(
@@ -331,7 +386,7 @@ def _visit(
     obs: PoolObservation,
     state: SchedulerState,
     call: _Call,
-    starved: list[tuple[int, PoolPolicy, PoolObservation]],
+    starved: _Starved,
 ) -> str | None:
     """Visit one backlogged pool: refuse it, or top up its credit and serve it. Returns the stop reason."""
     pid = pool.pool_id
@@ -341,7 +396,7 @@ def _visit(
         return reason
     index = call.launched.get(pid, 0)
     if index >= len(obs.heads):
-        return None  # only with a duplicated pool id: nothing more peeked for it in this call
+        return None  # duplicated pool id: nothing more peeked for it in this call
     seen = max(state.max_cost.get(pid, 0), obs.heads[index].cost)
     state.max_cost[pid] = seen
     deficit = state.deficits.get(pid, 0)
@@ -350,7 +405,7 @@ def _visit(
         deficit = min(deficit + pool.quantum, pool.quantum + seen)
     state.deficits[pid] = deficit
     stop = _serve(pool, obs, state, call)
-    if stop == _CREDIT and pid not in call.launched:
+    if stop == _CREDIT and call.launched.get(pid, 0) == index:
         starved.append((pos, pool, obs))
     return stop
 
@@ -368,7 +423,9 @@ def _serve(pool: PoolPolicy, obs: PoolObservation, state: SchedulerState, call: 
             state.forget(pid)  # drained: leaves the rotation with no credit
             return _EMPTY
         if index >= len(heads):
-            stop = _BURST if deficit > 0 else _CREDIT
+            # More backlog than peeked: the dispatcher must peek again before another round.
+            call.exhausted = True
+            stop = _BURST if burst >= pool.max_burst_per_visit else _SUSPENDED if deficit > 0 else _EXHAUSTED
             break
         cost = heads[index].cost
         if cost > max_cost[pid]:
@@ -389,8 +446,8 @@ def _serve(pool: PoolPolicy, obs: PoolObservation, state: SchedulerState, call: 
         index += 1
         burst += 1
     state.deficits[pid] = deficit
-    if stop == _BURST:
-        state.carry = True
+    if stop == _BURST and deficit > 0:
+        state.carry = True  # credit left over: another pass of this round before the next quantum
     return stop
 
 
@@ -404,30 +461,44 @@ def _end_pass(state: SchedulerState, observations: Mapping[str, PoolObservation]
     state.carry = False
 
 
-def _record_starved(call: _Call, starved: list[tuple[int, PoolPolicy, PoolObservation]]) -> None:
+_Starved = list[tuple[int, PoolPolicy, PoolObservation]]  # (ring position, pool, observation)
+
+
+def _record_starved(call: _Call, starved: _Starved) -> None:
     for _, pool, _obs in starved:
         call.skip(pool.pool_id, SKIP_NO_CREDIT)
 
 
-def _jump(state: SchedulerState, call: _Call, starved: list[tuple[int, PoolPolicy, PoolObservation]]) -> None:
-    """No-spin: give every credit-starved pool k quanta at once (k empty rounds) and serve them."""
-    deficits = state.deficits
-    k = min(
-        -(-(obs.heads[0].cost - deficits.get(pool.pool_id, 0)) // pool.quantum) for _, pool, obs in starved
-    )
-    state.round += 1
-    state.carry = False
-    for _, pool, _obs in starved:
+def _jump(state: SchedulerState, call: _Call, starved: _Starved) -> tuple[int, bool]:
+    """No-spin: skip the empty rounds a DRR would run before some starved pool can pay its head.
+
+    Virtual visits continue in ring order from where each pool stands (its ``credited`` round and its
+    ring position); the first visit after which a pool can pay wins. Every starved pool receives the
+    quanta of the virtual visits up to that point -- exactly what the empty rounds would have given
+    -- and the winner is served. Returns the winner's position and whether capacity cut it off.
+    """
+    deficits, credited = state.deficits, state.credited
+    best: tuple[tuple[int, int], PoolPolicy, PoolObservation] | None = None
+    for pos, pool, obs in starved:
         pid = pool.pool_id
-        deficits[pid] = min(deficits.get(pid, 0) + k * pool.quantum, pool.quantum + state.max_cost[pid])
-        state.credited[pid] = state.round
-    for i, (pos, pool, obs) in enumerate(starved):
-        stop = _serve(pool, obs, state, call)
-        if stop in _GLOBAL_REASONS:
-            state.cursor = pos
-            _record_starved(call, [s for s in starved[i + 1 :] if s[1].pool_id not in call.launched])
-            return
-    _record_starved(call, [s for s in starved if s[1].pool_id not in call.launched])
+        need = obs.heads[call.launched.get(pid, 0)].cost - deficits[pid]
+        when = (credited[pid] + -(-need // pool.quantum), pos)
+        if best is None or when < best[0]:
+            best = (when, pool, obs)
+    assert best is not None
+    (target_round, target_pos), winner, winner_obs = best
+    for pos, pool, _obs in starved:
+        pid = pool.pool_id
+        visits = target_round - credited[pid] - (1 if pos > target_pos else 0)
+        if visits > 0:
+            deficits[pid] = min(deficits[pid] + visits * pool.quantum, pool.quantum + state.max_cost[pid])
+            credited[pid] += visits
+        if pool is not winner:
+            call.skip(pid, SKIP_NO_CREDIT)
+    state.round = target_round
+    state.carry = False
+    stop = _serve(winner, winner_obs, state, call)
+    return target_pos, stop in _CUT
 
 
 def refund(state: SchedulerState, launch: Launch) -> None:
