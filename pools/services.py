@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import redis
 from django.db import transaction
@@ -20,7 +20,7 @@ from django.db import transaction
 from dispatch_project.connections import key_space, sync_client
 from pools import selectors
 from pools.models import FabricGroup, Pool
-from pools.validation import group_problems
+from pools.validation import group_problems, pool_values
 from runtime.embedded import EmbeddedValkeyError
 from runtime.errors import DispatchError
 from runtime.groupconfig import PUBLISH_SCRIPT, UNPUBLISH_SCRIPT, GroupConfig, publish_args, unpublish_args
@@ -62,7 +62,7 @@ def _next_version(client: redis.Redis, group_id: str) -> int:
 def group_publish(*, group: FabricGroup) -> PublishResult:
     """Publishes the group's current configuration to Valkey for its running dispatchers."""
     config = selectors.group_config(group=group)
-    pools = [{"pool_id": p.pool_id, **_numbers(p), "enabled": p.enabled} for p in config.pools]
+    pools = [pool_values(p) for p in config.pools]
     problems = group_problems(policy=config.policy, total_concurrency=config.total_concurrency, pools=pools)
     if problems:
         error = "not published, the configuration is invalid: " + "; ".join(problems)
@@ -71,7 +71,7 @@ def group_publish(*, group: FabricGroup) -> PublishResult:
         client = sync_client()
         try:
             version = _next_version(client, group.group_id)
-            config = selectors.group_config(group=group, version=version)
+            config = replace(config, version=version)
             script_keys, args = publish_args(key_space(), config)
             count = int(client.eval(PUBLISH_SCRIPT, len(script_keys), *script_keys, *args))
         finally:
@@ -81,11 +81,6 @@ def group_publish(*, group: FabricGroup) -> PublishResult:
         return PublishResult(group.group_id, error=f"Valkey unreachable ({exc})")
     log.info("published group %s version %s with %s enabled pools", group.group_id, version, count)
     return PublishResult(group.group_id, version=version, pools=count)
-
-
-def _numbers(pool: object) -> dict[str, int]:
-    names = ("quantum", "max_concurrent", "min_concurrent", "max_burst_per_visit")
-    return {name: getattr(pool, name) for name in names}
 
 
 def group_unpublish(*, group_id: str) -> PublishResult:

@@ -129,6 +129,6 @@ def group_problems(*, policy: str, total_concurrency: int, pools: Iterable[Mappi
 
 
 def pool_values(pool: Any) -> dict[str, Any]:
-    """The fields :func:`group_problems` reads, from a Pool instance."""
+    """The fields :func:`group_problems` reads, from a Pool (or a published PoolConfig)."""
     fields = ("pool_id", "quantum", "max_concurrent", "min_concurrent", "max_burst_per_visit", "enabled")
     return {name: getattr(pool, name) for name in fields}
