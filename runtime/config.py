@@ -31,7 +31,8 @@ class ProducerSettings:
             raise ValueError("producer liveness TTL and refresh interval must be positive")
         if self.alive_refresh_s * 2 > self.alive_ttl_s:
             raise ValueError(
-                f"liveness refresh ({self.alive_refresh_s}s) must be at most half the TTL ({self.alive_ttl_s}s)"
+                f"liveness refresh ({self.alive_refresh_s}s) must be at most half "
+                f"the TTL ({self.alive_ttl_s}s)"
             )
         if self.max_envelope_bytes < 1024:
             raise ValueError("max_envelope_bytes must be at least 1024")
@@ -57,6 +58,7 @@ class DispatcherSettings:
     backend_timeout_s: float = 120.0
     backend_connect_timeout_s: float = 5.0
     snapshot_interval_s: float = 0.25
+    snapshot_ttl_s: float = keys.SNAPSHOT_TTL_S
     cost: CostModel = field(default_factory=CostModel)
 
     def __post_init__(self) -> None:

@@ -41,6 +41,7 @@ from runtime.errors import (
     error_from_type,
 )
 from runtime.keys import DEFAULT_KEYS, KeySpace
+from runtime.valkey import connect
 
 if TYPE_CHECKING:
     from runtime.adapter import OpenAIBackend
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 _propagator = TraceContextTextMapPropagator()
 _T = TypeVar("_T")
 REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+_WAKE_SENTINEL = b"\x00wake"
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,11 +146,7 @@ class Producer:
         if self._closed:
             return
         self._closed = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._stop_tasks()
         for waiter in self._waiters.values():
             if not waiter.future.done():
                 waiter.future.set_exception(ProducerClosed(f"producer {self.producer_id} closed"))
@@ -156,6 +154,22 @@ class Producer:
         if self.direct_backend is None:
             with contextlib.suppress(*REDIS_ERRORS):
                 await self.client.delete(self._alive_key)
+
+    async def _stop_tasks(self) -> None:
+        # A BLPOP cancelled mid-wait can leave redis-py's connection hanging, so the pump is woken
+        # with a sentinel and left to return by itself; cancellation is only the fallback.
+        if not self._tasks:
+            return
+        keep_alive, pump = self._tasks
+        keep_alive.cancel()
+        with contextlib.suppress(*REDIS_ERRORS):
+            await self.client.rpush(self._reply_key, _WAKE_SENTINEL)
+        done, _ = await asyncio.wait([pump], timeout=2.0)
+        if not done:
+            pump.cancel()
+            await asyncio.wait([pump], timeout=1.0)
+        with contextlib.suppress(asyncio.CancelledError):
+            await keep_alive
 
     @property
     def waiting(self) -> int:
@@ -293,7 +307,7 @@ class Producer:
 
     async def _pump_replies(self) -> None:
         backoff = 0.1
-        while True:
+        while not self._closed:
             try:
                 popped = await self.client.blpop([self._reply_key], timeout=1)
                 if popped is None:
@@ -318,6 +332,8 @@ class Producer:
                 self._deliver(raw)
 
     def _deliver(self, raw: bytes) -> None:
+        if raw == _WAKE_SENTINEL:
+            return
         try:
             reply = Reply.decode(raw)
         except MalformedEnvelope as exc:
@@ -343,7 +359,7 @@ class SyncProducer:
             target=self._loop.run_forever, name="llm-dispatch-producer", daemon=True
         )
         self._thread.start()
-        self._client = aioredis.Redis.from_url(url)
+        self._client = connect(url)
         self.producer = Producer(self._client, **producer_kwargs)
         self._run(self.producer.start())
 

@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 
 from runtime import embedded
 from runtime.keys import KeySpace
+from runtime.valkey import connect
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +41,7 @@ def keys() -> KeySpace:
 
 @pytest.fixture
 async def aredis(valkey_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(valkey_url)
+    client = connect(valkey_url)
     yield client
     await client.aclose()
 

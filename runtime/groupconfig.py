@@ -1,0 +1,143 @@
+"""A fabric group's configuration as published to Valkey for running dispatchers.
+
+The Django ``pools`` app is the source of truth; on every change it publishes the group here
+(one atomic script: config JSON, the pool registry producers check at submit, and a change
+notification). Dispatchers read it at start, on the notification, and on a short poll as a
+fallback, so an admin edit reaches every dispatcher within seconds without a restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+from runtime.errors import MalformedEnvelope
+from runtime.keys import KeySpace
+from runtime.scheduler import GroupPolicy, PoolPolicy
+
+POLICIES = ("fifo", "drr")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    pool_id: str
+    quantum: int = 1
+    max_concurrent: int = 8
+    min_concurrent: int = 0
+    max_burst_per_visit: int = 1
+    display_name: str = ""
+    endpoint_url: str = ""
+    enabled: bool = True
+    paused: bool = False
+
+    def policy(self) -> PoolPolicy:
+        return PoolPolicy(
+            pool_id=self.pool_id,
+            quantum=self.quantum,
+            max_concurrent=self.max_concurrent,
+            min_concurrent=self.min_concurrent,
+            max_burst_per_visit=self.max_burst_per_visit,
+            paused=self.paused,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    group_id: str
+    policy: str = "drr"
+    total_concurrency: int = 16
+    default_endpoint_url: str = ""
+    api_key_env: str = ""
+    queueing_enabled: bool = True
+    name: str = ""
+    pools: tuple[PoolConfig, ...] = field(default_factory=tuple)
+    version: int = 0
+
+    @property
+    def enabled_pools(self) -> tuple[PoolConfig, ...]:
+        return tuple(p for p in self.pools if p.enabled)
+
+    def scheduler_policy(self) -> GroupPolicy:
+        return GroupPolicy(
+            policy=self.policy,
+            total_concurrency=self.total_concurrency,
+            pools=tuple(p.policy() for p in self.enabled_pools),
+        )
+
+    def endpoint_for(self, pool_id: str) -> str:
+        for pool in self.pools:
+            if pool.pool_id == pool_id and pool.endpoint_url:
+                return pool.endpoint_url
+        return self.default_endpoint_url
+
+    def pool(self, pool_id: str) -> PoolConfig | None:
+        return next((p for p in self.pools if p.pool_id == pool_id), None)
+
+    def encode(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> GroupConfig:
+        try:
+            data: Mapping[str, Any] = orjson.loads(raw)
+            pools = tuple(PoolConfig(**p) for p in data.get("pools", ()))
+            config = cls(**{**data, "pools": pools})
+        except (orjson.JSONDecodeError, TypeError, AttributeError) as exc:
+            raise MalformedEnvelope(f"published group configuration is unreadable: {exc}") from exc
+        if config.policy not in POLICIES:
+            raise MalformedEnvelope(f"group {config.group_id}: unknown policy {config.policy!r}")
+        return config
+
+
+# KEYS: config key, pool registry hash, config channel
+# ARGV: config JSON, group id, then the ids of the group's enabled pools
+PUBLISH_SCRIPT = """
+local registry = redis.call('HGETALL', KEYS[2])
+for i = 1, #registry, 2 do
+  if registry[i + 1] == ARGV[2] then redis.call('HDEL', KEYS[2], registry[i]) end
+end
+for i = 3, #ARGV do redis.call('HSET', KEYS[2], ARGV[i], ARGV[2]) end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('PUBLISH', KEYS[3], ARGV[1])
+return #ARGV - 2
+"""
+
+# KEYS: config key, pool registry hash, config channel; ARGV: group id
+UNPUBLISH_SCRIPT = """
+local registry = redis.call('HGETALL', KEYS[2])
+for i = 1, #registry, 2 do
+  if registry[i + 1] == ARGV[1] then redis.call('HDEL', KEYS[2], registry[i]) end
+end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', KEYS[3], '')
+return 1
+"""
+
+
+def publish_args(keys: KeySpace, config: GroupConfig) -> tuple[list[str], list[str | bytes]]:
+    """KEYS and ARGV for PUBLISH_SCRIPT; run with a sync or an async client's ``eval``."""
+    script_keys = [
+        keys.group_config(config.group_id),
+        keys.pool_registry(),
+        keys.config_channel(config.group_id),
+    ]
+    args: list[str | bytes] = [config.encode(), config.group_id, *(p.pool_id for p in config.enabled_pools)]
+    return script_keys, args
+
+
+def unpublish_args(keys: KeySpace, group_id: str) -> tuple[list[str], list[str | bytes]]:
+    return [keys.group_config(group_id), keys.pool_registry(), keys.config_channel(group_id)], [group_id]
+
+
+async def publish(client: Any, keys: KeySpace, config: GroupConfig) -> None:
+    """Publishes with an async client (runtime tests, benchmarks)."""
+    script_keys, args = publish_args(keys, config)
+    await client.eval(PUBLISH_SCRIPT, len(script_keys), *script_keys, *args)
+
+
+async def load(client: Any, keys: KeySpace, group_id: str) -> GroupConfig | None:
+    raw = await client.get(keys.group_config(group_id))
+    return GroupConfig.decode(raw) if raw else None

@@ -1,0 +1,69 @@
+"""Decoding of peeked queue items, cached so a head seen in many rounds is decoded once."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from runtime.contract import Envelope
+from runtime.cost import CostModel, request_cost
+from runtime.errors import MalformedEnvelope
+
+
+@dataclass(frozen=True, slots=True)
+class PeekedItem:
+    raw: bytes
+    envelope: Envelope | None
+    error: str = ""  # why it is malformed
+    cost: int = 0
+
+
+class PeekCache:
+    """Bounded LRU of decoded heads, keyed by length and leading bytes.
+
+    The envelope's first field is its request id, so the prefix identifies an item without hashing
+    megabytes of image data every round. A key collision between different items can only make a
+    claim miss (its digest is exact); the caller then forgets the entry.
+    """
+
+    def __init__(self, cost_model: CostModel, capacity: int = 8192) -> None:
+        self.cost_model = cost_model
+        self.capacity = capacity
+        self._items: OrderedDict[tuple[int, bytes], PeekedItem] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @staticmethod
+    def _key(raw: bytes) -> tuple[int, bytes]:
+        return len(raw), raw[:96]
+
+    def get(self, raw: bytes) -> PeekedItem:
+        key = self._key(raw)
+        item = self._items.get(key)
+        if item is not None:
+            self._items.move_to_end(key)
+            return item
+        item = self._decode(raw)
+        self._items[key] = item
+        if len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+        return item
+
+    def forget(self, raw: bytes) -> None:
+        self._items.pop(self._key(raw), None)
+
+    def _decode(self, raw: bytes) -> PeekedItem:
+        try:
+            envelope = Envelope.decode(raw)
+        except MalformedEnvelope as exc:
+            return PeekedItem(raw, None, error=str(exc))
+        md = envelope.metadata
+        cost = request_cost(
+            self.cost_model,
+            cost_units=md.cost_units,
+            image_count=md.image_count,
+            page_count=md.page_count,
+            image_parts=envelope.call.image_parts,
+        )
+        return PeekedItem(raw, envelope, cost=cost)

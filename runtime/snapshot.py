@@ -1,0 +1,90 @@
+"""The live snapshot of one dispatcher: runtime health, every pool's queue and caps, active requests.
+
+Built from the dispatcher's in-memory state and its latest observation of Valkey (queue depth is the
+real LLEN of every pool, not a sample). The dashboard merges the snapshots of all dispatchers of a
+group; ``SNAPSHOT_SCHEMA`` changes when a field changes meaning.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from runtime.redact import redact_url
+
+if TYPE_CHECKING:
+    from runtime.dispatcher import Dispatcher
+
+SNAPSHOT_SCHEMA = 1
+MAX_ACTIVE_LISTED = 50
+
+
+def build_snapshot(dispatcher: Dispatcher, *, now: float) -> dict[str, Any]:
+    config = dispatcher.config
+    assert config is not None
+    stats = dispatcher.stats
+    skips: dict[str, dict[str, int]] = {}
+    for (pool_id, reason), count in stats.skips.items():
+        skips.setdefault(pool_id, {})[reason] = count
+    local_by_pool: dict[str, int] = {}
+    for run in dispatcher.running.values():
+        local_by_pool[run.pool_id] = local_by_pool.get(run.pool_id, 0) + 1
+    pools = []
+    for pool in config.pools:
+        view = dispatcher.last_views.get(pool.pool_id)
+        head = dispatcher.peeked_head(pool.pool_id)
+        pools.append(
+            {
+                "pool_id": pool.pool_id,
+                "display_name": pool.display_name or pool.pool_id,
+                "weight": pool.quantum,
+                "min_concurrent": pool.min_concurrent,
+                "max_concurrent": pool.max_concurrent,
+                "max_burst_per_visit": pool.max_burst_per_visit,
+                "enabled": pool.enabled,
+                "paused": pool.paused,
+                "endpoint": redact_url(config.endpoint_for(pool.pool_id)),
+                "queue_depth": view.backlog if view else 0,
+                "in_flight": view.in_flight if view else 0,
+                "in_flight_local": local_by_pool.get(pool.pool_id, 0),
+                "oldest_pending_age_s": round(max(0.0, now - head.envelope.enqueued_at), 3)
+                if head and head.envelope
+                else None,
+                "head_cost": head.cost if head and head.envelope else None,
+                "deficit": dispatcher.deficit(pool.pool_id),
+                "skips": skips.get(pool.pool_id, {}),
+                "launched": stats.launched_by_pool.get(pool.pool_id, 0),
+                "cost_dispatched": stats.cost_by_pool.get(pool.pool_id, 0),
+            }
+        )
+    active = sorted(dispatcher.running.values(), key=lambda r: r.started_at)[:MAX_ACTIVE_LISTED]
+    return {
+        "schema": SNAPSHOT_SCHEMA,
+        "at": round(now, 3),
+        "group_id": config.group_id,
+        "dispatcher_id": dispatcher.identity.dispatcher_id,
+        "gateway_id": dispatcher.identity.gateway_id,
+        "policy": config.policy,
+        "config_version": config.version,
+        "total_concurrency": config.total_concurrency,
+        "concurrency": dispatcher.settings.concurrency,
+        "up_since": round(dispatcher.started_at, 3),
+        "valkey_ok": dispatcher.valkey_ok,
+        "stopping": dispatcher.stopping,
+        "in_flight": len(dispatcher.running),
+        "group_in_flight": dispatcher.group_in_flight,
+        "completed": stats.completed,
+        "failed": dict(stats.failed),
+        "dropped": dict(stats.dropped),
+        "pools": pools,
+        "active": [
+            {
+                "request_id": run.envelope.request_id,
+                "pool_id": run.pool_id,
+                "producer_id": run.envelope.producer_id,
+                "model": run.envelope.call.model,
+                "stage": run.stage,
+                "age_s": round(max(0.0, now - run.envelope.enqueued_at), 3),
+            }
+            for run in active
+        ],
+    }

@@ -1,0 +1,101 @@
+"""The dispatcher's span for each request it executed or dropped, via the OpenTelemetry API.
+
+Spans are created after the fact with explicit start and end times, as children of the producer's
+submit span (its W3C context travels in the envelope). Without an SDK provider these are no-ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from runtime import semconv
+from runtime.contract import Envelope
+
+_propagator = TraceContextTextMapPropagator()
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    group_id: str
+    gateway_id: str
+    dispatcher_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status: str  # "ok" | "error" | "dropped"
+    started_at: float  # wall-clock seconds: execution start, or drop time
+    ended_at: float
+    backend_url: str = ""
+    error_type: str = ""
+    error_message: str = ""
+    drop_reason: str = ""
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    response_model: str | None = None
+    reply_delivered: bool = False
+    cost: int = 0
+
+
+def record_span(
+    tracer: trace.Tracer,
+    envelope: Envelope,
+    who: Identity,
+    outcome: Outcome,
+    content: Mapping[str, Any] | None = None,
+) -> None:
+    """Emits one CLIENT span for a dispatched (or dropped) request."""
+    parent = _propagator.extract(dict(envelope.trace))
+    queue_wait = max(0.0, outcome.started_at - envelope.enqueued_at)
+    attributes: dict[str, Any] = {
+        semconv.GEN_AI_OPERATION_NAME: "chat",
+        semconv.GEN_AI_REQUEST_MODEL: envelope.call.model,
+        semconv.REQUEST_ID: envelope.request_id,
+        semconv.PRODUCER_ID: envelope.producer_id,
+        semconv.POOL_ID: envelope.pool_id,
+        semconv.GROUP_ID: who.group_id,
+        semconv.GATEWAY_ID: who.gateway_id,
+        semconv.DISPATCHER_ID: who.dispatcher_id,
+        semconv.MESSAGE_COUNT: len(envelope.call.messages),
+        semconv.QUEUE_WAIT_S: queue_wait,
+        semconv.EXECUTION_S: max(0.0, outcome.ended_at - outcome.started_at),
+        semconv.TOTAL_S: max(0.0, outcome.ended_at - envelope.enqueued_at),
+        semconv.STATUS: outcome.status,
+        semconv.REPLY_DELIVERED: outcome.reply_delivered,
+        semconv.COST_UNITS: outcome.cost,
+        semconv.SPAN_KIND_ROLE: "dispatcher",
+    }
+    if outcome.backend_url:
+        attributes[semconv.BACKEND_URL] = outcome.backend_url
+        parts = urlsplit(outcome.backend_url)
+        if parts.hostname:
+            attributes[semconv.SERVER_ADDRESS] = parts.hostname
+        if parts.port:
+            attributes[semconv.SERVER_PORT] = parts.port
+    optional = {
+        semconv.ERROR_TYPE: outcome.error_type,
+        semconv.ERROR_MESSAGE: outcome.error_message,
+        semconv.DROP_REASON: outcome.drop_reason,
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: outcome.input_tokens,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: outcome.output_tokens,
+        semconv.GEN_AI_RESPONSE_MODEL: outcome.response_model,
+    }
+    attributes.update({k: v for k, v in optional.items() if v not in (None, "")})
+    if content:
+        attributes.update(content)
+    span = tracer.start_span(
+        f"{semconv.SPAN_NAME_DISPATCH} {envelope.call.model}",
+        context=parent,
+        kind=trace.SpanKind.CLIENT,
+        attributes=attributes,
+        start_time=int(envelope.enqueued_at * 1e9),
+    )
+    if outcome.status != "ok":
+        span.set_status(trace.Status(trace.StatusCode.ERROR, outcome.error_message or outcome.drop_reason))
+    span.end(end_time=int(outcome.ended_at * 1e9))

@@ -1,0 +1,51 @@
+"""The dispatcher's counters: what it completed, what failed by type, what it dropped and why."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+# Drop reasons: every request that leaves a queue without a reply to a live producer is one of these.
+DROP_MALFORMED = "malformed"
+DROP_PRODUCER_GONE = "producer_gone"  # liveness key missing before execution: never executed
+DROP_REPLY_PRODUCER_GONE = "reply_producer_gone"  # executed, but the producer left before the reply
+DROP_EXPIRED = "expired"  # deadline passed while queued: never executed
+DROP_REPLY_UNDELIVERED = "reply_undelivered"  # Valkey failed while publishing the reply
+DROP_REASONS = (
+    DROP_MALFORMED,
+    DROP_PRODUCER_GONE,
+    DROP_REPLY_PRODUCER_GONE,
+    DROP_EXPIRED,
+    DROP_REPLY_UNDELIVERED,
+)
+
+
+@dataclass(slots=True)
+class DispatcherStats:
+    completed: int = 0
+    failed: Counter[str] = field(default_factory=Counter)  # by error_type
+    dropped: Counter[str] = field(default_factory=Counter)  # by drop reason
+    skips: Counter[tuple[str, str]] = field(default_factory=Counter)  # (pool_id, reason)
+    launched_by_pool: Counter[str] = field(default_factory=Counter)
+    cost_by_pool: Counter[str] = field(default_factory=Counter)
+    valkey_outages: int = 0
+    claim_lost: int = 0  # peeked item taken by someone else before our claim
+    _flushed: Counter[str] = field(default_factory=Counter)
+
+    def totals(self) -> dict[str, int]:
+        """Flat cumulative counters, as stored in the group's Valkey counter hash."""
+        flat: dict[str, int] = {"completed": self.completed, "valkey_outages": self.valkey_outages}
+        flat.update({f"failed:{k}": v for k, v in self.failed.items()})
+        flat.update({f"dropped:{k}": v for k, v in self.dropped.items()})
+        return flat
+
+    def unflushed(self) -> dict[str, int]:
+        """Increments since the last call, for HINCRBY into the shared counters."""
+        totals = self.totals()
+        deltas = {k: v - self._flushed[k] for k, v in totals.items() if v != self._flushed[k]}
+        self._flushed.update(deltas)
+        return deltas
+
+    def restore(self, deltas: dict[str, int]) -> None:
+        """Marks increments as not flushed again, after the write that carried them failed."""
+        self._flushed.subtract(deltas)

@@ -1,0 +1,73 @@
+"""Helpers to run a real dispatcher, simulator and producers inside one test."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from runtime import groupconfig
+from runtime.config import DispatcherSettings
+from runtime.dispatcher import Dispatcher
+from runtime.groupconfig import GroupConfig, PoolConfig
+from runtime.keys import KeySpace
+
+CALL = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}
+
+
+def one_pool_group(
+    endpoint: str,
+    *,
+    group_id: str = "g",
+    pool_id: str = "default",
+    policy: str = "fifo",
+    total: int = 16,
+    max_concurrent: int = 16,
+) -> GroupConfig:
+    return GroupConfig(
+        group_id=group_id,
+        policy=policy,
+        total_concurrency=total,
+        default_endpoint_url=endpoint,
+        pools=(PoolConfig(pool_id=pool_id, max_concurrent=max_concurrent),),
+        version=1,
+    )
+
+
+def slow_call(latency_ms: float, **sim: Any) -> dict[str, Any]:
+    return {**CALL, "sim": {"latency_ms": latency_ms, **sim}}
+
+
+@contextlib.asynccontextmanager
+async def running_dispatcher(
+    client: aioredis.Redis, keys: KeySpace, config: GroupConfig, **overrides: Any
+) -> AsyncIterator[Dispatcher]:
+    await groupconfig.publish(client, keys, config)
+    settings = DispatcherSettings(group_id=config.group_id, **{"shutdown_grace_s": 10.0, **overrides})
+    dispatcher = Dispatcher(client, settings, keys=keys)
+    task = asyncio.create_task(dispatcher.run(install_signal_handlers=False))
+    await wait_until(lambda: dispatcher.config is not None or task.done())
+    if task.done():
+        task.result()
+    try:
+        yield dispatcher
+    finally:
+        dispatcher.request_stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(interval)
+
+
+def with_version(config: GroupConfig, **changes: Any) -> GroupConfig:
+    return replace(config, version=config.version + 1, **changes)

@@ -1,0 +1,36 @@
+"""A producer in its own process, so a test can really kill it (SIGKILL) mid-request.
+
+Usage: python -m tests.runtime.producer_proc VALKEY_URL KEY_PREFIX POOL_ID LATENCY_MS ALIVE_TTL_S
+Prints "submitted" once its request is queued, then waits for the reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import redis.asyncio as aioredis
+
+from runtime.config import ProducerSettings
+from runtime.keys import KeySpace
+from runtime.producer import Producer
+
+
+async def main(url: str, prefix: str, pool_id: str, latency_ms: float, ttl: float) -> None:
+    client = aioredis.Redis.from_url(url)
+    settings = ProducerSettings(alive_ttl_s=ttl, alive_refresh_s=ttl / 4)
+    async with Producer(client, keys=KeySpace(prefix), settings=settings, producer_id="doomed") as producer:
+        call = {
+            "model": "sim-model",
+            "messages": [{"role": "user", "content": "hi"}],
+            "sim": {"latency_ms": latency_ms},
+        }
+        task = asyncio.create_task(producer.submit(call, pool_id=pool_id, timeout=60))
+        await asyncio.sleep(0.2)
+        print("submitted", flush=True)
+        await task
+
+
+if __name__ == "__main__":
+    url, prefix, pool_id, latency, ttl = sys.argv[1:6]
+    asyncio.run(main(url, prefix, pool_id, float(latency), float(ttl)))

@@ -1,0 +1,258 @@
+"""The queued path end to end: real Valkey over TCP, real HTTP to the simulator, a real dispatcher."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import orjson
+import pytest
+
+from runtime.config import ProducerSettings
+from runtime.errors import (
+    BackendConnectError,
+    BackendHTTPError,
+    BackendTimeout,
+    EnvelopeTooLarge,
+    RequestTimeout,
+    UnknownPool,
+)
+from runtime.producer import Producer
+from runtime.simulator import SimulatorConfig, SimulatorServer
+from runtime.stats import DROP_EXPIRED, DROP_MALFORMED, DROP_PRODUCER_GONE, DROP_REPLY_PRODUCER_GONE
+from tests.runtime.harness import CALL, one_pool_group, running_dispatcher, slow_call, wait_until
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+async def sim():
+    async with SimulatorServer(SimulatorConfig()) as server:
+        yield server
+
+
+async def test_round_trip(aredis, keys, sim) -> None:
+    async with (
+        running_dispatcher(aredis, keys, one_pool_group(sim.url)) as dispatcher,
+        Producer(aredis, keys=keys) as producer,
+    ):
+        result = await producer.submit(CALL, pool_id="default", timeout=10)
+    assert result.completion["choices"][0]["message"]["role"] == "assistant"
+    assert result.completion["usage"]["total_tokens"] > 0
+    assert result.timing.total_s >= result.timing.execution_s > 0
+    assert dispatcher.stats.completed == 1
+    assert sim.completions_total == 1
+
+
+async def test_thousand_concurrent_submits_reach_their_own_callers(aredis, keys, sim) -> None:
+    config = one_pool_group(sim.url, total=64, max_concurrent=64)
+    async with running_dispatcher(aredis, keys, config), Producer(aredis, keys=keys) as producer:
+        calls = [
+            {"model": "sim-model", "messages": [{"role": "user", "content": f"question {i}"}]}
+            for i in range(1000)
+        ]
+        results = await asyncio.gather(*(producer.submit(c, pool_id="default", timeout=60) for c in calls))
+    # The simulator echoes the prompt, so each caller must see its own question in its answer.
+    for i, result in enumerate(results):
+        assert f"question {i}" in result.completion["choices"][0]["message"]["content"]
+    assert len({r.request_id for r in results}) == 1000
+    assert producer.waiting == 0 and producer.stats.late_replies == 0
+
+
+async def test_producer_gone_before_execution_is_dropped_and_backend_never_called(
+    aredis, keys, sim, valkey_url
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.runtime.producer_proc", valkey_url, keys.prefix, "default", "0", "1.0"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "submitted"
+        assert await aredis.llen(keys.requests("default")) == 1
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(5)
+        deadline = time.monotonic() + 5
+        while await aredis.exists(keys.producer_alive("doomed")):
+            assert time.monotonic() < deadline, "liveness key outlived its TTL"
+            await asyncio.sleep(0.05)
+    finally:
+        proc.kill()
+    async with running_dispatcher(aredis, keys, one_pool_group(sim.url)) as dispatcher:
+        await wait_until(lambda: dispatcher.stats.dropped[DROP_PRODUCER_GONE] == 1)
+    assert await aredis.llen(keys.requests("default")) == 0
+    assert sim.completions_requested == 0
+    assert await aredis.hget(keys.counters("g"), f"dropped:{DROP_PRODUCER_GONE}") == b"1"
+
+
+async def test_producer_gone_after_execution_drops_the_reply(aredis, keys, sim, valkey_url) -> None:
+    async with running_dispatcher(aredis, keys, one_pool_group(sim.url)) as dispatcher:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.runtime.producer_proc",
+                valkey_url,
+                keys.prefix,
+                "default",
+                "2500",
+                "1.0",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "submitted"
+            await wait_until(lambda: len(dispatcher.running) == 1)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(5)
+        finally:
+            proc.kill()
+        await wait_until(lambda: dispatcher.stats.dropped[DROP_REPLY_PRODUCER_GONE] == 1, timeout=10)
+        assert dispatcher.stats.completed == 1
+    assert sim.completions_total == 1
+    assert await aredis.llen(keys.replies("doomed")) == 0
+
+
+async def test_malformed_item_is_dropped_counted_and_next_item_served(aredis, keys, sim) -> None:
+    await aredis.rpush(keys.requests("default"), b"{not json", orjson.dumps({"request_id": "x", "v": 1}))
+    async with (
+        running_dispatcher(aredis, keys, one_pool_group(sim.url)) as dispatcher,
+        Producer(aredis, keys=keys) as producer,
+    ):
+        result = await producer.submit(CALL, pool_id="default", timeout=10)
+        assert result.completion["choices"]
+        assert dispatcher.stats.dropped[DROP_MALFORMED] == 2
+    assert await aredis.llen(keys.requests("default")) == 0
+
+
+@pytest.mark.parametrize(
+    "sim_hook, error",
+    [
+        ({"status": 500, "message": "upstream exploded"}, BackendHTTPError),
+        ({"latency_ms": 3000}, BackendTimeout),
+    ],
+)
+async def test_backend_failures_become_typed_error_replies(aredis, keys, sim, sim_hook, error) -> None:
+    async with (
+        running_dispatcher(aredis, keys, one_pool_group(sim.url), backend_timeout_s=0.5) as dispatcher,
+        Producer(aredis, keys=keys) as producer,
+    ):
+        with pytest.raises(error) as caught:
+            await producer.submit({**CALL, "sim": sim_hook}, pool_id="default", timeout=10)
+    if error is BackendHTTPError:
+        assert "upstream exploded" in str(caught.value)
+    assert dispatcher.stats.failed[error.error_type] == 1
+
+
+async def test_connection_refused_becomes_typed_error(aredis, keys) -> None:
+    from runtime.embedded import free_port
+
+    config = one_pool_group(f"http://127.0.0.1:{free_port()}/v1")
+    async with running_dispatcher(aredis, keys, config), Producer(aredis, keys=keys) as producer:
+        with pytest.raises(BackendConnectError):
+            await producer.submit(CALL, pool_id="default", timeout=10)
+
+
+async def test_one_slow_call_never_holds_other_slots(aredis, keys, sim) -> None:
+    config = one_pool_group(sim.url, total=4, max_concurrent=4)
+    async with (
+        running_dispatcher(aredis, keys, config, concurrency=4),
+        Producer(aredis, keys=keys) as producer,
+    ):
+        slow = asyncio.create_task(producer.submit(slow_call(3000), pool_id="default", timeout=10))
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        await asyncio.gather(*(producer.submit(CALL, pool_id="default", timeout=10) for _ in range(30)))
+        assert time.monotonic() - started < 2.5
+        assert not slow.done()
+        await slow
+
+
+async def test_expired_request_is_dropped_not_executed(aredis, keys, sim) -> None:
+    async with Producer(aredis, keys=keys) as producer:
+        with pytest.raises(RequestTimeout):
+            await producer.submit(CALL, pool_id="default", timeout=0.2)
+        async with running_dispatcher(aredis, keys, one_pool_group(sim.url)) as dispatcher:
+            await wait_until(lambda: dispatcher.stats.dropped[DROP_EXPIRED] == 1)
+    assert sim.completions_requested == 0
+
+
+async def test_direct_mode_gives_the_same_result_shape(aredis, keys, sim) -> None:
+    from runtime.adapter import OpenAIBackend
+
+    backend = OpenAIBackend(sim.url)
+    async with (
+        running_dispatcher(aredis, keys, one_pool_group(sim.url)),
+        Producer(aredis, keys=keys) as queued,
+        Producer(aredis, keys=keys, direct_backend=backend) as direct,
+    ):
+        via_queue = await queued.submit(CALL, pool_id="default", timeout=10)
+        via_direct = await direct.submit(CALL, pool_id="default", timeout=10)
+        with pytest.raises(BackendHTTPError):
+            await direct.submit({**CALL, "sim": {"status": 503}}, pool_id="default", timeout=10)
+    await backend.aclose()
+    assert type(via_queue) is type(via_direct)
+    assert via_queue.completion.keys() == via_direct.completion.keys()
+    assert via_direct.timing.queue_wait_s == 0 and via_direct.timing.execution_s > 0
+
+
+async def test_graceful_stop_finishes_in_flight_calls(aredis, keys, sim) -> None:
+    async with Producer(aredis, keys=keys) as producer:
+        async with running_dispatcher(aredis, keys, one_pool_group(sim.url)) as dispatcher:
+            calls = [
+                asyncio.create_task(producer.submit(slow_call(800), pool_id="default", timeout=10))
+                for _ in range(5)
+            ]
+            await wait_until(lambda: len(dispatcher.running) == 5)
+            dispatcher.request_stop()
+            late = asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=1.5))
+        results = await asyncio.gather(*calls)
+        assert all(r.completion["choices"] for r in results)
+        with pytest.raises(RequestTimeout):
+            await late  # submitted after stop: not taken, it stays queued
+    assert await aredis.llen(keys.requests("default")) == 1
+
+
+async def test_unknown_pool_and_oversized_envelope_are_refused_at_submit(aredis, keys, sim) -> None:
+    async with (
+        running_dispatcher(aredis, keys, one_pool_group(sim.url)),
+        Producer(aredis, keys=keys, settings=ProducerSettings(max_envelope_bytes=4096)) as producer,
+    ):
+        with pytest.raises(UnknownPool, match="nope"):
+            await producer.submit(CALL, pool_id="nope", timeout=5)
+        big = {"model": "m", "messages": [{"role": "user", "content": "x" * 10_000}]}
+        with pytest.raises(EnvelopeTooLarge):
+            await producer.submit(big, pool_id="default", timeout=5)
+    assert await aredis.llen(keys.requests("nope")) == 0
+    assert await aredis.llen(keys.requests("default")) == 0
+
+
+async def test_dispatcher_survives_a_valkey_restart(private_valkey, keys, sim) -> None:
+    from runtime import embedded
+    from runtime.valkey import connect
+
+    client = connect(private_valkey.url)
+    try:
+        async with running_dispatcher(client, keys, one_pool_group(sim.url)) as dispatcher:
+            async with Producer(client, keys=keys) as producer:
+                await producer.submit(CALL, pool_id="default", timeout=10)
+            embedded.stop(private_valkey.data_dir)
+            await wait_until(lambda: not dispatcher.valkey_ok, timeout=10)
+            await asyncio.sleep(1.0)  # several backoff periods while the server is down
+            outages = dispatcher.stats.valkey_outages
+            embedded.start(private_valkey.data_dir, port=private_valkey.port)
+            await wait_until(lambda: dispatcher.valkey_ok, timeout=15)
+            async with Producer(client, keys=keys) as producer:
+                result = await producer.submit(CALL, pool_id="default", timeout=15)
+            assert result.completion["choices"]
+            assert dispatcher.stats.completed == 2
+            assert outages == 1  # one outage, logged once, not a reconnect storm
+    finally:
+        await client.aclose()
