@@ -13,8 +13,11 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 from dispatch_project.connections import configure_channel_layers  # noqa: E402
+from history.ingester import start_in_background  # noqa: E402
 
 configure_channel_layers()
+# With the embedded chDB history, this process owns the database, so it also runs the ingester.
+start_in_background()
 
 application = ProtocolTypeRouter(
     {

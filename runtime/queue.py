@@ -57,10 +57,16 @@ class QueueOps:
         self._claim = client.register_script(scripts.CLAIM)
         self._finish = client.register_script(scripts.FINISH)
         self._renew = client.register_script(scripts.RENEW)
+        self._reap = client.register_script(scripts.REAP)
 
     async def observe(self, pool_ids: Sequence[str], depth: int) -> tuple[dict[str, QueueView], int]:
         """Backlog, the first ``depth`` items and global in-flight of each pool, and the group's in-flight."""
         async with self.client.pipeline(transaction=False) as pipe:
+            await self._reap(
+                keys=[self._group_inflight, *(self.keys.pool_inflight(p) for p in pool_ids)],
+                args=[],
+                client=pipe,
+            )
             for pool_id in pool_ids:
                 queue = self.keys.requests(pool_id)
                 pipe.llen(queue)
@@ -68,6 +74,7 @@ class QueueOps:
                 pipe.zcard(self.keys.pool_inflight(pool_id))
             pipe.zcard(self._group_inflight)
             results = await pipe.execute()
+        results = results[1:]  # the reap count
         views = {
             pool_id: QueueView(int(results[3 * i]), tuple(results[3 * i + 1]), int(results[3 * i + 2]))
             for i, pool_id in enumerate(pool_ids)

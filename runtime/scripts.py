@@ -65,3 +65,13 @@ redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[2])
 redis.call('ZADD', KEYS[2], 'XX', expiry, ARGV[2])
 return 1
 """
+
+# KEYS: the group lease zset and every pool lease zset of the group
+# Drops leases past their expiry (a killed dispatcher's), so observation counts only live ones.
+REAP = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local reaped = 0
+for i = 1, #KEYS do reaped = reaped + redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now) end
+return reaped
+"""

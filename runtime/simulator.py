@@ -26,7 +26,7 @@ import random
 import signal
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,6 +195,12 @@ class SimulatorServer:
         self._rng = random.Random(self.config.seed)
         self._counters = _Counters()
         self._running = 0
+        # Calls in progress per model, their peaks, and calls per OpenAI ``user`` field: tests give
+        # each request a unique ``user`` to prove nothing ran twice, and a model per pool for caps.
+        self._active_by_model: Counter[str] = Counter()
+        self.peak_active_by_model: Counter[str] = Counter()
+        self.peak_active = 0
+        self.calls_by_user: Counter[str] = Counter()
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._stop_event: asyncio.Event | None = None
         self._model_label = self.config.model.replace("\\", "\\\\").replace('"', '\\"')
@@ -405,6 +411,11 @@ class SimulatorServer:
         sim = request.get("sim") or {}
         delay = self._latency_s(sim)
         status, message = self._outcome(sim)
+        model = request.get("model") if isinstance(request.get("model"), str) else ""
+        user = request.get("user")
+        if isinstance(user, str):
+            self.calls_by_user[user] += 1
+        self._enter(model)
         await self._acquire()
         try:
             if status:
@@ -423,6 +434,16 @@ class SimulatorServer:
             return 200, self._completion(request, prompt_tokens, completion_tokens, finish, last_text), _JSON
         finally:
             self._release()
+            self._active_by_model[model] -= 1
+
+    def _enter(self, model: str) -> None:
+        """Counts calls in progress (running or waiting) per model and keeps the peaks, for cap tests."""
+        active = self._active_by_model
+        active[model] += 1
+        if active[model] > self.peak_active_by_model[model]:
+            self.peak_active_by_model[model] = active[model]
+        total = sum(active.values())
+        self.peak_active = max(self.peak_active, total)
 
     def _latency_s(self, sim: dict[str, Any]) -> float:
         if "latency_ms" in sim:

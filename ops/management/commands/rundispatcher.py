@@ -1,0 +1,111 @@
+"""``manage.py rundispatcher --group NAME``: run one dispatcher process of a fabric group."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from dispatch_project.connections import key_space, valkey_url
+from ops.runtime_settings import dispatcher_settings
+from runtime.dispatcher import Dispatcher
+from runtime.valkey import connect
+
+log = logging.getLogger(__name__)
+
+
+class Command(BaseCommand):
+    help = "Run a dispatcher for one fabric group until SIGTERM/SIGINT (graceful: in-flight calls finish)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--group", required=True, help="fabric group id (slug)")
+        parser.add_argument("--concurrency", type=int, help="calls this process runs at once")
+        parser.add_argument(
+            "--dispatcher-id", help="stable identity shown on the dashboard (default host-pid)"
+        )
+        parser.add_argument("--grace", type=float, help="seconds in-flight calls get to finish on shutdown")
+        parser.add_argument(
+            "--no-publish",
+            action="store_true",
+            help="do not republish the group's configuration from the database at start",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from pools import selectors, services
+        from pools.models import FabricGroup
+
+        group_id = options["group"]
+        try:
+            group = selectors.group_get(group_id=group_id)
+        except FabricGroup.DoesNotExist:
+            known = ", ".join(g.group_id for g in selectors.group_list()) or "none; run manage.py seed_demo"
+            raise CommandError(f"no fabric group {group_id!r} (known groups: {known})") from None
+        if not selectors.group_pools(group=group).filter(enabled=True).exists():
+            raise CommandError(f"fabric group {group_id!r} has no enabled pools")
+        try:
+            settings = dispatcher_settings(
+                group_id,
+                concurrency=options["concurrency"],
+                dispatcher_id=options["dispatcher_id"],
+                shutdown_grace_s=options["grace"],
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        if not options["no_publish"]:
+            result = services.group_publish(group=group)
+            if not result.ok:
+                log.warning(
+                    "could not publish group %s at start (%s); waiting for Valkey", group_id, result.error
+                )
+        asyncio.run(self._run(settings))
+
+    async def _run(self, settings: Any) -> None:
+        client = connect(valkey_url(), max_connections=max(16, settings.concurrency + 8))
+        tracing = _start_tracing(settings.group_id)
+        try:
+            dispatcher = Dispatcher(
+                client,
+                settings,
+                keys=key_space(),
+                secrets=os.environ,
+                snapshot_sink=_snapshot_sink(),
+                store_content=_store_content(),
+            )
+            self.stdout.write(f"dispatcher {settings.dispatcher_id} serving fabric group {settings.group_id}")
+            await dispatcher.run()
+            self.stdout.write(f"dispatcher {settings.dispatcher_id} stopped: {dispatcher!r}")
+        finally:
+            await client.aclose()
+            if tracing is not None:
+                tracing()
+
+
+def _snapshot_sink() -> Any:
+    try:
+        from dashboard.publisher import snapshot_sink
+    except ImportError:
+        return None
+    return snapshot_sink()
+
+
+def _store_content() -> bool:
+    from django.conf import settings
+
+    return bool(settings.HISTORY_STORE_CONTENT)
+
+
+def _start_tracing(group_id: str) -> Any:
+    """Installs the span exporter to the Valkey stream; returns its shutdown callable."""
+    from runtime.tracing import configure_tracing, shutdown_tracing
+
+    provider = configure_tracing(
+        redis_url=valkey_url(),
+        keys=key_space(),
+        service_name="llm-dispatch-dispatcher",
+        environ=os.environ,
+        store_content=_store_content(),
+    )
+    return lambda: shutdown_tracing(provider, 5.0)

@@ -1,0 +1,40 @@
+"""A dispatcher in its own process, so tests can race several of them and really kill one.
+
+Usage: python -m tests.runtime.dispatcher_proc URL PREFIX GROUP_ID DISPATCHER_ID CONCURRENCY LEASE_S
+Prints "ready" once it has loaded the group's configuration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from runtime.config import DispatcherSettings
+from runtime.dispatcher import Dispatcher
+from runtime.keys import KeySpace
+from runtime.valkey import connect
+
+
+async def main(
+    url: str, prefix: str, group_id: str, dispatcher_id: str, concurrency: int, lease_s: float
+) -> None:
+    client = connect(url)
+    settings = DispatcherSettings(
+        group_id=group_id,
+        dispatcher_id=dispatcher_id,
+        concurrency=concurrency,
+        lease_s=lease_s,
+        shutdown_grace_s=10,
+    )
+    dispatcher = Dispatcher(client, settings, keys=KeySpace(prefix))
+    task = asyncio.create_task(dispatcher.run())
+    while dispatcher.config is None and not task.done():
+        await asyncio.sleep(0.01)
+    print("ready", flush=True)
+    await task
+    await client.aclose()
+
+
+if __name__ == "__main__":
+    url, prefix, group, ident, concurrency, lease = sys.argv[1:7]
+    asyncio.run(main(url, prefix, group, ident, int(concurrency), float(lease)))
