@@ -1,0 +1,360 @@
+"""Reads of the live fabric state: dispatcher snapshots and counters in Valkey, merged into one view.
+
+Every dispatcher keeps its latest snapshot in Valkey with a short TTL; the set of live snapshot keys of
+a group *is* the set of running dispatchers. :func:`merge_snapshots` is pure (snapshots and ``now`` in,
+view out) so the dashboard page, the websocket consumer and ``/metrics`` all show the same figures.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
+import redis
+
+from dispatch_project.connections import key_space, sync_client
+from runtime.keys import SNAPSHOT_TTL_S
+from runtime.stats import (
+    DROP_EXPIRED,
+    DROP_MALFORMED,
+    DROP_PRODUCER_GONE,
+    DROP_REASONS,
+    DROP_REPLY_PRODUCER_GONE,
+    DROP_REPLY_UNDELIVERED,
+)
+
+log = logging.getLogger(__name__)
+
+# The dispatcher publishes at least every 2 s; older than this and the feed is shown as stale.
+STALE_AFTER_S = 5.0
+VIEW_SCHEMA = 1
+_SCAN_COUNT = 200
+VALKEY_ERRORS = (redis.exceptions.RedisError, OSError)
+
+
+# --- pure merge ------------------------------------------------------------------------------------
+def live_snapshots(
+    snapshots: Iterable[Mapping[str, Any]], *, now: float, ttl_s: float = SNAPSHOT_TTL_S
+) -> dict[str, dict[str, Any]]:
+    """The latest snapshot per dispatcher, without those whose TTL has lapsed."""
+    latest: dict[str, dict[str, Any]] = {}
+    for snap in snapshots:
+        dispatcher_id = str(snap.get("dispatcher_id", ""))
+        if now - float(snap.get("at", 0)) > ttl_s:
+            continue
+        known = latest.get(dispatcher_id)
+        if known is None or float(snap.get("at", 0)) >= float(known.get("at", 0)):
+            latest[dispatcher_id] = dict(snap)
+    return latest
+
+
+def _sum_counts(target: Counter[str], counts: Mapping[str, Any] | None) -> None:
+    for name, value in (counts or {}).items():
+        target[name] += int(value)
+
+
+def _merge_pools(ordered: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per pool: shared figures from the freshest snapshot, per-dispatcher figures summed or listed."""
+    pools: dict[str, dict[str, Any]] = {}
+    for snap in ordered:  # freshest first
+        dispatcher_id = str(snap.get("dispatcher_id", ""))
+        for pool in snap.get("pools", ()):
+            pool_id = pool["pool_id"]
+            merged = pools.get(pool_id)
+            if merged is None:
+                merged = {
+                    k: v
+                    for k, v in pool.items()
+                    if k not in ("skips", "in_flight_local", "deficit", "launched", "cost_dispatched")
+                }
+                merged.update(skips=Counter(), in_flight_local=0, deficit={}, launched=0, cost_dispatched=0)
+                pools[pool_id] = merged
+            _sum_counts(merged["skips"], pool.get("skips"))
+            merged["in_flight_local"] += int(pool.get("in_flight_local", 0))
+            merged["launched"] += int(pool.get("launched", 0))
+            merged["cost_dispatched"] += int(pool.get("cost_dispatched", 0))
+            merged["deficit"][dispatcher_id] = pool.get("deficit", 0)
+    result = []
+    for merged in pools.values():
+        merged["skips"] = dict(sorted(merged["skips"].items()))
+        merged["skips_total"] = sum(merged["skips"].values())
+        result.append(merged)
+    return result
+
+
+def _dispatcher_row(snap: Mapping[str, Any], now: float) -> dict[str, Any]:
+    return {
+        "dispatcher_id": snap.get("dispatcher_id", ""),
+        "gateway_id": snap.get("gateway_id", ""),
+        "up_since": snap.get("up_since"),
+        "uptime_s": round(max(0.0, now - float(snap.get("up_since") or now)), 1),
+        "valkey_ok": bool(snap.get("valkey_ok", False)),
+        "stopping": bool(snap.get("stopping", False)),
+        "in_flight": int(snap.get("in_flight", 0)),
+        "concurrency": snap.get("concurrency"),
+        "completed": int(snap.get("completed", 0)),
+        "failed": dict(snap.get("failed") or {}),
+        "failed_total": sum(int(v) for v in (snap.get("failed") or {}).values()),
+        "dropped": dict(snap.get("dropped") or {}),
+        "config_version": snap.get("config_version"),
+        "at": snap.get("at"),
+        "age_s": round(max(0.0, now - float(snap.get("at", 0))), 1),
+    }
+
+
+def merge_snapshots(
+    snapshots: Iterable[Mapping[str, Any]], *, now: float, stale_after_s: float = STALE_AFTER_S
+) -> dict[str, Any]:
+    """One view of a fabric group from the snapshots of its dispatchers (expired ones are ignored)."""
+    live = live_snapshots(snapshots, now=now)
+    ordered = sorted(live.values(), key=lambda s: float(s.get("at", 0)), reverse=True)
+    freshest: Mapping[str, Any] = ordered[0] if ordered else {}
+    failed: Counter[str] = Counter()
+    dropped: Counter[str] = Counter()
+    active: list[dict[str, Any]] = []
+    for snap in ordered:
+        _sum_counts(failed, snap.get("failed"))
+        _sum_counts(dropped, snap.get("dropped"))
+        for item in snap.get("active", ()):
+            active.append(
+                {**item, "dispatcher_id": snap.get("dispatcher_id"), "gateway_id": snap.get("gateway_id")}
+            )
+    active.sort(key=lambda a: -float(a.get("age_s") or 0))
+    age = round(max(0.0, now - float(freshest["at"])), 1) if freshest else None
+    pools = _merge_pools(ordered)
+    return {
+        "schema": VIEW_SCHEMA,
+        "group_id": freshest.get("group_id"),
+        "now": round(now, 3),
+        "at": freshest.get("at"),
+        "age_s": age,
+        "stale": age is None or age > stale_after_s,
+        "dispatchers_running": len(ordered),
+        "policy": freshest.get("policy"),
+        "config_version": freshest.get("config_version"),
+        "total_concurrency": freshest.get("total_concurrency"),
+        "group_in_flight": int(freshest.get("group_in_flight", 0)),
+        "in_flight": sum(int(s.get("in_flight", 0)) for s in ordered),
+        "queued": sum(int(p.get("queue_depth") or 0) for p in pools),
+        "completed": sum(int(s.get("completed", 0)) for s in ordered),
+        "failed": dict(sorted(failed.items())),
+        "dropped": dict(sorted(dropped.items())),
+        "pools": pools,
+        "dispatchers": [_dispatcher_row(s, now) for s in sorted(ordered, key=lambda s: s["dispatcher_id"])],
+        "active": active,
+    }
+
+
+def with_configured_pools(
+    view: dict[str, Any], *, pools: Iterable[Mapping[str, Any]], queue_lengths: Mapping[str, int]
+) -> dict[str, Any]:
+    """Adds configured pools no live snapshot reports (no dispatcher running, disabled pools).
+
+    Their queue depth is the live LLEN; in-flight and credit are unknown without a dispatcher.
+    """
+    known = {p["pool_id"] for p in view["pools"]}
+    extra = []
+    for pool in pools:
+        if pool["pool_id"] in known:
+            continue
+        extra.append(
+            {
+                **pool,
+                "queue_depth": int(queue_lengths.get(pool["pool_id"], 0)),
+                "in_flight": None,
+                "in_flight_local": 0,
+                "oldest_pending_age_s": None,
+                "head_cost": None,
+                "deficit": {},
+                "skips": {},
+                "skips_total": 0,
+                "launched": 0,
+                "cost_dispatched": 0,
+                "unobserved": True,
+            }
+        )
+    if not extra:
+        return view
+    merged = [*view["pools"], *extra]
+    order = {p["pool_id"]: i for i, p in enumerate(pools)}
+    merged.sort(key=lambda p: order.get(p["pool_id"], len(order)))
+    return {**view, "pools": merged, "queued": sum(int(p.get("queue_depth") or 0) for p in merged)}
+
+
+def counter_totals(raw: Mapping[Any, Any]) -> dict[str, Any]:
+    """The group's cumulative counter hash (``completed``, ``failed:<type>``, ``dropped:<reason>``)."""
+    totals: dict[str, Any] = {"completed": 0, "failed": {}, "dropped": {}, "valkey_outages": 0}
+    for key, value in raw.items():
+        name = key.decode() if isinstance(key, bytes) else str(key)
+        count = int(value)
+        kind, _, detail = name.partition(":")
+        if kind in ("failed", "dropped") and detail:
+            totals[kind][detail] = count
+        elif kind in ("completed", "valkey_outages"):
+            totals[kind] = count
+    totals["failed"] = dict(sorted(totals["failed"].items()))
+    totals["dropped"] = dict(sorted(totals["dropped"].items()))
+    totals["failed_total"] = sum(totals["failed"].values())
+    totals["dropped_total"] = sum(totals["dropped"].values())
+    return totals
+
+
+DROP_LABELS = {
+    DROP_MALFORMED: "Malformed items",
+    DROP_PRODUCER_GONE: "Producer gone before execution",
+    DROP_REPLY_PRODUCER_GONE: "Producer gone before the reply",
+    DROP_EXPIRED: "Expired in the queue",
+    DROP_REPLY_UNDELIVERED: "Reply undelivered (Valkey)",
+}
+
+
+def counter_rows(view: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Drops by reason (every known reason, even at zero) then failures by type: live and all-time."""
+    totals = view.get("totals") or counter_totals({})
+    rows = []
+    reasons = [*DROP_REASONS, *sorted((set(view["dropped"]) | set(totals["dropped"])) - set(DROP_REASONS))]
+    for reason in reasons:
+        rows.append(
+            {
+                "label": f"Dropped: {DROP_LABELS.get(reason, reason)}",
+                "live": view["dropped"].get(reason, 0),
+                "total": totals["dropped"].get(reason, 0),
+            }
+        )
+    for error_type in sorted(set(view["failed"]) | set(totals["failed"])):
+        rows.append(
+            {
+                "label": f"Failed: {error_type}",
+                "live": view["failed"].get(error_type, 0),
+                "total": totals["failed"].get(error_type, 0),
+            }
+        )
+    return rows
+
+
+# --- Valkey reads ----------------------------------------------------------------------------------
+def snapshots_read(*, group_id: str, client: redis.Redis | None = None) -> list[dict[str, Any]]:
+    """The latest snapshot of every live dispatcher of the group (SCAN of the snapshot keys + MGET)."""
+    own = client is None
+    client = client or sync_client()
+    try:
+        names = list(client.scan_iter(match=key_space().snapshot_pattern(group_id), count=_SCAN_COUNT))
+        raws = client.mget(names) if names else []
+    finally:
+        if own:
+            client.close()
+    snapshots = []
+    for raw in raws:
+        if not raw:
+            continue  # expired between SCAN and MGET
+        try:
+            snapshots.append(orjson.loads(raw))
+        except orjson.JSONDecodeError:
+            log.warning("ignoring an undecodable dispatcher snapshot of group %s", group_id)
+    return snapshots
+
+
+def counters_read(*, group_id: str, client: redis.Redis | None = None) -> dict[str, Any]:
+    own = client is None
+    client = client or sync_client()
+    try:
+        return counter_totals(client.hgetall(key_space().counters(group_id)))
+    finally:
+        if own:
+            client.close()
+
+
+def queue_lengths_read(*, pool_ids: list[str], client: redis.Redis) -> dict[str, int]:
+    if not pool_ids:
+        return {}
+    keys = key_space()
+    pipe = client.pipeline(transaction=False)
+    for pool_id in pool_ids:
+        pipe.llen(keys.requests(pool_id))
+    return dict(zip(pool_ids, (int(n) for n in pipe.execute()), strict=True))
+
+
+def configured_pools(*, group_id: str) -> list[dict[str, Any]]:
+    """The group's pools as configured in the database, with their admin and history links.
+
+    Raises FabricGroup.DoesNotExist.
+    """
+    from django.urls import reverse
+
+    from pools import selectors as pool_selectors
+
+    group = pool_selectors.group_get(group_id=group_id)
+    return [
+        {
+            "pool_id": p.pool_id,
+            "display_name": p.display_name or p.pool_id,
+            "weight": p.quantum,
+            "min_concurrent": p.min_concurrent,
+            "max_concurrent": p.max_concurrent,
+            "max_burst_per_visit": p.max_burst_per_visit,
+            "enabled": p.enabled,
+            "paused": p.paused,
+            "admin_url": reverse("admin:pools_pool_change", args=[p.pk]),
+        }
+        for p in pool_selectors.group_pools(group=group)
+    ]
+
+
+def finish_view(
+    view: dict[str, Any],
+    *,
+    group_id: str,
+    configured: list[dict[str, Any]],
+    queue_lengths: Mapping[str, int],
+    totals: dict[str, Any],
+) -> dict[str, Any]:
+    """Adds what snapshots do not carry: unobserved pools, links, the group's cumulative counters."""
+    view = with_configured_pools(view, pools=configured, queue_lengths=queue_lengths)
+    links = {p["pool_id"]: p.get("admin_url", "") for p in configured}
+    for pool in view["pools"]:
+        pool["admin_url"] = links.get(pool["pool_id"], "")
+    view["group_id"] = group_id
+    view["totals"] = totals
+    view["live_queue_depth"] = dict(queue_lengths)
+    return view
+
+
+def fabric_read(*, group_id: str, pool_ids: list[str]) -> tuple[list[dict[str, Any]], dict[str, int], dict]:
+    """Snapshots, live queue lengths of ``pool_ids`` and the counter totals, in one connection.
+
+    Raises redis errors (see VALKEY_ERRORS).
+    """
+    client = sync_client()
+    try:
+        snapshots = snapshots_read(group_id=group_id, client=client)
+        lengths = queue_lengths_read(pool_ids=pool_ids, client=client)
+        totals = counters_read(group_id=group_id, client=client)
+    finally:
+        client.close()
+    return snapshots, lengths, totals
+
+
+def fabric_view(
+    *, group_id: str, configured: list[dict[str, Any]] | None = None, now: float | None = None
+) -> dict[str, Any]:
+    """The merged live view of a group, plus cumulative counters and unobserved configured pools.
+
+    Never raises for Valkey trouble: the view then carries ``valkey_error`` and no dispatchers.
+    """
+    now = time.time() if now is None else now
+    configured = configured or []
+    error = ""
+    try:
+        snapshots, lengths, totals = fabric_read(
+            group_id=group_id, pool_ids=[p["pool_id"] for p in configured]
+        )
+    except VALKEY_ERRORS as exc:
+        log.warning("dashboard cannot read Valkey: %s", exc)
+        snapshots, lengths, totals, error = [], {}, counter_totals({}), str(exc)
+    view = merge_snapshots(snapshots, now=now)
+    view["valkey_error"] = error
+    return finish_view(view, group_id=group_id, configured=configured, queue_lengths=lengths, totals=totals)

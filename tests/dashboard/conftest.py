@@ -1,0 +1,54 @@
+"""Dashboard tests: Django pointed at the session's test Valkey, a per-test key prefix, a real layer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from dispatch_project import connections
+from pools.models import FabricGroup, Pool
+from runtime.keys import KeySpace
+
+
+@pytest.fixture(autouse=True)
+def dashboard_on_test_valkey(settings, valkey_url: str, keys: KeySpace) -> Iterator[None]:
+    """Publication, snapshot reads and the channels-redis layer all use the test server and prefix."""
+    connections.valkey_url.cache_clear()
+    settings.VALKEY_URL = valkey_url
+    settings.DISPATCH_KEY_PREFIX = keys.prefix
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [valkey_url], "prefix": f"{keys.prefix}asgi", "capacity": 500, "expiry": 30},
+        }
+    }
+    yield
+    connections.valkey_url.cache_clear()
+
+
+@pytest.fixture
+def staff(db):
+    return get_user_model().objects.create_user("staff", "staff@example.com", "pw", is_staff=True)
+
+
+@pytest.fixture
+def visitor(db):
+    return get_user_model().objects.create_user("visitor", "visitor@example.com", "pw")
+
+
+@pytest.fixture
+def fabric(db) -> FabricGroup:
+    """DRR group "g" (total 8): interactive (weight 4, min 2, max 4) and backfill (weight 1, max 4)."""
+    group = FabricGroup.objects.create(
+        group_id="g", name="Test group", policy="drr", total_concurrency=8,
+        default_endpoint_url="http://127.0.0.1:9/v1",
+    )  # fmt: skip
+    Pool.objects.create(
+        group=group, pool_id="interactive", display_name="Interactive", quantum=4, min_concurrent=2,
+        max_concurrent=4, max_burst_per_visit=2,
+    )  # fmt: skip
+    Pool.objects.create(group=group, pool_id="backfill", quantum=1, max_concurrent=4, sort_order=1)
+    return group
