@@ -1,0 +1,129 @@
+"""Prometheus metrics of every fabric group, read from Valkey at scrape time.
+
+A custom collector (no state kept in this process): queue depth is the live LLEN of every configured
+pool; in-flight, deficit and skips come from the live dispatcher snapshots; completions, failures and
+drops from the group's cumulative counter hash, so they survive dispatcher restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from dashboard import selectors
+
+log = logging.getLogger(__name__)
+PREFIX = "llm_dispatch"
+GR = ["fabric_group"]
+GP = [*GR, "pool"]
+
+
+class _Families:
+    """The metric families of one scrape, filled group by group."""
+
+    def __init__(self) -> None:
+        g, c = GaugeMetricFamily, CounterMetricFamily
+        self.queue_depth = g(f"{PREFIX}_queue_depth", "Pending requests in the pool's list (LLEN)", labels=GP)
+        self.in_flight = g(
+            f"{PREFIX}_in_flight", "Requests in flight in the pool, all dispatchers", labels=GP
+        )
+        self.max_concurrent = g(f"{PREFIX}_pool_max_concurrent", "Hard in-flight cap of the pool", labels=GP)
+        self.min_concurrent = g(f"{PREFIX}_pool_min_concurrent", "Protected slots of the pool", labels=GP)
+        self.weight = g(f"{PREFIX}_pool_weight", "DRR quantum (weight) of the pool", labels=GP)
+        self.paused = g(f"{PREFIX}_pool_paused", "1 when the pool is paused", labels=GP)
+        self.oldest = g(
+            f"{PREFIX}_oldest_pending_age_seconds", "Age of the request at the pool's head", labels=GP
+        )
+        self.deficit = g(
+            f"{PREFIX}_deficit", "DRR credit of the pool per dispatcher", labels=[*GP, "dispatcher"]
+        )
+        self.skips = c(
+            f"{PREFIX}_skips", "Scheduler skips by reason, live dispatchers", labels=[*GP, "reason"]
+        )
+        self.launched = c(f"{PREFIX}_launched", "Requests launched, live dispatchers", labels=GP)
+        self.completions = c(f"{PREFIX}_completions", "Completed calls", labels=GR)
+        self.failures = c(f"{PREFIX}_failures", "Failed calls by error type", labels=[*GR, "error_type"])
+        self.drops = c(f"{PREFIX}_drops", "Dropped requests or replies by reason", labels=[*GR, "reason"])
+        self.running = g(f"{PREFIX}_dispatchers_running", "Dispatchers with a live snapshot", labels=GR)
+        self.group_in_flight = g(f"{PREFIX}_group_in_flight", "In-flight requests of the group", labels=GR)
+        self.snapshot_age = g(
+            f"{PREFIX}_snapshot_age_seconds", "Age of the freshest dispatcher snapshot", labels=GR
+        )
+        self.valkey_up = g(f"{PREFIX}_valkey_up", "1 when this scrape could read Valkey")
+
+    def all(self) -> list[Metric]:
+        return [v for v in vars(self).values() if isinstance(v, Metric)]
+
+    def add_group(self, view: dict[str, Any]) -> None:
+        group = str(view["group_id"])
+        for pool in view["pools"]:
+            labels = [group, pool["pool_id"]]
+            self.queue_depth.add_metric(labels, int(pool.get("queue_depth") or 0))
+            if pool.get("in_flight") is not None:
+                self.in_flight.add_metric(labels, int(pool["in_flight"]))
+            self.max_concurrent.add_metric(labels, int(pool.get("max_concurrent") or 0))
+            self.min_concurrent.add_metric(labels, int(pool.get("min_concurrent") or 0))
+            self.weight.add_metric(labels, int(pool.get("weight") or 0))
+            self.paused.add_metric(labels, 1 if pool.get("paused") else 0)
+            if pool.get("oldest_pending_age_s") is not None:
+                self.oldest.add_metric(labels, float(pool["oldest_pending_age_s"]))
+            for dispatcher_id, deficit in sorted(pool.get("deficit", {}).items()):
+                self.deficit.add_metric([*labels, dispatcher_id], float(deficit))
+            for reason, count in pool.get("skips", {}).items():
+                self.skips.add_metric([*labels, reason], int(count))
+            self.launched.add_metric(labels, int(pool.get("launched") or 0))
+        totals = view["totals"]
+        self.completions.add_metric([group], int(totals["completed"]))
+        for error_type, count in totals["failed"].items():
+            self.failures.add_metric([group, error_type], count)
+        for reason, count in totals["dropped"].items():
+            self.drops.add_metric([group, reason], count)
+        self.running.add_metric([group], view["dispatchers_running"])
+        self.group_in_flight.add_metric([group], view["group_in_flight"])
+        if view["age_s"] is not None:
+            self.snapshot_age.add_metric([group], view["age_s"])
+
+
+class FabricCollector:
+    """Collects every fabric group's live figures at scrape time."""
+
+    def describe(self) -> list[Metric]:
+        return []  # nothing to describe up front; collect() reads Valkey
+
+    def collect(self) -> Iterator[Metric]:
+        families = _Families()
+        ok = True
+        now = time.time()
+        for group_id in _group_ids():
+            configured = selectors.configured_pools(group_id=group_id)
+            # Snapshots report observed pools; the live LLEN below is the truth for queue depth.
+            view = selectors.fabric_view(group_id=group_id, configured=configured, now=now)
+            ok = ok and not view.get("valkey_error")
+            view["pools"] = [_with_live_depth(p, view) for p in view["pools"]]
+            families.add_group(view)
+        families.valkey_up.add_metric([], 1 if ok else 0)
+        yield from families.all()
+
+
+def _with_live_depth(pool: dict[str, Any], view: dict[str, Any]) -> dict[str, Any]:
+    depth = view.get("live_queue_depth", {}).get(pool["pool_id"])
+    return pool if depth is None else {**pool, "queue_depth": depth}
+
+
+def _group_ids() -> list[str]:
+    from pools import selectors as pool_selectors
+
+    return [g.group_id for g in pool_selectors.group_list()]
+
+
+_registry = CollectorRegistry(auto_describe=False)
+_registry.register(FabricCollector())  # type: ignore[arg-type]
+
+
+def render() -> bytes:
+    return generate_latest(_registry)

@@ -1,0 +1,149 @@
+"""``manage.py demo``: everything on one machine, stopped together with Ctrl-C.
+
+Embedded Valkey, the simulator, the demo fabric group, the web server (which owns the embedded
+ClickHouse and runs the history ingester), a dispatcher and the load generator.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from dispatch_project.connections import valkey_url
+from ops.supervisor import Supervisor
+from runtime import embedded
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_for_port(port: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.1)
+    return False
+
+
+class Command(BaseCommand):
+    help = "Run the whole demo: dashboard on http://127.0.0.1:8000, simulator, dispatcher, history, load."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--port", type=int, default=8000, help="web server port")
+        parser.add_argument("--sim-port", type=int, default=8100, help="simulator port (a free one if taken)")
+        parser.add_argument("--no-load", action="store_true", help="do not start the load generator")
+        parser.add_argument("--load-scale", type=float, default=1.0)
+        parser.add_argument("--admin-password", default="admin")
+        parser.add_argument(
+            "--duration", type=float, default=0, help="stop after this many seconds (0 = Ctrl-C)"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        port = options["port"]
+        if not port_free(port):
+            raise CommandError(f"port {port} is taken; stop what uses it or pass --port")
+        data_dir = settings.DISPATCH_DATA_DIR
+        had_valkey = settings.VALKEY_URL or embedded.running(data_dir) is not None
+        url = valkey_url()
+        self.stdout.write(f"Valkey: {url}{'' if settings.VALKEY_URL else ' (embedded)'}")
+        call_command("migrate", verbosity=0)
+        sim_port = options["sim_port"] if port_free(options["sim_port"]) else embedded.free_port()
+        endpoint = f"http://127.0.0.1:{sim_port}/v1"
+        call_command(
+            "seed_demo", endpoint=endpoint, admin_password=options["admin_password"], reset=True, verbosity=0
+        )
+        env = {
+            **os.environ,
+            "VALKEY_URL": url,
+            "DISPATCH_DATA_DIR": str(data_dir),
+            "DJANGO_SETTINGS_MODULE": "dispatch_project.settings",
+            "PYTHONUNBUFFERED": "1",
+        }
+        supervisor = Supervisor(data_dir / "logs", env)
+        manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
+        stop = {"now": False}
+        signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
+        signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+        try:
+            supervisor.start(
+                "simulator",
+                [
+                    sys.executable,
+                    "-m",
+                    "runtime.simulator",
+                    "--port",
+                    str(sim_port),
+                    "--latency-ms",
+                    "700",
+                    "--latency-sigma",
+                    "0.5",
+                    "--max-running",
+                    "24",
+                    "--seed",
+                    "7",
+                ],
+            )
+            supervisor.start(
+                "web",
+                [
+                    sys.executable,
+                    "-m",
+                    "daphne",
+                    "-b",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                    "dispatch_project.asgi:application",
+                ],
+            )
+            supervisor.start("dispatcher", [*manage, "rundispatcher", "--group", "demo", "--no-publish"])
+            if not wait_for_port(port, 60) or not wait_for_port(sim_port, 30):
+                raise CommandError(f"the web server or simulator did not start; see {data_dir / 'logs'}")
+            self.stdout.write(
+                self.style.SUCCESS(
+                    f"\nLLM Dispatch demo is up.\n  Dashboard: http://127.0.0.1:{port}/  (login admin / "
+                    f"{options['admin_password']})\n  Admin:     http://127.0.0.1:{port}/admin/\n"
+                    f"  History:   http://127.0.0.1:{port}/history/\n  Metrics:   http://127.0.0.1:{port}/metrics\n"
+                    f"  Logs:      {data_dir / 'logs'}\nPress Ctrl-C to stop everything.\n"
+                )
+            )
+            if not options["no_load"]:
+                supervisor.start(
+                    "loadgen", [*manage, "loadgen", "--scale", str(options["load_scale"])], to_console=True
+                )
+            self._wait(supervisor, stop, options["duration"])
+        finally:
+            self.stdout.write("stopping the demo ...")
+            supervisor.stop_all()
+            if not had_valkey:
+                embedded.stop(data_dir)
+            self.stdout.write("demo stopped.")
+
+    def _wait(self, supervisor: Supervisor, stop: dict[str, bool], duration: float) -> None:
+        started = time.monotonic()
+        while not stop["now"]:
+            if duration and time.monotonic() - started > duration:
+                return
+            crashed = supervisor.failed()
+            if crashed is not None:
+                raise CommandError(
+                    f"{crashed.name} exited with {crashed.process.returncode}; "
+                    f"see {crashed.log_path or 'the output above'}"
+                )
+            time.sleep(0.5)
