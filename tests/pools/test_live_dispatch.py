@@ -1,0 +1,125 @@
+"""An admin edit reaches a running dispatcher process and changes its live dispatch ratio."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import orjson
+import pytest
+import redis
+from django.test import Client
+
+from pools import services
+from pools.models import FabricGroup, Pool
+from runtime.embedded import free_port
+from runtime.keys import KeySpace
+from runtime.producer import SyncProducer
+from tests.pools.helpers import changelist_form
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = pytest.mark.django_db
+
+
+def launched(sredis: redis.Redis, keys: KeySpace) -> tuple[int, dict[str, int]]:
+    """(config version, launches per pool) from the dispatcher's live snapshot in Valkey."""
+    raw = sredis.get(keys.snapshot("live", "d1"))
+    if not raw:
+        return 0, {}
+    snap = orjson.loads(raw)
+    return snap["config_version"], {p["pool_id"]: p["launched"] for p in snap["pools"]}
+
+
+def wait_for(predicate: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+    return value
+
+
+def test_weight_edited_in_the_admin_changes_the_live_ratio(
+    superuser_client: Client, sredis: redis.Redis, keys: KeySpace, valkey_url: str
+) -> None:
+    sim_port = free_port()
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "runtime.simulator", "--port", str(sim_port), "--latency-ms", "2"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
+    group = FabricGroup.objects.create(
+        group_id="live",
+        name="Live",
+        policy="drr",
+        total_concurrency=4,
+        default_endpoint_url=f"http://127.0.0.1:{sim_port}/v1",
+    )
+    Pool.objects.create(group=group, pool_id="interactive", quantum=1, max_concurrent=4)
+    Pool.objects.create(group=group, pool_id="backfill", quantum=1, max_concurrent=4, sort_order=1)
+    assert services.group_publish(group=group).ok
+    producer = SyncProducer(valkey_url, keys=keys)
+    dispatcher = None
+    try:
+        calls = [
+            asyncio.run_coroutine_threadsafe(
+                producer.producer.submit(
+                    {"model": "m", "messages": [{"role": "user", "content": str(i)}]},
+                    pool_id=pool,
+                    timeout=120,
+                ),
+                producer._loop,
+            )
+            for i in range(700)
+            for pool in ("interactive", "backfill")
+        ]
+        wait_for(lambda: sredis.llen(keys.requests("backfill")) == 700, 30)
+        dispatcher = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.runtime.dispatcher_proc",
+                valkey_url,
+                keys.prefix,
+                "live",
+                "d1",
+                "4",
+                "15",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+        )
+        wait_for(lambda: sum(launched(sredis, keys)[1].values()) >= 150, 30)
+        version, before = launched(sredis, keys)
+        pools = list(Pool.objects.filter(group=group).order_by("sort_order"))
+        edited_at = time.monotonic()
+        response = superuser_client.post(
+            "/admin/pools/pool/", changelist_form(pools, interactive={"quantum": 4})
+        )
+        assert response.status_code == 302
+        wait_for(lambda: launched(sredis, keys)[0] > version, 5)
+        assert time.monotonic() - edited_at < 2.0 + 0.25  # within 2 s, plus one snapshot interval
+        _, start = launched(sredis, keys)
+        _, end = wait_for(
+            lambda: (lambda v: v if sum(v[1].values()) - sum(start.values()) >= 250 else None)(
+                launched(sredis, keys)
+            ),
+            30,
+        )
+        for call in calls:
+            call.result(60)
+    finally:
+        if dispatcher is not None:
+            dispatcher.send_signal(signal.SIGTERM)
+            dispatcher.wait(20)
+        producer.close()
+        sim.terminate()
+        sim.wait(10)
+    even = before["interactive"] / before["backfill"]
+    after = (end["interactive"] - start["interactive"]) / (end["backfill"] - start["backfill"])
+    assert 0.7 <= even <= 1.4
+    assert 3.2 <= after <= 5.0, f"ratio after the edit was {after:.2f}"
