@@ -1,0 +1,60 @@
+"""Helpers: a real dispatcher with a dashboard snapshot sink, and a demo-like two-pool group config."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from runtime import groupconfig
+from runtime.config import DispatcherSettings
+from runtime.dispatcher import Dispatcher
+from runtime.groupconfig import GroupConfig, PoolConfig
+from runtime.keys import KeySpace
+from tests.runtime.harness import wait_until
+
+
+def two_pools(endpoint: str, *, paused_backfill: bool = False, version: int = 1) -> GroupConfig:
+    """Matches the ``fabric`` fixture: interactive (weight 4, min 2, max 4) and backfill (max 4)."""
+    return GroupConfig(
+        group_id="g",
+        policy="drr",
+        total_concurrency=8,
+        default_endpoint_url=endpoint,
+        pools=(
+            PoolConfig(pool_id="interactive", display_name="Interactive", quantum=4, min_concurrent=2,
+                       max_concurrent=4, max_burst_per_visit=2),
+            PoolConfig(pool_id="backfill", quantum=1, max_concurrent=4, paused=paused_backfill),
+        ),
+        version=version,
+    )  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def dispatcher_running(
+    client: aioredis.Redis,
+    keys: KeySpace,
+    config: GroupConfig,
+    *,
+    dispatcher_id: str = "d1",
+    sink: Any = None,
+    **overrides: Any,
+) -> AsyncIterator[Dispatcher]:
+    await groupconfig.publish(client, keys, config)
+    settings = DispatcherSettings(
+        group_id=config.group_id, dispatcher_id=dispatcher_id, gateway_id="gw-test",
+        **{"shutdown_grace_s": 10.0, **overrides},
+    )  # fmt: skip
+    dispatcher = Dispatcher(client, settings, keys=keys, snapshot_sink=sink)
+    task = asyncio.create_task(dispatcher.run(install_signal_handlers=False))
+    await wait_until(lambda: dispatcher.config is not None or task.done())
+    if task.done():
+        task.result()
+    try:
+        yield dispatcher
+    finally:
+        dispatcher.request_stop()
+        await asyncio.wait_for(task, 30)
