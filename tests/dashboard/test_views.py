@@ -1,0 +1,159 @@
+"""Dashboard page, pause/resume and /metrics through Django's test client, on the test Valkey."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+
+from pools.models import Pool
+from runtime.groupconfig import GroupConfig
+from tests.dashboard.test_merge import pool, snap
+
+
+@pytest.fixture
+def staff_client(staff) -> Client:
+    client = Client()
+    client.force_login(staff)
+    return client
+
+
+def store_snapshot(sredis, keys, *, age: float = 0.0) -> dict:
+    pools = [
+        pool("interactive", display_name="Interactive", weight=4, min_concurrent=2, max_concurrent=4,
+             queue_depth=3, in_flight=2, in_flight_local=2, deficit=5, skips={"pool_cap": 4},
+             oldest_pending_age_s=2.5, head_cost=3),
+        pool("backfill", queue_depth=0, in_flight=1, in_flight_local=1, deficit=0, paused=True),
+    ]  # fmt: skip
+    data = snap("d1", time.time() - age, pools, group_in_flight=3, in_flight=3, completed=42,
+                dropped={"expired": 2}, failed={"backend_timeout": 1},
+                active=[{"request_id": "req-123", "pool_id": "interactive", "producer_id": "prod-9",
+                         "model": "sim-model", "stage": "executing", "age_s": 1.2}])  # fmt: skip
+    sredis.set(keys.snapshot("g", "d1"), orjson.dumps(data), px=10_000)
+    return data
+
+
+def test_anonymous_users_are_sent_to_the_login_page(client, fabric) -> None:
+    for url in ("/", "/fabric/g/"):
+        response = client.get(url)
+        assert response.status_code == 302 and response["Location"].startswith("/admin/login/?next=")
+
+
+def test_non_staff_users_are_sent_to_the_login_page(client, fabric, visitor) -> None:
+    client.force_login(visitor)
+    assert client.get("/fabric/g/").status_code == 302
+
+
+def test_one_group_goes_straight_to_its_dashboard(staff_client, fabric) -> None:
+    response = staff_client.get("/")
+    assert response.status_code == 302 and response["Location"] == "/fabric/g/"
+
+
+def test_several_groups_get_a_picker(staff_client, fabric) -> None:
+    fabric.pk = None
+    fabric.group_id, fabric.name = "other", "Other group"
+    fabric.save()
+    page = staff_client.get("/").content.decode()
+    assert 'href="/fabric/g/"' in page and 'href="/fabric/other/"' in page
+
+
+def test_page_without_dispatcher_says_so_and_shows_live_queue_lengths(
+    staff_client, fabric, sredis, keys
+) -> None:
+    sredis.rpush(keys.requests("backfill"), b"a", b"b")
+    page = staff_client.get("/fabric/g/").content.decode()
+    assert "No dispatcher is running for this group" in page
+    assert "rundispatcher --group g" in page
+    assert 'data-pool="interactive"' in page and 'data-pool="backfill"' in page
+    assert '<span class="fig" data-f="queue_depth">2</span>' in page
+    assert 'data-ws="/ws/fabric/g/"' in page and "dashboard/fabric.js" in page
+
+
+def test_page_first_paint_from_the_stored_snapshot(staff_client, fabric, sredis, keys) -> None:
+    store_snapshot(sredis, keys)
+    page = staff_client.get("/fabric/g/").content.decode()
+    assert "No dispatcher is running" not in page
+    assert '<span class="fig" data-f="queue_depth">3</span>' in page
+    assert '<span data-f="in_flight">2</span> / 4' in page
+    assert "pool_cap 4" in page and "2.5 s" in page
+    assert "req-123" in page and "prod-9" in page
+    assert "gw-1" in page and "<code>d1</code>" in page
+    assert "Expired in the queue" in page
+    interactive = Pool.objects.get(pool_id="interactive")
+    assert f'href="/admin/pools/pool/{interactive.pk}/change/"' in page
+    assert "/history/?pool=interactive" in page
+    assert 'action="/fabric/g/pools/backfill/resume/"' in page  # paused in the snapshot
+    assert 'action="/fabric/g/pools/interactive/pause/"' in page
+
+
+def test_stale_feed_is_flagged(staff_client, fabric, sredis, keys) -> None:
+    store_snapshot(sredis, keys, age=8)
+    page = staff_client.get("/fabric/g/").content.decode()
+    assert "The live feed is stale" in page
+
+
+def test_pause_and_resume_go_through_the_pool_service_and_publish(staff_client, fabric, sredis, keys) -> None:
+    response = staff_client.post("/fabric/g/pools/backfill/pause/")
+    assert response.status_code == 302 and response["Location"] == "/fabric/g/"
+    assert Pool.objects.get(pool_id="backfill").paused is True
+    published = GroupConfig.decode(sredis.get(keys.group_config("g")))
+    assert published.pool("backfill").paused is True
+    response = staff_client.post("/fabric/g/pools/backfill/resume/", HTTP_ACCEPT="application/json")
+    assert response.json() == {"pool_id": "backfill", "paused": False, "published": True, "errors": []}
+    assert GroupConfig.decode(sredis.get(keys.group_config("g"))).pool("backfill").paused is False
+
+
+def test_pause_needs_post_csrf_staff_and_the_right_group(staff_client, fabric, client, staff) -> None:
+    assert staff_client.get("/fabric/g/pools/backfill/pause/").status_code == 405
+    assert client.post("/fabric/g/pools/backfill/pause/").status_code == 302  # anonymous: to login
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(staff)
+    assert strict.post("/fabric/g/pools/backfill/pause/").status_code == 403
+    assert staff_client.post("/fabric/other/pools/backfill/pause/").status_code == 404
+    assert staff_client.post("/fabric/g/pools/nope/pause/").status_code == 404
+    assert Pool.objects.get(pool_id="backfill").paused is False
+
+
+def test_metrics_parse_and_queue_depth_is_the_live_llen(client, fabric, sredis, keys) -> None:
+    store_snapshot(sredis, keys)  # says interactive has 3 queued ...
+    sredis.rpush(keys.requests("interactive"), *[b"x"] * 7)  # ... but the list really holds 7
+    sredis.hset(
+        keys.counters("g"), mapping={"completed": 40, "dropped:expired": 2, "failed:backend_timeout": 1}
+    )
+    response = client.get("/metrics")
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(response.content.decode())}
+
+    def value(family: str, **labels: str) -> float:
+        found = [
+            s.value for s in families[family].samples if all(s.labels.get(k) == v for k, v in labels.items())
+        ]
+        assert len(found) == 1, (family, labels, families[family].samples)
+        return found[0]
+
+    assert value("llm_dispatch_queue_depth", fabric_group="g", pool="interactive") == sredis.llen(
+        keys.requests("interactive")
+    ) == 7  # fmt: skip
+    assert value("llm_dispatch_queue_depth", fabric_group="g", pool="backfill") == 0
+    assert value("llm_dispatch_in_flight", fabric_group="g", pool="interactive") == 2
+    assert value("llm_dispatch_dispatchers_running", fabric_group="g") == 1
+    assert value("llm_dispatch_deficit", fabric_group="g", pool="interactive", dispatcher="d1") == 5
+    assert value("llm_dispatch_skips", fabric_group="g", pool="interactive", reason="pool_cap") == 4
+    assert value("llm_dispatch_completions", fabric_group="g") == 40
+    assert value("llm_dispatch_drops", fabric_group="g", reason="expired") == 2
+    assert value("llm_dispatch_failures", fabric_group="g", error_type="backend_timeout") == 1
+    assert value("llm_dispatch_pool_paused", fabric_group="g", pool="backfill") == 1
+    assert value("llm_dispatch_valkey_up") == 1
+
+
+def test_metrics_without_valkey_still_answer(client, fabric, settings) -> None:
+    from dispatch_project import connections
+    from runtime.embedded import free_port
+
+    connections.valkey_url.cache_clear()
+    settings.VALKEY_URL = f"redis://127.0.0.1:{free_port()}/0"
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").content.decode())}
+    assert families["llm_dispatch_valkey_up"].samples[0].value == 0
