@@ -102,11 +102,13 @@ class FabricConsumer(AsyncJsonWebsocketConsumer):
 
     # --- internals -----------------------------------------------------------------------------
     async def _pump(self) -> None:
-        """Coalesced sends on events; a Valkey refresh when nothing arrived for a while."""
+        """Coalesced sends on events; a Valkey refresh (counters, dispatchers gone) every REFRESH_S."""
+        last_refresh = time.monotonic()
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), REFRESH_S)
-            except TimeoutError:
+            if time.monotonic() - last_refresh >= REFRESH_S:  # counters and unobserved pools, even when busy
+                last_refresh = time.monotonic()
                 await self._refresh()
             self._dirty.clear()
             try:
