@@ -93,6 +93,22 @@ async def test_queue_depth_reaches_the_browser_live(aredis, keys, sim, fabric, s
     await comm.disconnect()
 
 
+async def test_an_event_alone_reaches_the_browser_through_the_channel_layer(fabric, staff) -> None:
+    """A snapshot that exists only as a channel-layer event (nothing in Valkey) still shows up."""
+    from tests.dashboard.test_merge import pool, snap
+
+    comm = communicator(staff)
+    assert (await comm.connect())[0]
+    await comm.receive_json_from(timeout=5)
+    sink = snapshot_sink()
+    await sink(snap("ghost", time.time(), [pool("interactive", queue_depth=11)]))
+    view = await view_where(comm, lambda v: v["dispatchers_running"] == 1, timeout=1.5)
+    assert view["dispatchers"][0]["dispatcher_id"] == "ghost"
+    assert view["pools"][0]["queue_depth"] == 11
+    assert sink.sent == 1
+    await comm.disconnect()
+
+
 @pytest.mark.parametrize("who, code", [("anonymous", 4401), ("visitor", 4403)])
 async def test_anonymous_and_non_staff_are_refused(fabric, visitor, who: str, code: int) -> None:
     comm = communicator(AnonymousUser() if who == "anonymous" else visitor)
