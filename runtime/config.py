@@ -11,6 +11,7 @@ import socket
 from dataclasses import dataclass, field
 
 from runtime import keys
+from runtime.breaker import BreakerPolicy
 from runtime.contract import DEFAULT_MAX_ENVELOPE_BYTES
 from runtime.cost import CostModel
 
@@ -60,6 +61,7 @@ class DispatcherSettings:
     snapshot_interval_s: float = 0.25
     snapshot_ttl_s: float = keys.SNAPSHOT_TTL_S
     cost: CostModel = field(default_factory=CostModel)
+    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
 
     def __post_init__(self) -> None:
         if not self.group_id:

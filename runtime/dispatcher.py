@@ -29,9 +29,10 @@ from opentelemetry import trace
 
 from runtime import groupconfig, scheduler
 from runtime.adapter import BackendPool
+from runtime.backend_health import EndpointBreakers
 from runtime.config import DispatcherSettings
 from runtime.contract import STATUS_ERROR, STATUS_OK, Envelope, Reply, Timing
-from runtime.errors import DispatchError, Rejected, RequestExpired
+from runtime.errors import BreakerOpen, DispatchError, Rejected, RequestExpired
 from runtime.groupconfig import GroupConfig
 from runtime.keys import DEFAULT_KEYS, KeySpace
 from runtime.peek import PeekCache, PeekedItem
@@ -95,6 +96,7 @@ class Dispatcher:
         self.store_content = store_content
         self.identity = Identity(settings.group_id, settings.gateway_id, settings.dispatcher_id)
         self.stats = DispatcherStats()
+        self.breakers = EndpointBreakers(settings.breaker)
         self.config: GroupConfig | None = None
         self.started_at = time.time()
         self.valkey_ok = True
@@ -272,6 +274,7 @@ class Dispatcher:
                 pool_id=pool_id,
                 backlog=view.backlog,
                 in_flight=view.in_flight,
+                blocked=self.breakers.blocked(self.config.endpoint_for(pool_id)),
                 heads=tuple(
                     scheduler.HeadItem(cost=i.cost, enqueued_at=i.envelope.enqueued_at)
                     for i in heads
@@ -489,7 +492,15 @@ class Dispatcher:
             raise Rejected(f"fabric group {self.config.group_id} has no endpoint for pool {envelope.pool_id}")
         api_key = self.secrets.get(self.config.api_key_env) if self.config.api_key_env else None
         backend = self.backends.get(endpoint, api_key)
-        return await backend.complete(envelope.call.to_openai(), timeout_s=timeout)
+        if not self.breakers.acquire(endpoint):
+            raise BreakerOpen(f"the circuit breaker of {redact_url(endpoint)} is open")
+        try:
+            completion = await backend.complete(envelope.call.to_openai(), timeout_s=timeout)
+        except DispatchError as exc:
+            self.breakers.record(endpoint, exc)
+            raise
+        self.breakers.record(endpoint, None)
+        return completion
 
     async def _finish(self, run: Running, reply: bytes) -> bool:
         """Delivers the reply (if the producer is alive) and releases the lease, retrying Valkey briefly."""

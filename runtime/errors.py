@@ -13,7 +13,8 @@ a stable ``error_type`` string: replies, counters and ClickHouse rows use that s
     │   ├── BackendConnectError        retryable: could not connect
     │   ├── BackendTimeout             retryable: no answer in time
     │   ├── BackendHTTPError           non-2xx; retryable for 408/409/429/5xx
-    │   └── BackendInvalidResponse     2xx whose body is not a chat completion
+    │   ├── BackendInvalidResponse     2xx whose body is not a chat completion
+    │   └── BreakerOpen                retryable: the backend's circuit breaker refused the call
     ├── QueueUnavailable               retryable: Valkey cannot be reached
     ├── RequestTimeout                 the producer gave up waiting for its reply
     ├── RequestExpired                 the deadline passed before the request left its queue
@@ -99,6 +100,13 @@ class BackendInvalidResponse(BackendError):
     """A 2xx answer whose body is not a chat completion."""
 
     error_type = "backend_invalid_response"
+
+
+class BreakerOpen(BackendError):
+    """The backend's circuit breaker is open: it failed repeatedly and is given time to recover."""
+
+    error_type = "breaker_open"
+    retryable = True
 
 
 class QueueUnavailable(DispatchError):

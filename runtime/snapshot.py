@@ -75,6 +75,7 @@ def build_snapshot(dispatcher: Dispatcher, *, now: float) -> dict[str, Any]:
         "completed": stats.completed,
         "failed": dict(stats.failed),
         "dropped": dict(stats.dropped),
+        "breakers": dispatcher.breakers.modes(),
         "pools": pools,
         "active": [
             {

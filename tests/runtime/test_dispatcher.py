@@ -256,3 +256,41 @@ async def test_dispatcher_survives_a_valkey_restart(private_valkey, keys, sim) -
             assert outages == 1  # one outage, logged once, not a reconnect storm
     finally:
         await client.aclose()
+
+
+async def test_open_breaker_keeps_work_queued_until_a_probe_succeeds(aredis, keys, sim) -> None:
+    from runtime.breaker import BreakerPolicy
+
+    policy = BreakerPolicy(failure_threshold=3, window_s=30, open_s=1.0)
+    async with (
+        running_dispatcher(aredis, keys, one_pool_group(sim.url), breaker=policy) as dispatcher,
+        Producer(aredis, keys=keys) as producer,
+    ):
+        for _ in range(3):
+            with pytest.raises(BackendHTTPError):
+                await producer.submit({**CALL, "sim": {"status": 503}}, pool_id="default", timeout=10)
+        assert dispatcher.snapshot()["breakers"][sim.url]["mode"] == "open"
+        calls_while_open = sim.completions_requested
+        opened = time.monotonic()
+        result = await producer.submit(CALL, pool_id="default", timeout=10)
+        waited = time.monotonic() - opened
+        assert result.completion["choices"]
+        assert 0.7 <= waited <= 3.0  # it waited in its queue for the probe, not in a failing call
+        assert sim.completions_requested == calls_while_open + 1
+        assert dispatcher.stats.skips[("default", "breaker_open")] > 0
+        assert dispatcher.snapshot()["breakers"][sim.url] == {"mode": "closed", "trips": 1}
+
+
+async def test_client_errors_do_not_open_the_breaker(aredis, keys, sim) -> None:
+    from runtime.breaker import BreakerPolicy
+
+    policy = BreakerPolicy(failure_threshold=2, open_s=30)
+    async with (
+        running_dispatcher(aredis, keys, one_pool_group(sim.url), breaker=policy) as dispatcher,
+        Producer(aredis, keys=keys) as producer,
+    ):
+        for _ in range(3):
+            with pytest.raises(BackendHTTPError):
+                await producer.submit({**CALL, "sim": {"status": 400}}, pool_id="default", timeout=10)
+        await producer.submit(CALL, pool_id="default", timeout=5)
+    assert dispatcher.stats.skips[("default", "breaker_open")] == 0

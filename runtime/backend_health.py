@@ -1,0 +1,47 @@
+"""The dispatcher's circuit breakers, one per backend URL, driven by a monotonic clock.
+
+The transitions are the pure :mod:`runtime.breaker`; this holder only keeps each URL's state and
+reads the clock, so the dispatcher can ask "may this pool launch?" before deciding and record each
+call's outcome after it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from runtime.breaker import Breaker, BreakerPolicy, BreakerState
+from runtime.errors import DispatchError
+from runtime.redact import redact_url
+
+
+class EndpointBreakers:
+    def __init__(self, policy: BreakerPolicy, clock: Callable[[], float] = time.monotonic) -> None:
+        self.breaker = Breaker(policy)
+        self.clock = clock
+        self._states: dict[str, BreakerState] = {}
+
+    def __repr__(self) -> str:
+        return f"<EndpointBreakers {self.modes()}>"
+
+    def blocked(self, url: str) -> str | None:
+        """The skip reason for pools on this URL, or None when a call may go."""
+        state = self._states.get(url)
+        return None if state is None else self.breaker.blocked(state, self.clock())
+
+    def acquire(self, url: str) -> bool:
+        """Called right before a real call: False means the breaker refuses it (it may take a probe slot)."""
+        allowed, self._states[url] = self.breaker.allow(self._states.get(url, BreakerState()), self.clock())
+        return allowed
+
+    def record(self, url: str, error: DispatchError | None) -> None:
+        """Only retryable backend failures count against a backend; a bad request is the caller's fault."""
+        state = self._states.get(url, BreakerState())
+        if error is None:
+            self._states[url] = self.breaker.record_success(state, self.clock())
+        elif error.retryable:
+            self._states[url] = self.breaker.record_failure(state, self.clock())
+
+    def modes(self) -> dict[str, dict[str, object]]:
+        """Per redacted URL: mode and how often it opened, for snapshots."""
+        return {redact_url(url): {"mode": s.mode, "trips": s.trips} for url, s in self._states.items()}
