@@ -53,6 +53,7 @@ from runtime.stats import (
 log = logging.getLogger(__name__)
 SnapshotSink = Callable[[dict[str, Any]], Awaitable[None]]
 CONFIG_POLL_S = 1.0
+HELPER_EXIT_S = 5.0
 HEARTBEAT_S = 2.0
 
 
@@ -110,6 +111,7 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._config_changed = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._finished = asyncio.Event()  # set once in-flight calls are done: helpers then exit
         self._subscribed: frozenset[str] = frozenset()
         self._last_published: dict[str, Any] = {}
         self._last_published_at = 0.0
@@ -156,7 +158,10 @@ class Dispatcher:
                 ]
                 await self._schedule_loop()
                 await self._drain()
-                for task in helpers:
+                # Helpers leave their loops on their own: cancelling redis-py mid-command can hang.
+                self._finished.set()
+                _, stuck = await asyncio.wait(helpers, timeout=HELPER_EXIT_S)
+                for task in stuck:
                     task.cancel()
             await self._publish_snapshot_once()
         finally:
@@ -528,14 +533,20 @@ class Dispatcher:
         return False
 
     # --- background helpers -----------------------------------------------------------------------
+    async def _pause(self, seconds: float) -> bool:
+        """Sleeps up to ``seconds``; True once the dispatcher has finished and helpers should return."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._finished.wait(), seconds)
+        return self._finished.is_set()
+
     async def _listen(self) -> None:
         """Wake-ups from producers and config-change notices; falls back to polling while broken."""
-        while True:
+        while not self._finished.is_set():
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)
             try:
                 await self._subscribe(pubsub)
                 last_poll = time.monotonic()
-                while True:
+                while not self._finished.is_set():
                     message = await pubsub.get_message(timeout=CONFIG_POLL_S)
                     if message is not None:
                         self._on_message(message)
@@ -548,7 +559,7 @@ class Dispatcher:
             except REDIS_ERRORS as exc:
                 self._valkey_lost(exc)
                 self._subscribed = frozenset()
-                await asyncio.sleep(self.settings.reconnect_backoff_s[0] * 5)
+                await self._pause(self.settings.reconnect_backoff_s[0] * 5)
             finally:
                 with contextlib.suppress(*REDIS_ERRORS):
                     await pubsub.aclose()
@@ -579,8 +590,7 @@ class Dispatcher:
         self._wake.set()
 
     async def _renew_leases(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.lease_s / 3)
+        while not await self._pause(self.settings.lease_s / 3):
             leases = [(r.pool_id, r.member) for r in list(self.running.values())]
             try:
                 await self.queue.renew(leases, self.settings.lease_s)
@@ -588,8 +598,7 @@ class Dispatcher:
                 self._valkey_lost(exc)
 
     async def _publish_snapshots(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.snapshot_interval_s)
+        while not await self._pause(self.settings.snapshot_interval_s):
             await self._publish_snapshot_once()
 
     def snapshot(self) -> dict[str, Any]:

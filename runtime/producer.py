@@ -111,6 +111,7 @@ class Producer:
         self._registry = _PoolRegistry()
         self._started = False
         self._closed = False
+        self._closing = asyncio.Event()
         self._alive_key = keys.producer_alive(self.producer_id)
         self._reply_key = keys.replies(self.producer_id)
 
@@ -160,16 +161,14 @@ class Producer:
         # with a sentinel and left to return by itself; cancellation is only the fallback.
         if not self._tasks:
             return
-        keep_alive, pump = self._tasks
-        keep_alive.cancel()
+        self._closing.set()
         with contextlib.suppress(*REDIS_ERRORS):
             await self.client.rpush(self._reply_key, _WAKE_SENTINEL)
-        done, _ = await asyncio.wait([pump], timeout=2.0)
-        if not done:
-            pump.cancel()
-            await asyncio.wait([pump], timeout=1.0)
-        with contextlib.suppress(asyncio.CancelledError):
-            await keep_alive
+        _, stuck = await asyncio.wait(self._tasks, timeout=2.0)
+        for task in stuck:
+            task.cancel()
+        if stuck:
+            await asyncio.wait(stuck, timeout=1.0)
 
     @property
     def waiting(self) -> int:
@@ -298,8 +297,11 @@ class Producer:
         await self.client.set(self._alive_key, b"1", px=ttl_ms)
 
     async def _keep_alive(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.alive_refresh_s)
+        while not self._closed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), self.settings.alive_refresh_s)
+            if self._closed:
+                return
             try:
                 await self._mark_alive()
             except REDIS_ERRORS as exc:
