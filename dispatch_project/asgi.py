@@ -10,6 +10,7 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 from dispatch_project.connections import configure_channel_layers  # noqa: E402
@@ -21,7 +22,9 @@ start_in_background()
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # One process serves the demo, so it serves the static files (admin CSS, dashboard JS) too;
+        # behind a real web server, run collectstatic and let that server take /static/.
+        "http": ASGIStaticFilesHandler(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
