@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from runtime import groupconfig
-from runtime.config import DispatcherSettings
 from runtime.dispatcher import Dispatcher
 from runtime.groupconfig import GroupConfig, PoolConfig
 from runtime.keys import KeySpace
-from tests.runtime.harness import wait_until
+from tests.runtime.harness import running_dispatcher
 
 
 def two_pools(endpoint: str, *, paused_backfill: bool = False, version: int = 1) -> GroupConfig:
@@ -33,8 +29,7 @@ def two_pools(endpoint: str, *, paused_backfill: bool = False, version: int = 1)
     )  # fmt: skip
 
 
-@contextlib.asynccontextmanager
-async def dispatcher_running(
+def dispatcher_running(
     client: aioredis.Redis,
     keys: KeySpace,
     config: GroupConfig,
@@ -42,19 +37,14 @@ async def dispatcher_running(
     dispatcher_id: str = "d1",
     sink: Any = None,
     **overrides: Any,
-) -> AsyncIterator[Dispatcher]:
-    await groupconfig.publish(client, keys, config)
-    settings = DispatcherSettings(
-        group_id=config.group_id, dispatcher_id=dispatcher_id, gateway_id="gw-test",
-        **{"shutdown_grace_s": 10.0, **overrides},
-    )  # fmt: skip
-    dispatcher = Dispatcher(client, settings, keys=keys, snapshot_sink=sink)
-    task = asyncio.create_task(dispatcher.run(install_signal_handlers=False))
-    await wait_until(lambda: dispatcher.config is not None or task.done())
-    if task.done():
-        task.result()
-    try:
-        yield dispatcher
-    finally:
-        dispatcher.request_stop()
-        await asyncio.wait_for(task, 30)
+) -> contextlib.AbstractAsyncContextManager[Dispatcher]:
+    """A real dispatcher with the dashboard's snapshot sink, under a fixed gateway id."""
+    return running_dispatcher(
+        client,
+        keys,
+        config,
+        snapshot_sink=sink,
+        dispatcher_id=dispatcher_id,
+        gateway_id="gw-test",
+        **overrides,
+    )

@@ -45,11 +45,18 @@ def slow_call(latency_ms: float, **sim: Any) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def running_dispatcher(
-    client: aioredis.Redis, keys: KeySpace, config: GroupConfig, *, tracer: Any = None, **overrides: Any
+    client: aioredis.Redis,
+    keys: KeySpace,
+    config: GroupConfig,
+    *,
+    tracer: Any = None,
+    snapshot_sink: Any = None,
+    **overrides: Any,
 ) -> AsyncIterator[Dispatcher]:
+    """Publishes ``config`` and runs a dispatcher in this event loop; ``overrides`` are its settings."""
     await groupconfig.publish(client, keys, config)
     settings = DispatcherSettings(group_id=config.group_id, **{"shutdown_grace_s": 10.0, **overrides})
-    dispatcher = Dispatcher(client, settings, keys=keys, tracer=tracer)
+    dispatcher = Dispatcher(client, settings, keys=keys, tracer=tracer, snapshot_sink=snapshot_sink)
     task = asyncio.create_task(dispatcher.run(install_signal_handlers=False))
     await wait_until(lambda: dispatcher.config is not None or task.done())
     if task.done():
