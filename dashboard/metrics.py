@@ -55,6 +55,11 @@ class _Families:
             f"{PREFIX}_snapshot_age_seconds", "Age of the freshest dispatcher snapshot", labels=GR
         )
         self.valkey_up = g(f"{PREFIX}_valkey_up", "1 when this scrape could read Valkey")
+        self.breaker_open = g(
+            f"{PREFIX}_breaker_open",
+            "1 while a dispatcher's circuit breaker for a backend is not closed",
+            labels=[*GR, "dispatcher", "backend", "mode"],
+        )
 
     def all(self) -> list[Metric]:
         return [v for v in vars(self).values() if isinstance(v, Metric)]
@@ -83,6 +88,11 @@ class _Families:
             self.failures.add_metric([group, error_type], count)
         for reason, count in totals["dropped"].items():
             self.drops.add_metric([group, reason], count)
+        for dispatcher in view.get("dispatchers", []):
+            for backend, breaker in dispatcher.get("breakers", {}).items():
+                mode = str(breaker.get("mode", ""))
+                labels = [group, str(dispatcher["dispatcher_id"]), backend, mode]
+                self.breaker_open.add_metric(labels, 0 if mode == "closed" else 1)
         self.running.add_metric([group], view["dispatchers_running"])
         self.group_in_flight.add_metric([group], view["group_in_flight"])
         if view["age_s"] is not None:

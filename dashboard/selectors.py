@@ -93,6 +93,7 @@ def _dispatcher_row(snap: Mapping[str, Any], now: float) -> dict[str, Any]:
         "up_since": snap.get("up_since"),
         "uptime_s": round(max(0.0, now - float(snap.get("up_since") or now)), 1),
         "valkey_ok": bool(snap.get("valkey_ok", False)),
+        "breakers": dict(snap.get("breakers") or {}),
         "stopping": bool(snap.get("stopping", False)),
         "in_flight": int(snap.get("in_flight", 0)),
         "concurrency": snap.get("concurrency"),

@@ -30,6 +30,8 @@ def store_snapshot(sredis, keys, *, age: float = 0.0) -> dict:
     ]  # fmt: skip
     data = snap("d1", time.time() - age, pools, group_in_flight=3, in_flight=3, completed=42,
                 dropped={"expired": 2}, failed={"backend_timeout": 1},
+                breakers={"http://gpu-1:8000/v1": {"mode": "open", "trips": 2},
+                          "http://gpu-2:8000/v1": {"mode": "closed", "trips": 0}},
                 active=[{"request_id": "req-123", "pool_id": "interactive", "producer_id": "prod-9",
                          "model": "sim-model", "stage": "executing", "age_s": 1.2}])  # fmt: skip
     sredis.set(keys.snapshot("g", "d1"), orjson.dumps(data), px=10_000)
@@ -87,6 +89,7 @@ def test_page_first_paint_from_the_stored_snapshot(staff_client, fabric, sredis,
     assert "/history/?pool=interactive" in page
     assert 'action="/fabric/g/pools/backfill/resume/"' in page  # paused in the snapshot
     assert 'action="/fabric/g/pools/interactive/pause/"' in page
+    assert 'title="http://gpu-1:8000/v1">open · opened 2 times' in page  # breaker state per backend
 
 
 def test_stale_feed_is_flagged(staff_client, fabric, sredis, keys) -> None:
@@ -147,6 +150,8 @@ def test_metrics_parse_and_queue_depth_is_the_live_llen(client, fabric, sredis, 
     assert value("llm_dispatch_failures", fabric_group="g", error_type="backend_timeout") == 1
     assert value("llm_dispatch_pool_paused", fabric_group="g", pool="backfill") == 1
     assert value("llm_dispatch_valkey_up") == 1
+    assert value("llm_dispatch_breaker_open", backend="http://gpu-1:8000/v1", dispatcher="d1") == 1
+    assert value("llm_dispatch_breaker_open", backend="http://gpu-2:8000/v1", dispatcher="d1") == 0
 
 
 def test_metrics_without_valkey_still_answer(client, fabric, settings) -> None:

@@ -78,11 +78,23 @@
       "<td>" + esc(a.dispatcher_id) + "</td></tr>";
   }
 
+  // One pill per backend URL: its circuit breaker's mode (closed is healthy) and how often it opened.
+  function breakers(map) {
+    var urls = Object.keys(map || {});
+    if (!urls.length) return '<span class="muted">–</span>';
+    return urls.map(function (url) {
+      var b = map[url], cls = b.mode === "closed" ? "ok" : b.mode === "open" ? "bad" : "warn";
+      return '<span class="pill ' + cls + '" title="' + esc(url) + '">' + esc(b.mode.replace("_", "-")) +
+        (b.trips ? " · opened " + b.trips + " times" : "") + "</span>";
+    }).join(" ");
+  }
+
   function dispatcherRow(d) {
     var up = d.up_since ? new Date(d.up_since * 1000).toLocaleString() : "–";
     return "<tr><td>" + esc(d.gateway_id) + "</td><td><code>" + esc(d.dispatcher_id) + "</code></td>" +
       "<td>" + esc(up) + ' <small class="muted">(' + secs(d.uptime_s) + ")</small></td>" +
       "<td>" + (d.valkey_ok ? '<span class="pill ok">ok</span>' : '<span class="pill bad">down</span>') + "</td>" +
+      "<td>" + breakers(d.breakers) + "</td>" +
       '<td class="num">' + d.in_flight + " / " + esc(dash(d.concurrency)) + '</td><td class="num">' + d.completed + "</td>" +
       "<td>" + (Object.keys(d.failed || {}).length ? chips(d.failed, "bad") : '<span class="muted">none</span>') + "</td>" +
       "<td>" + (d.stopping ? '<span class="pill warn">stopping</span>' : '<span class="pill ok">running</span>') + "</td>" +
@@ -148,7 +160,7 @@
     document.getElementById("active").innerHTML = view.active.length
       ? view.active.map(activeRow).join("") : '<tr><td colspan="7" class="muted">Nothing in flight.</td></tr>';
     document.getElementById("dispatchers").innerHTML = view.dispatchers.length
-      ? view.dispatchers.map(dispatcherRow).join("") : '<tr><td colspan="9" class="muted">No dispatcher is running.</td></tr>';
+      ? view.dispatchers.map(dispatcherRow).join("") : '<tr><td colspan="10" class="muted">No dispatcher is running.</td></tr>';
     document.getElementById("counters").innerHTML = counterRows(view);
     banner(view);
   }
