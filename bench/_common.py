@@ -1,0 +1,241 @@
+"""Shared plumbing of the benchmarks: a private Valkey, the simulator and dispatchers as processes.
+
+Everything listens on 127.0.0.1 and lives under a ``/tmp/bench-*`` scratch directory that is removed
+afterwards. Child processes are started with their own process group and stopped by pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import redis.asyncio as aioredis  # noqa: E402
+
+from runtime import embedded, groupconfig  # noqa: E402
+from runtime.contract import ChatCall, Envelope, Metadata  # noqa: E402
+from runtime.groupconfig import GroupConfig, PoolConfig  # noqa: E402
+from runtime.keys import KeySpace  # noqa: E402
+from runtime.valkey import connect  # noqa: E402
+
+CALL = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}
+
+
+def machine() -> str:
+    cpu = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    ram = "?"
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        ram = f"{kb / 1024 / 1024:.1f} GiB"
+    return f"nproc={os.cpu_count()} cpu={cpu!r} ram={ram} python={platform.python_version()}"
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) by nearest rank; NaN when empty."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def scratch() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="bench-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def private_valkey() -> Iterator[str]:
+    """A fresh embedded Valkey of this benchmark's own; yields its URL."""
+    with scratch() as data_dir:
+        server = embedded.start(data_dir)
+        try:
+            yield server.url
+        finally:
+            embedded.stop(data_dir)
+
+
+def spawn(args: Sequence[str], *, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
+
+
+def stop_proc(proc: subprocess.Popen[str], timeout: float = 15.0) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+@contextlib.contextmanager
+def simulator_proc(*extra: str) -> Iterator[str]:
+    """``python -m runtime.simulator`` on a free port; yields its /v1 URL."""
+    port = embedded.free_port()
+    proc = spawn(["-m", "runtime.simulator", "--port", str(port), *extra])
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if "listening" not in line:
+            raise RuntimeError(f"simulator did not start: {line!r}")
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        stop_proc(proc)
+
+
+@contextlib.contextmanager
+def dispatcher_procs(url: str, prefix: str, group_id: str, count: int, concurrency: int) -> Iterator[None]:
+    """``count`` dispatcher processes of one group (python -m bench._dispatcher_proc)."""
+    procs = [
+        spawn(["-m", "bench._dispatcher_proc", url, prefix, group_id, str(concurrency), f"d{i}"])
+        for i in range(count)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if "ready" not in line:
+                raise RuntimeError(f"dispatcher did not start: {line!r}")
+        yield
+    finally:
+        for proc in procs:
+            stop_proc(proc)
+
+
+def new_keys() -> KeySpace:
+    return KeySpace(prefix=f"b{uuid.uuid4().hex[:8]}:")
+
+
+def group(
+    endpoint: str,
+    pools: Sequence[PoolConfig],
+    *,
+    policy: str = "drr",
+    total: int = 64,
+    group_id: str = "bench",
+) -> GroupConfig:
+    return GroupConfig(
+        group_id=group_id,
+        policy=policy,
+        total_concurrency=total,
+        default_endpoint_url=endpoint,
+        pools=tuple(pools),
+        version=1,
+    )
+
+
+@contextlib.asynccontextmanager
+async def client(url: str) -> AsyncIterator[aioredis.Redis]:
+    conn = connect(url)
+    try:
+        yield conn
+    finally:
+        await conn.aclose()
+
+
+async def publish(conn: aioredis.Redis, keys: KeySpace, config: GroupConfig) -> None:
+    await groupconfig.publish(conn, keys, config)
+
+
+async def preload(
+    conn: aioredis.Redis,
+    keys: KeySpace,
+    pool_id: str,
+    producer_id: str,
+    costs: Sequence[int | None],
+    *,
+    call: dict[str, object] | None = None,
+    deadline_s: float = 3600.0,
+) -> None:
+    """Pushes one envelope per cost straight into a pool's list, in pipelines of 1,000."""
+    chat = ChatCall.from_openai(call or CALL)
+    now = time.time()
+    for start in range(0, len(costs), 1000):
+        async with conn.pipeline(transaction=False) as pipe:
+            for cost in costs[start : start + 1000]:
+                env = Envelope(
+                    request_id=uuid.uuid4().hex,
+                    producer_id=producer_id,
+                    pool_id=pool_id,
+                    call=chat,
+                    enqueued_at=now,
+                    deadline=now + deadline_s,
+                    metadata=Metadata(cost_units=cost),
+                )
+                pipe.rpush(keys.requests(pool_id), env.encode())
+            await pipe.execute()
+
+
+async def wait_for(predicate, timeout: float, interval: float = 0.02) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("benchmark condition not reached in time")
+        await asyncio.sleep(interval)
+
+
+async def closed_loop(producer, pool_id: str, concurrency: int, total: int) -> tuple[list[float], float]:  # type: ignore[no-untyped-def]
+    """``concurrency`` workers submit back to back until ``total`` calls are done.
+
+    Returns every call's latency (seconds) and the wall time of the whole load.
+    """
+    latencies: list[float] = []
+    remaining = total
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            started = time.perf_counter()
+            await producer.submit(CALL, pool_id=pool_id, timeout=120)
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    async with asyncio.TaskGroup() as tasks:
+        for _ in range(min(concurrency, total)):
+            tasks.create_task(worker())
+    return latencies, time.perf_counter() - started

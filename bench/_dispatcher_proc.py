@@ -1,0 +1,52 @@
+"""One dispatcher process for the benchmarks, stopped by SIGTERM.
+
+Usage: ``python -m bench._dispatcher_proc VALKEY_URL KEY_PREFIX GROUP_ID CONCURRENCY DISPATCHER_ID``.
+Prints ``ready`` once it runs. With ``BENCH_PROFILE=path`` it writes a cProfile (CPU time) of its
+whole run there; with ``BENCH_STATS=path`` it writes its CPU seconds and completions there on exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import cProfile
+import os
+import sys
+import time
+
+import orjson
+
+from runtime.config import DispatcherSettings
+from runtime.dispatcher import Dispatcher
+from runtime.keys import KeySpace
+from runtime.valkey import connect
+
+
+async def main(url: str, prefix: str, group_id: str, concurrency: int, dispatcher_id: str) -> None:
+    conn = connect(url)
+    settings = DispatcherSettings(
+        group_id=group_id, dispatcher_id=dispatcher_id, concurrency=concurrency, shutdown_grace_s=5.0
+    )
+    dispatcher = Dispatcher(conn, settings, keys=KeySpace(prefix))
+    print("ready", flush=True)
+    try:
+        await dispatcher.run()
+    finally:
+        await conn.aclose()
+    stats_path = os.environ.get("BENCH_STATS")
+    if stats_path:
+        with open(stats_path, "wb") as out:
+            out.write(orjson.dumps({"cpu_s": time.process_time(), "completed": dispatcher.stats.completed}))
+
+
+if __name__ == "__main__":
+    url, prefix, group_id, concurrency, dispatcher_id = sys.argv[1:6]
+    coro = main(url, prefix, group_id, int(concurrency), dispatcher_id)
+    profile_path = os.environ.get("BENCH_PROFILE")
+    if profile_path:
+        profiler = cProfile.Profile(time.process_time)
+        profiler.enable()
+        asyncio.run(coro)
+        profiler.disable()
+        profiler.dump_stats(profile_path)
+    else:
+        asyncio.run(coro)
