@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from opentelemetry import trace
@@ -29,6 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from runtime import semconv
+from runtime.adapter import BackendPool, OpenAIBackend
 from runtime.config import ProducerSettings
 from runtime.contract import ChatCall, Envelope, Metadata, Reply, Timing
 from runtime.errors import (
@@ -40,11 +41,9 @@ from runtime.errors import (
     UnknownPool,
     error_from_type,
 )
+from runtime.groupconfig import GroupConfig
 from runtime.keys import DEFAULT_KEYS, KeySpace
 from runtime.valkey import connect
-
-if TYPE_CHECKING:
-    from runtime.adapter import OpenAIBackend
 
 log = logging.getLogger(__name__)
 _propagator = TraceContextTextMapPropagator()
@@ -82,7 +81,10 @@ class _Waiter:
 
 @dataclass(slots=True)
 class _PoolRegistry:
+    """Which group each enabled pool belongs to, and each group's published configuration."""
+
     pools: dict[str, str] = field(default_factory=dict)
+    groups: dict[str, GroupConfig] = field(default_factory=dict)
     read_at: float = float("-inf")
 
 
@@ -98,12 +100,18 @@ class Producer:
         producer_id: str | None = None,
         direct_backend: OpenAIBackend | None = None,
         tracer: trace.Tracer | None = None,
+        secrets: Mapping[str, str] | None = None,
     ) -> None:
+        """``direct_backend`` forces direct mode; otherwise a pool whose fabric group has queueing
+        disabled is called directly at its endpoint, with the API key named by the group found in
+        ``secrets`` (e.g. ``os.environ``)."""
         self.client = client
         self.settings = settings or ProducerSettings()
         self.keys = keys
         self.producer_id = producer_id or f"producer-{uuid.uuid4().hex[:16]}"
         self.direct_backend = direct_backend
+        self.secrets = dict(secrets or {})
+        self._backends: BackendPool | None = None
         self.stats = ProducerStats()
         self._tracer = tracer or trace.get_tracer("llm_dispatch.producer")
         self._waiters: dict[str, _Waiter] = {}
@@ -155,6 +163,8 @@ class Producer:
         if self.direct_backend is None:
             with contextlib.suppress(*REDIS_ERRORS):
                 await self.client.delete(self._alive_key)
+        if self._backends is not None:
+            await self._backends.aclose()
 
     async def _stop_tasks(self) -> None:
         # A BLPOP cancelled mid-wait can leave redis-py's connection hanging, so the pump is woken
@@ -203,8 +213,9 @@ class Producer:
         )
         self.stats.submitted += 1
         try:
-            if self.direct_backend is not None:
-                result = await self._submit_direct(chat, request_id, pool_id, timeout_s)
+            backend = self.direct_backend or await self._route(pool_id)
+            if backend is not None:
+                result = await self._submit_direct(backend, chat, request_id, pool_id, timeout_s)
             else:
                 result = await self._submit_queued(
                     chat, request_id, pool_id, metadata or Metadata(), timeout_s, span
@@ -220,11 +231,10 @@ class Producer:
         return result
 
     async def _submit_direct(
-        self, chat: ChatCall, request_id: str, pool_id: str, timeout_s: float
+        self, backend: OpenAIBackend, chat: ChatCall, request_id: str, pool_id: str, timeout_s: float
     ) -> CompletionResult:
-        assert self.direct_backend is not None
         started = time.monotonic()
-        completion = await self.direct_backend.complete(chat.to_openai(), timeout_s=timeout_s)
+        completion = await backend.complete(chat.to_openai(), timeout_s=timeout_s)
         elapsed = time.monotonic() - started
         return CompletionResult(request_id, pool_id, completion.body, Timing(0.0, elapsed, elapsed))
 
@@ -237,7 +247,6 @@ class Producer:
         timeout_s: float,
         span: trace.Span,
     ) -> CompletionResult:
-        await self._check_pool(pool_id)
         carrier: dict[str, str] = {}
         _propagator.inject(carrier, context=trace.set_span_in_context(span))
         now = time.time()
@@ -276,21 +285,44 @@ class Producer:
         assert reply.completion is not None
         return CompletionResult(request_id, pool_id, reply.completion, reply.timing)
 
-    async def _check_pool(self, pool_id: str) -> None:
-        """Refuses a pool no fabric group has; skipped while no configuration is published at all."""
+    async def _route(self, pool_id: str) -> OpenAIBackend | None:
+        """None to queue the request; the backend to call when the pool's group has queueing disabled.
+
+        Refuses a pool no fabric group has; the check is skipped while no configuration is published.
+        """
         registry = self._registry
         if time.monotonic() - registry.read_at > self.settings.pool_registry_refresh_s or (
             registry.pools and pool_id not in registry.pools
         ):
-            try:
-                raw = await self.client.hgetall(self.keys.pool_registry())
-            except REDIS_ERRORS as exc:
-                raise QueueUnavailable(f"could not read the pool registry: {exc}") from exc
-            registry.pools = {k.decode(): v.decode() for k, v in raw.items()}
-            registry.read_at = time.monotonic()
+            registry = await self._read_registry()
         if registry.pools and pool_id not in registry.pools:
             known = ", ".join(sorted(registry.pools))
             raise UnknownPool(f"no fabric group has an enabled pool {pool_id!r} (known pools: {known})")
+        group = registry.groups.get(registry.pools.get(pool_id, ""))
+        if group is None or group.queueing_enabled:
+            return None
+        if self._backends is None:
+            self._backends = BackendPool()
+        api_key = self.secrets.get(group.api_key_env) if group.api_key_env else None
+        return self._backends.get(group.endpoint_for(pool_id), api_key)
+
+    async def _read_registry(self) -> _PoolRegistry:
+        try:
+            raw = await self.client.hgetall(self.keys.pool_registry())
+            pools = {k.decode(): v.decode() for k, v in raw.items()}
+            group_ids = sorted(set(pools.values()))
+            configs = (
+                await self.client.mget([self.keys.group_config(g) for g in group_ids]) if group_ids else []
+            )
+        except REDIS_ERRORS as exc:
+            raise QueueUnavailable(f"could not read the pool registry: {exc}") from exc
+        groups = {}
+        for group_id, config in zip(group_ids, configs, strict=True):
+            with contextlib.suppress(MalformedEnvelope):
+                if config:
+                    groups[group_id] = GroupConfig.decode(config)
+        self._registry = _PoolRegistry(pools=pools, groups=groups, read_at=time.monotonic())
+        return self._registry
 
     async def _mark_alive(self) -> None:
         ttl_ms = int(self.settings.alive_ttl_s * 1000)

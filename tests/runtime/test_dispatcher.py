@@ -294,3 +294,22 @@ async def test_client_errors_do_not_open_the_breaker(aredis, keys, sim) -> None:
                 await producer.submit({**CALL, "sim": {"status": 400}}, pool_id="default", timeout=10)
         await producer.submit(CALL, pool_id="default", timeout=5)
     assert dispatcher.stats.skips[("default", "breaker_open")] == 0
+
+
+async def test_group_with_queueing_disabled_is_called_directly(aredis, keys, sim) -> None:
+    from dataclasses import replace
+
+    from runtime import groupconfig
+
+    await groupconfig.publish(aredis, keys, replace(one_pool_group(sim.url), queueing_enabled=False))
+    async with Producer(aredis, keys=keys) as producer:  # no dispatcher is running at all
+        result = await producer.submit(CALL, pool_id="default", timeout=5)
+        with pytest.raises(UnknownPool):
+            await producer.submit(CALL, pool_id="elsewhere", timeout=5)
+        await groupconfig.publish(aredis, keys, replace(one_pool_group(sim.url), version=2))
+        await asyncio.sleep(ProducerSettings().pool_registry_refresh_s + 0.1)
+        with pytest.raises(RequestTimeout):  # queueing is back on: it waits in the queue for a dispatcher
+            await producer.submit(CALL, pool_id="default", timeout=0.5)
+    assert result.completion["choices"] and result.timing.queue_wait_s == 0
+    assert sim.completions_total == 1
+    assert await aredis.llen(keys.requests("default")) == 1

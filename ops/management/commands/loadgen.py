@@ -48,7 +48,9 @@ class Command(BaseCommand):
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         try:
-            async with Producer(client, keys=key_space(), settings=producer_settings()) as producer:
+            async with Producer(
+                client, keys=key_space(), settings=producer_settings(), secrets=os.environ
+            ) as producer:
                 tasks = [
                     asyncio.create_task(
                         run_lane(producer, lane, stats, until=until, max_outstanding=max_outstanding, seed=i)
