@@ -40,7 +40,7 @@ from runtime.producer import REDIS_ERRORS
 from runtime.queue import ClaimRequest, QueueOps, QueueView, lease_member
 from runtime.redact import redact_url
 from runtime.snapshot import build_snapshot
-from runtime.spans import Identity, Outcome, record_span
+from runtime.spans import Identity, Outcome, content_attributes, record_span
 from runtime.stats import (
     DROP_EXPIRED,
     DROP_MALFORMED,
@@ -484,6 +484,9 @@ class Dispatcher:
                 cost=run.cost,
                 drop_reason="" if delivered else DROP_REPLY_PRODUCER_GONE,
             ),
+            content=content_attributes(envelope, completion.body if completion else None)
+            if self.store_content
+            else None,
         )
 
     async def _call_backend(self, envelope: Envelope, endpoint: str) -> Any:

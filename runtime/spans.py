@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -41,6 +42,16 @@ class Outcome:
     response_model: str | None = None
     reply_delivered: bool = False
     cost: int = 0
+
+
+def content_attributes(envelope: Envelope, completion: Mapping[str, Any] | None) -> dict[str, str]:
+    """Prompt and completion text as GenAI attributes; only used when an operator opted in."""
+    content = {semconv.GEN_AI_INPUT_MESSAGES: orjson.dumps(list(envelope.call.messages)).decode()}
+    choices = completion.get("choices") if completion else None
+    if isinstance(choices, list):
+        messages = [c.get("message") for c in choices if isinstance(c, dict)]
+        content[semconv.GEN_AI_OUTPUT_MESSAGES] = orjson.dumps(messages).decode()
+    return content
 
 
 def record_span(
