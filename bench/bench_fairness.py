@@ -61,8 +61,8 @@ async def one_run(valkey_url: str, sim_url: str, weights: tuple[int, ...], total
     )
     share = [w / sum(weights) for w in weights]
     costs = {
-        p: [rng.randint(1, 4 if i % 2 == 0 else 16) for _ in range(int(total * s * 1.6) + 300)]
-        for i, (p, s) in enumerate(zip(pools, share, strict=True))
+        p: [rng.randint(1, 4 if i % 2 == 0 else 16) for _ in range(total + 300)]  # never drains
+        for i, p in enumerate(pools)
     }
     async with client(valkey_url) as conn, Producer(conn, keys=keys, producer_id="fair") as producer:
         for p in pools:
