@@ -6,6 +6,7 @@ afterwards. Child processes are started with their own process group and stopped
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -18,8 +19,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -239,3 +241,20 @@ async def closed_loop(producer, pool_id: str, concurrency: int, total: int) -> t
         for _ in range(min(concurrency, total)):
             tasks.create_task(worker())
     return latencies, time.perf_counter() - started
+
+
+def run_benchmark(
+    description: str,
+    measure: Callable[[bool, int], Coroutine[Any, Any, Any]],
+    report: Callable[[Any, int, bool], Any],
+    argv: list[str] | None,
+    *,
+    default_runs: int = 3,
+) -> Any:
+    """The shared command line of the measured benchmarks: ``--quick`` smoke mode and ``--runs N``."""
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small smoke run")
+    parser.add_argument("--runs", type=int, default=None)
+    args = parser.parse_args(argv)
+    runs = args.runs or (1 if args.quick else default_runs)
+    return report(asyncio.run(measure(args.quick, runs)), runs, args.quick)

@@ -13,7 +13,6 @@ The baseline is the configured share (quantum / sum of quanta).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import sys
@@ -32,6 +31,7 @@ from bench._common import (
     preload,
     private_valkey,
     publish,
+    run_benchmark,
     simulator_proc,
     table,
 )
@@ -146,12 +146,7 @@ def report(results: dict[str, list[dict]], runs: int, quick: bool) -> list[dict]
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small smoke run")
-    parser.add_argument("--runs", type=int, default=None)
-    args = parser.parse_args(argv)
-    runs = args.runs or (1 if args.quick else 3)
-    return report(asyncio.run(measure(args.quick, runs)), runs, args.quick)
+    return run_benchmark(__doc__ or "", measure, report, argv)  # type: ignore[no-any-return]
 
 
 if __name__ == "__main__":

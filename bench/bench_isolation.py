@@ -17,7 +17,6 @@ Queue wait is what the dispatcher reports in the reply (call start - enqueued_at
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 from pathlib import Path
@@ -36,6 +35,7 @@ from bench._common import (
     preload,
     private_valkey,
     publish,
+    run_benchmark,
     simulator_proc,
     table,
 )
@@ -157,12 +157,7 @@ def report(results: dict[str, list[dict]], runs: int, quick: bool) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small smoke run")
-    parser.add_argument("--runs", type=int, default=None)
-    args = parser.parse_args(argv)
-    runs = args.runs or (1 if args.quick else 3)
-    return report(asyncio.run(measure(args.quick, runs)), runs, args.quick)
+    return run_benchmark(__doc__ or "", measure, report, argv)  # type: ignore[no-any-return]
 
 
 if __name__ == "__main__":

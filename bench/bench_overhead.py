@@ -11,8 +11,6 @@ shows the median over runs of each percentile.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import sys
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from bench._common import (
     pct,
     private_valkey,
     publish,
+    run_benchmark,
     simulator_proc,
     table,
 )
@@ -114,12 +113,7 @@ def report(results: dict[tuple[int, str], list[tuple[float, float]]], runs: int,
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small smoke run")
-    parser.add_argument("--runs", type=int, default=None)
-    args = parser.parse_args(argv)
-    runs = args.runs or (1 if args.quick else 5)
-    return report(asyncio.run(measure(args.quick, runs)), runs, args.quick)
+    return run_benchmark(__doc__ or "", measure, report, argv, default_runs=5)  # type: ignore[no-any-return]
 
 
 if __name__ == "__main__":

@@ -10,8 +10,6 @@ group. Each configuration runs ``RUNS`` times, interleaved; the table shows the 
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import sys
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from bench._common import (
     new_keys,
     private_valkey,
     publish,
+    run_benchmark,
     simulator_proc,
     table,
 )
@@ -97,12 +96,7 @@ def report(rates: dict[str, list[float]], runs: int, quick: bool) -> dict[str, f
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small smoke run")
-    parser.add_argument("--runs", type=int, default=None)
-    args = parser.parse_args(argv)
-    runs = args.runs or (1 if args.quick else 3)
-    return report(asyncio.run(measure(args.quick, runs)), runs, args.quick)
+    return run_benchmark(__doc__ or "", measure, report, argv)  # type: ignore[no-any-return]
 
 
 if __name__ == "__main__":

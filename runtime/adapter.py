@@ -122,7 +122,8 @@ class OpenAIBackend:
         self.display_url = redact_url(base_url)
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
-        self._url = _chat_url(base_url)
+        # Parsed once: httpx re-parses a str URL on every request.
+        self._url = httpx.URL(_chat_url(base_url))
         key = api_key if api_key is not None else userinfo_secret(base_url)
         self._headers = {"content-type": "application/json", "accept": "application/json"}
         if key:
@@ -177,7 +178,8 @@ class OpenAIBackend:
 
     def _scrub(self, text: str) -> str:
         """Lower layers may quote the request URL, whose query can hold a key: show it redacted."""
-        return text.replace(self._url, redact_url(self._url))
+        url = str(self._url)
+        return text.replace(url, redact_url(url))
 
     def _completion(self, response: httpx.Response) -> Completion:
         status = response.status_code

@@ -8,6 +8,7 @@ lease release) is one script.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,6 +38,11 @@ class ClaimRequest:
     group_limit: int = 0
 
 
+# Expired leases (a killed dispatcher's) are reaped at observation at most this often: lease expiry is
+# measured in seconds, so reaping on every round would only add work to the hot path.
+REAP_INTERVAL_S = 0.25
+
+
 def item_digest(raw: bytes) -> str:
     """The SHA-1 the claim script compares against ``redis.sha1hex`` of the list head."""
     return hashlib.sha1(raw, usedforsecurity=False).hexdigest()
@@ -58,15 +64,19 @@ class QueueOps:
         self._finish = client.register_script(scripts.FINISH)
         self._renew = client.register_script(scripts.RENEW)
         self._reap = client.register_script(scripts.REAP)
+        self._reaped_at = float("-inf")
 
     async def observe(self, pool_ids: Sequence[str], depth: int) -> tuple[dict[str, QueueView], int]:
         """Backlog, the first ``depth`` items and global in-flight of each pool, and the group's in-flight."""
+        reap = time.monotonic() - self._reaped_at >= REAP_INTERVAL_S
         async with self.client.pipeline(transaction=False) as pipe:
-            await self._reap(
-                keys=[self._group_inflight, *(self.keys.pool_inflight(p) for p in pool_ids)],
-                args=[],
-                client=pipe,
-            )
+            if reap:
+                self._reaped_at = time.monotonic()
+                await self._reap(
+                    keys=[self._group_inflight, *(self.keys.pool_inflight(p) for p in pool_ids)],
+                    args=[],
+                    client=pipe,
+                )
             for pool_id in pool_ids:
                 queue = self.keys.requests(pool_id)
                 pipe.llen(queue)
@@ -74,7 +84,8 @@ class QueueOps:
                 pipe.zcard(self.keys.pool_inflight(pool_id))
             pipe.zcard(self._group_inflight)
             results = await pipe.execute()
-        results = results[1:]  # the reap count
+        if reap:
+            results = results[1:]  # the reap count
         views = {
             pool_id: QueueView(int(results[3 * i]), tuple(results[3 * i + 1]), int(results[3 * i + 2]))
             for i, pool_id in enumerate(pool_ids)
