@@ -19,11 +19,9 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-import orjson
 import redis.asyncio as aioredis
 from opentelemetry import trace
 
@@ -31,42 +29,24 @@ from runtime import groupconfig, scheduler
 from runtime.adapter import BackendPool
 from runtime.backend_health import EndpointBreakers
 from runtime.config import DispatcherSettings
-from runtime.contract import STATUS_ERROR, STATUS_OK, Envelope, Reply, Timing
-from runtime.errors import BreakerOpen, DispatchError, Rejected, RequestExpired
+from runtime.contract import Envelope
+from runtime.errors import DispatchError, RequestExpired
+from runtime.execution import Executor, Running
 from runtime.groupconfig import GroupConfig
 from runtime.keys import DEFAULT_KEYS, KeySpace
+from runtime.listener import ChangeListener
 from runtime.peek import PeekCache, PeekedItem
 from runtime.producer import REDIS_ERRORS
 from runtime.queue import ClaimRequest, QueueOps, QueueView, lease_member
-from runtime.redact import redact_url
-from runtime.snapshot import build_snapshot
-from runtime.spans import Identity, Outcome, content_attributes, record_span
-from runtime.stats import (
-    DROP_EXPIRED,
-    DROP_MALFORMED,
-    DROP_PRODUCER_GONE,
-    DROP_REPLY_PRODUCER_GONE,
-    DROP_REPLY_UNDELIVERED,
-    DispatcherStats,
-)
+from runtime.snapshot import SnapshotPublisher, SnapshotSink, build_snapshot
+from runtime.spans import Identity, Outcome, record_span
+from runtime.stats import DROP_EXPIRED, DROP_MALFORMED, DROP_PRODUCER_GONE, DispatcherStats
 
 log = logging.getLogger(__name__)
-SnapshotSink = Callable[[dict[str, Any]], Awaitable[None]]
 CONFIG_POLL_S = 1.0
 HELPER_EXIT_S = 5.0
-HEARTBEAT_S = 2.0
 
-
-@dataclass(slots=True)
-class Running:
-    """One request this dispatcher is executing."""
-
-    envelope: Envelope
-    pool_id: str
-    member: str
-    cost: int
-    started_at: float
-    stage: str = "executing"
+__all__ = ["Dispatcher"]
 
 
 class Dispatcher:
@@ -91,13 +71,19 @@ class Dispatcher:
         self.backends = backends or BackendPool(
             timeout_s=settings.backend_timeout_s, connect_timeout_s=settings.backend_connect_timeout_s
         )
-        self.secrets = dict(secrets or {})
-        self.snapshot_sink = snapshot_sink
         self.tracer = tracer or trace.get_tracer("llm_dispatch.dispatcher")
-        self.store_content = store_content
         self.identity = Identity(settings.group_id, settings.gateway_id, settings.dispatcher_id)
         self.stats = DispatcherStats()
         self.breakers = EndpointBreakers(settings.breaker)
+        self.executor = Executor(
+            queue=self.queue, settings=settings, backends=self.backends, breakers=self.breakers,
+            stats=self.stats, tracer=self.tracer, identity=self.identity, secrets=dict(secrets or {}),
+            store_content=store_content, on_valkey_error=self._valkey_lost,
+        )  # fmt: skip
+        self.publisher = SnapshotPublisher(
+            client, keys, group_id=settings.group_id, dispatcher_id=settings.dispatcher_id,
+            ttl_s=settings.snapshot_ttl_s, sink=snapshot_sink, on_error=self._valkey_lost,
+        )  # fmt: skip
         self.config: GroupConfig | None = None
         self.started_at = time.time()
         self.valkey_ok = True
@@ -109,12 +95,13 @@ class Dispatcher:
         self._peek = PeekCache(settings.cost)
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
-        self._config_changed = asyncio.Event()
         self._stopping = asyncio.Event()
         self._finished = asyncio.Event()  # set once in-flight calls are done: helpers then exit
-        self._subscribed: frozenset[str] = frozenset()
-        self._last_published: dict[str, Any] = {}
-        self._last_published_at = 0.0
+        self.listener = ChangeListener(
+            client, channels=self._channels, on_message=self._on_message, poll=self._reload_config,
+            on_error=self._valkey_lost, finished=self._finished, poll_s=CONFIG_POLL_S,
+            retry_s=settings.reconnect_backoff_s[0] * 5,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         return (
@@ -152,7 +139,7 @@ class Dispatcher:
             await self._wait_for_config()
             async with asyncio.TaskGroup() as group:
                 helpers = [
-                    group.create_task(self._listen()),
+                    group.create_task(self.listener.run()),
                     group.create_task(self._renew_leases()),
                     group.create_task(self._publish_snapshots()),
                 ]
@@ -169,11 +156,7 @@ class Dispatcher:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
             await self.backends.aclose()
-            with contextlib.suppress(*REDIS_ERRORS):
-                await self.client.delete(
-                    self.keys.snapshot(self.settings.group_id, self.identity.dispatcher_id)
-                )
-                await self.queue.add_counters(self.stats.unflushed())
+            await self.publisher.withdraw(self.stats)
 
     async def _drain(self) -> None:
         if not self._tasks:
@@ -214,7 +197,6 @@ class Dispatcher:
         self._policy = config.scheduler_policy()
         for gone in previous - {p.pool_id for p in self._policy.pools}:
             self._state.forget(gone)
-        self._config_changed.set()
         self._wake.set()
         log.info(
             "fabric group %s configuration version %s: %d pools, policy %s, total %d",
@@ -429,111 +411,12 @@ class Dispatcher:
             log.error("a call task failed unexpectedly", exc_info=task.exception())
 
     async def _execute(self, run: Running) -> None:
-        envelope = run.envelope
         assert self.config is not None
-        endpoint = self.config.endpoint_for(run.pool_id)
-        started = time.time()
-        completion = None
-        error: DispatchError | None = None
         try:
-            completion = await self._call_backend(envelope, endpoint)
-        except DispatchError as exc:
-            error = exc
-        except asyncio.CancelledError:
-            error = Rejected("the dispatcher shut down before the call finished")
-        except Exception as exc:  # a bug must still answer the producer and free the slot
-            log.exception("unexpected error executing request %s", envelope.request_id)
-            error = DispatchError(f"internal dispatcher error: {exc}")
-        ended = time.time()
-        timing = Timing(
-            max(0.0, started - envelope.enqueued_at), ended - started, max(0.0, ended - envelope.enqueued_at)
-        )
-        if error is None and completion is not None:
-            reply = Reply(envelope.request_id, STATUS_OK, completion=completion.body, timing=timing)
-            self.stats.completed += 1
-        else:
-            assert error is not None
-            reply = Reply(
-                envelope.request_id,
-                STATUS_ERROR,
-                error_type=error.error_type,
-                error_message=str(error),
-                timing=timing,
-            )
-            self.stats.failed[error.error_type] += 1
-        run.stage = "replying"
-        delivered = await self._finish(run, reply.encode())
-        self.running.pop(envelope.request_id, None)
-        self._wake.set()
-        usage = completion.usage if completion is not None else None
-        record_span(
-            self.tracer,
-            envelope,
-            self.identity,
-            Outcome(
-                STATUS_OK if error is None else STATUS_ERROR,
-                started,
-                ended,
-                backend_url=redact_url(endpoint),
-                error_type=error.error_type if error else "",
-                error_message=str(error) if error else "",
-                input_tokens=usage.input_tokens if usage else None,
-                output_tokens=usage.output_tokens if usage else None,
-                response_model=completion.model if completion else None,
-                reply_delivered=delivered,
-                cost=run.cost,
-                drop_reason="" if delivered else DROP_REPLY_PRODUCER_GONE,
-            ),
-            content=content_attributes(envelope, completion.body if completion else None)
-            if self.store_content
-            else None,
-        )
-
-    async def _call_backend(self, envelope: Envelope, endpoint: str) -> Any:
-        assert self.config is not None
-        timeout = self.settings.backend_timeout_s
-        if envelope.deadline is not None:
-            timeout = min(timeout, envelope.deadline - time.time())
-            if timeout <= 0:
-                raise RequestExpired(f"request {envelope.request_id} expired before its call started")
-        if not endpoint:
-            raise Rejected(f"fabric group {self.config.group_id} has no endpoint for pool {envelope.pool_id}")
-        api_key = self.secrets.get(self.config.api_key_env) if self.config.api_key_env else None
-        backend = self.backends.get(endpoint, api_key)
-        if not self.breakers.acquire(endpoint):
-            raise BreakerOpen(f"the circuit breaker of {redact_url(endpoint)} is open")
-        try:
-            completion = await backend.complete(envelope.call.to_openai(), timeout_s=timeout)
-        except DispatchError as exc:
-            self.breakers.record(endpoint, exc)
-            raise
-        self.breakers.record(endpoint, None)
-        return completion
-
-    async def _finish(self, run: Running, reply: bytes) -> bool:
-        """Delivers the reply (if the producer is alive) and releases the lease, retrying Valkey briefly."""
-        delay = self.settings.reconnect_backoff_s[0]
-        for attempt in range(5):
-            try:
-                delivered = await self.queue.finish(
-                    pool_id=run.pool_id,
-                    producer_id=run.envelope.producer_id,
-                    member=run.member,
-                    reply=reply,
-                    reply_ttl_s=self.settings.reply_ttl_s,
-                )
-            except REDIS_ERRORS as exc:
-                self._valkey_lost(exc)
-                if attempt == 4:
-                    self.stats.dropped[DROP_REPLY_UNDELIVERED] += 1
-                    return False
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.settings.reconnect_backoff_s[1])
-                continue
-            if not delivered:
-                self.stats.dropped[DROP_REPLY_PRODUCER_GONE] += 1
-            return delivered
-        return False
+            await self.executor.execute(run, self.config)
+        finally:
+            self.running.pop(run.envelope.request_id, None)
+            self._wake.set()
 
     # --- background helpers -----------------------------------------------------------------------
     async def _pause(self, seconds: float) -> bool:
@@ -542,50 +425,14 @@ class Dispatcher:
             await asyncio.wait_for(self._finished.wait(), seconds)
         return self._finished.is_set()
 
-    async def _listen(self) -> None:
-        """Wake-ups from producers and config-change notices; falls back to polling while broken."""
-        while not self._finished.is_set():
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-            try:
-                await self._subscribe(pubsub)
-                last_poll = time.monotonic()
-                while not self._finished.is_set():
-                    message = await pubsub.get_message(timeout=CONFIG_POLL_S)
-                    if message is not None:
-                        self._on_message(message)
-                    if self._config_changed.is_set():
-                        self._config_changed.clear()
-                        await self._subscribe(pubsub)
-                    if time.monotonic() - last_poll >= CONFIG_POLL_S:
-                        last_poll = time.monotonic()
-                        await self._reload_config()
-            except REDIS_ERRORS as exc:
-                self._valkey_lost(exc)
-                self._subscribed = frozenset()
-                await self._pause(self.settings.reconnect_backoff_s[0] * 5)
-            finally:
-                with contextlib.suppress(*REDIS_ERRORS):
-                    await pubsub.aclose()
-
-    async def _subscribe(self, pubsub: Any) -> None:
+    def _channels(self) -> frozenset[str]:
+        """The config channel and one wake-up channel per enabled pool."""
         assert self.config is not None
-        wanted = frozenset(
-            [self.keys.config_channel(self.settings.group_id)]
-            + [self.keys.wake_channel(p.pool_id) for p in self.config.enabled_pools]
-        )
-        if wanted == self._subscribed:
-            return
-        if stale := self._subscribed - wanted:
-            await pubsub.unsubscribe(*stale)
-        if new := wanted - self._subscribed:
-            await pubsub.subscribe(*new)
-        self._subscribed = wanted
+        pools = [self.keys.wake_channel(p.pool_id) for p in self.config.enabled_pools]
+        return frozenset([self.keys.config_channel(self.settings.group_id), *pools])
 
-    def _on_message(self, message: Mapping[str, Any]) -> None:
-        channel = message.get("channel", b"")
-        channel = channel.decode() if isinstance(channel, bytes) else str(channel)
+    def _on_message(self, channel: str, data: bytes) -> None:
         if channel == self.keys.config_channel(self.settings.group_id):
-            data = message.get("data")
             if data:
                 with contextlib.suppress(DispatchError):
                     self.apply_config(GroupConfig.decode(data))
@@ -608,35 +455,5 @@ class Dispatcher:
         return build_snapshot(self, now=time.time())
 
     async def _publish_snapshot_once(self) -> None:
-        if self.config is None:
-            return
-        snap = self.snapshot()
-        deltas = self.stats.unflushed()
-        try:
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.set(
-                    self.keys.snapshot(self.settings.group_id, self.identity.dispatcher_id),
-                    orjson.dumps(snap),
-                    px=int(self.settings.snapshot_ttl_s * 1000),
-                )
-                for name, delta in deltas.items():
-                    pipe.hincrby(self.keys.counters(self.settings.group_id), name, delta)
-                await pipe.execute()
-        except REDIS_ERRORS as exc:
-            self.stats.restore(deltas)
-            self._valkey_lost(exc)
-        if self.snapshot_sink is not None and self._snapshot_changed(snap):
-            try:
-                await self.snapshot_sink(snap)
-            except Exception as exc:  # the live feed must never stop dispatch
-                log.warning("snapshot sink failed: %s", exc)
-
-    def _snapshot_changed(self, snap: dict[str, Any]) -> bool:
-        """Publish live events on change, and at least every few seconds as a heartbeat."""
-        significant = {k: v for k, v in snap.items() if k not in ("at", "active")}
-        significant["active"] = [(a["request_id"], a["stage"]) for a in snap["active"]]
-        now = time.monotonic()
-        if significant == self._last_published and now - self._last_published_at < HEARTBEAT_S:
-            return False
-        self._last_published, self._last_published_at = significant, now
-        return True
+        if self.config is not None:
+            await self.publisher.publish(self.snapshot(), self.stats)

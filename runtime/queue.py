@@ -145,10 +145,3 @@ class QueueOps:
                     client=pipe,
                 )
             await pipe.execute()
-
-    async def add_counters(self, deltas: dict[str, int]) -> None:
-        if deltas:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for name, delta in deltas.items():
-                    pipe.hincrby(self.keys.counters(self.group_id), name, delta)
-                await pipe.execute()

@@ -7,15 +7,28 @@ group; ``SNAPSHOT_SCHEMA`` changes when a field changes meaning.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import orjson
+import redis.asyncio as aioredis
+
+from runtime.keys import KeySpace
+from runtime.producer import REDIS_ERRORS
 from runtime.redact import redact_url
+from runtime.stats import DispatcherStats
 
 if TYPE_CHECKING:
     from runtime.dispatcher import Dispatcher
 
+log = logging.getLogger(__name__)
+SnapshotSink = Callable[[dict[str, Any]], Awaitable[None]]
 SNAPSHOT_SCHEMA = 1
 MAX_ACTIVE_LISTED = 50
+HEARTBEAT_S = 2.0
 
 
 def build_snapshot(dispatcher: Dispatcher, *, now: float) -> dict[str, Any]:
@@ -89,3 +102,69 @@ def build_snapshot(dispatcher: Dispatcher, *, now: float) -> dict[str, Any]:
             for run in active
         ],
     }
+
+
+class SnapshotPublisher:
+    """Keeps a dispatcher's latest snapshot in Valkey (with a TTL, so a dead dispatcher disappears),
+    flushes its counters into the group's hash, and sends live events when something changed."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        keys: KeySpace,
+        *,
+        group_id: str,
+        dispatcher_id: str,
+        ttl_s: float,
+        sink: SnapshotSink | None,
+        on_error: Callable[[BaseException], None],
+    ) -> None:
+        self.client = client
+        self.key = keys.snapshot(group_id, dispatcher_id)
+        self.counters_key = keys.counters(group_id)
+        self.ttl_ms = int(ttl_s * 1000)
+        self.sink = sink
+        self.on_error = on_error
+        self._last_sent: dict[str, Any] = {}
+        self._last_sent_at = 0.0
+
+    def __repr__(self) -> str:
+        return f"<SnapshotPublisher {self.key} sink={'yes' if self.sink else 'no'}>"
+
+    async def publish(self, snap: dict[str, Any], stats: DispatcherStats) -> None:
+        deltas = stats.unflushed()
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.set(self.key, orjson.dumps(snap), px=self.ttl_ms)
+                for name, delta in deltas.items():
+                    pipe.hincrby(self.counters_key, name, delta)
+                await pipe.execute()
+        except REDIS_ERRORS as exc:
+            stats.restore(deltas)
+            self.on_error(exc)
+        if self.sink is not None and self._changed(snap):
+            try:
+                await self.sink(snap)
+            except Exception as exc:  # the live feed must never stop dispatch
+                log.warning("snapshot sink failed: %s", exc)
+
+    async def withdraw(self, stats: DispatcherStats) -> None:
+        """On a clean stop: the snapshot goes at once, the last counters are flushed."""
+        with contextlib.suppress(*REDIS_ERRORS):
+            await self.client.delete(self.key)
+            deltas = stats.unflushed()
+            if deltas:
+                async with self.client.pipeline(transaction=False) as pipe:
+                    for name, delta in deltas.items():
+                        pipe.hincrby(self.counters_key, name, delta)
+                    await pipe.execute()
+
+    def _changed(self, snap: dict[str, Any]) -> bool:
+        """Live events on change, and at least every few seconds as a heartbeat."""
+        significant = {k: v for k, v in snap.items() if k not in ("at", "active")}
+        significant["active"] = [(a["request_id"], a["stage"]) for a in snap["active"]]
+        now = time.monotonic()
+        if significant == self._last_sent and now - self._last_sent_at < HEARTBEAT_S:
+            return False
+        self._last_sent, self._last_sent_at = significant, now
+        return True

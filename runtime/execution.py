@@ -1,0 +1,193 @@
+"""Running one claimed request to its end: the backend call, the reply, the lease, the span.
+
+The call is bounded by the request's deadline and gated by its endpoint's circuit breaker; the reply
+goes out only if the producer is still alive (one atomic script that also releases the lease); every
+outcome is counted and recorded as a span. Nothing here decides *what* runs: that is the scheduler's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import trace
+
+from runtime.adapter import BackendPool, Completion
+from runtime.backend_health import EndpointBreakers
+from runtime.config import DispatcherSettings
+from runtime.contract import STATUS_ERROR, STATUS_OK, Envelope, Reply, Timing
+from runtime.errors import BreakerOpen, DispatchError, Rejected, RequestExpired
+from runtime.groupconfig import GroupConfig
+from runtime.producer import REDIS_ERRORS
+from runtime.queue import QueueOps
+from runtime.redact import redact_url
+from runtime.spans import Identity, Outcome, content_attributes, record_span
+from runtime.stats import DROP_REPLY_PRODUCER_GONE, DROP_REPLY_UNDELIVERED, DispatcherStats
+
+log = logging.getLogger(__name__)
+FINISH_ATTEMPTS = 5
+
+
+@dataclass(slots=True)
+class Running:
+    """One request this dispatcher is executing."""
+
+    envelope: Envelope
+    pool_id: str
+    member: str
+    cost: int
+    started_at: float
+    stage: str = "executing"
+
+
+class Executor:
+    """Executes claimed requests for one dispatcher; shares its counters, breakers and backends."""
+
+    def __init__(
+        self,
+        *,
+        queue: QueueOps,
+        settings: DispatcherSettings,
+        backends: BackendPool,
+        breakers: EndpointBreakers,
+        stats: DispatcherStats,
+        tracer: trace.Tracer,
+        identity: Identity,
+        secrets: Mapping[str, str],
+        store_content: bool,
+        on_valkey_error: Callable[[BaseException], None],
+    ) -> None:
+        self.queue = queue
+        self.settings = settings
+        self.backends = backends
+        self.breakers = breakers
+        self.stats = stats
+        self.tracer = tracer
+        self.identity = identity
+        self.secrets = secrets
+        self.store_content = store_content
+        self.on_valkey_error = on_valkey_error
+
+    async def execute(self, run: Running, config: GroupConfig) -> None:
+        """Calls the backend, replies, releases the lease and records the span; never raises."""
+        envelope = run.envelope
+        endpoint = config.endpoint_for(run.pool_id)
+        started = time.time()
+        completion: Completion | None = None
+        error: DispatchError | None = None
+        try:
+            completion = await self._call_backend(envelope, endpoint, config)
+        except DispatchError as exc:
+            error = exc
+        except asyncio.CancelledError:
+            error = Rejected("the dispatcher shut down before the call finished")
+        except Exception as exc:  # a bug must still answer the producer and free the slot
+            log.exception("unexpected error executing request %s", envelope.request_id)
+            error = DispatchError(f"internal dispatcher error: {exc}")
+        ended = time.time()
+        run.stage = "replying"
+        delivered = await self._finish(run, self._reply(envelope, completion, error, started, ended))
+        self._record(run, endpoint, completion, error, started, ended, delivered)
+
+    def _reply(
+        self,
+        envelope: Envelope,
+        completion: Completion | None,
+        error: DispatchError | None,
+        started: float,
+        ended: float,
+    ) -> bytes:
+        timing = Timing(
+            max(0.0, started - envelope.enqueued_at), ended - started, max(0.0, ended - envelope.enqueued_at)
+        )
+        if error is None and completion is not None:
+            self.stats.completed += 1
+            return Reply(envelope.request_id, STATUS_OK, completion=completion.body, timing=timing).encode()
+        assert error is not None
+        self.stats.failed[error.error_type] += 1
+        return Reply(
+            envelope.request_id,
+            STATUS_ERROR,
+            error_type=error.error_type,
+            error_message=str(error),
+            timing=timing,
+        ).encode()
+
+    async def _call_backend(self, envelope: Envelope, endpoint: str, config: GroupConfig) -> Completion:
+        timeout = self.settings.backend_timeout_s
+        if envelope.deadline is not None:
+            timeout = min(timeout, envelope.deadline - time.time())
+            if timeout <= 0:
+                raise RequestExpired(f"request {envelope.request_id} expired before its call started")
+        if not endpoint:
+            raise Rejected(f"fabric group {config.group_id} has no endpoint for pool {envelope.pool_id}")
+        api_key = self.secrets.get(config.api_key_env) if config.api_key_env else None
+        backend = self.backends.get(endpoint, api_key)
+        if not self.breakers.acquire(endpoint):
+            raise BreakerOpen(f"the circuit breaker of {redact_url(endpoint)} is open")
+        try:
+            completion = await backend.complete(envelope.call.to_openai(), timeout_s=timeout)
+        except DispatchError as exc:
+            self.breakers.record(endpoint, exc)
+            raise
+        self.breakers.record(endpoint, None)
+        return completion
+
+    async def _finish(self, run: Running, reply: bytes) -> bool:
+        """Delivers the reply (if the producer is alive) and releases the lease, retrying Valkey briefly."""
+        delay, max_delay = self.settings.reconnect_backoff_s
+        for attempt in range(FINISH_ATTEMPTS):
+            try:
+                delivered = await self.queue.finish(
+                    pool_id=run.pool_id,
+                    producer_id=run.envelope.producer_id,
+                    member=run.member,
+                    reply=reply,
+                    reply_ttl_s=self.settings.reply_ttl_s,
+                )
+            except REDIS_ERRORS as exc:
+                self.on_valkey_error(exc)
+                if attempt == FINISH_ATTEMPTS - 1:
+                    self.stats.dropped[DROP_REPLY_UNDELIVERED] += 1
+                    return False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, max_delay)
+                continue
+            if not delivered:
+                self.stats.dropped[DROP_REPLY_PRODUCER_GONE] += 1
+            return delivered
+        return False
+
+    def _record(
+        self,
+        run: Running,
+        endpoint: str,
+        completion: Completion | None,
+        error: DispatchError | None,
+        started: float,
+        ended: float,
+        delivered: bool,
+    ) -> None:
+        usage = completion.usage if completion is not None else None
+        outcome = Outcome(
+            STATUS_OK if error is None else STATUS_ERROR,
+            started,
+            ended,
+            backend_url=redact_url(endpoint),
+            error_type=error.error_type if error else "",
+            error_message=str(error) if error else "",
+            input_tokens=usage.input_tokens if usage else None,
+            output_tokens=usage.output_tokens if usage else None,
+            response_model=completion.model if completion else None,
+            reply_delivered=delivered,
+            cost=run.cost,
+            drop_reason="" if delivered else DROP_REPLY_PRODUCER_GONE,
+        )
+        content: dict[str, Any] | None = None
+        if self.store_content:
+            content = content_attributes(run.envelope, completion.body if completion else None)
+        record_span(self.tracer, run.envelope, self.identity, outcome, content=content)
