@@ -1,7 +1,7 @@
 """An OpenAI-compatible backend simulator: a real HTTP/1.1 server for tests, demos and benchmarks.
 
 It speaks just enough HTTP/1.1 (keep-alive, ``Content-Length`` bodies; chunked request bodies are
-refused with 411) on ``asyncio.start_server`` and answers:
+refused with 411; see :mod:`runtime.http11`) and answers:
 
 * ``POST /v1/chat/completions``: a non-streaming ``chat.completion`` with ``usage`` in every answer;
 * ``GET /v1/models``, ``GET /health``;
@@ -32,31 +32,14 @@ from typing import Any
 
 import orjson
 
+from runtime.http11 import JSON, HTTP11Server
+
 CHAT_PATH = "/v1/chat/completions"
 KNOWN_PATHS = (CHAT_PATH, "/v1/models", "/health", "/metrics")
 OTHER_PATH = "other"
 # Keys of the per-request ``"sim"`` test hook.
 SIM_KEYS = frozenset({"latency_ms", "status", "message", "invalid_body", "completion_tokens"})
 
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    408: "Request Timeout",
-    409: "Conflict",
-    411: "Length Required",
-    413: "Content Too Large",
-    422: "Unprocessable Content",
-    429: "Too Many Requests",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    502: "Bad Gateway",
-    503: "Service Unavailable",
-    504: "Gateway Timeout",
-}
 _ERROR_KINDS = {
     400: ("invalid_request_error", "invalid_request"),
     401: ("authentication_error", "invalid_api_key"),
@@ -69,7 +52,6 @@ _ERROR_KINDS = {
     422: ("invalid_request_error", "unprocessable"),
     429: ("rate_limit_error", "rate_limit_exceeded"),
 }
-_JSON = b"application/json"
 
 
 @dataclass(frozen=True)
@@ -124,19 +106,6 @@ def error_body(status: int, message: str) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
 
 
-def _response(status: int, body: bytes, content_type: bytes = _JSON, *, close: bool = False) -> bytes:
-    reason = _REASONS.get(status, "Unknown").encode()
-    head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n" % (
-        status,
-        reason,
-        content_type,
-        len(body),
-    )
-    if close:
-        head += b"Connection: close\r\n"
-    return head + b"\r\n" + body
-
-
 def _text_of(content: Any) -> tuple[str, int]:
     """The text of a message's content and its number of image parts."""
     if isinstance(content, str):
@@ -163,14 +132,6 @@ def estimate_prompt(messages: list[Any]) -> tuple[int, str]:
     return tokens, last
 
 
-class _HTTPError(Exception):
-    """An early HTTP-level refusal; the connection is closed after it."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 @dataclass
 class _Counters:
     requests_total: int = 0
@@ -190,8 +151,7 @@ class SimulatorServer:
         self.host = host
         self._requested_port = port
         self.port: int | None = None
-        self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._server: HTTP11Server | None = None
         self._rng = random.Random(self.config.seed)
         self._counters = _Counters()
         self._running = 0
@@ -216,21 +176,18 @@ class SimulatorServer:
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("simulator already started")
-        self._server = await asyncio.start_server(
-            self._serve_connection, self.host, self._requested_port, backlog=1024
+        self._server = HTTP11Server(
+            self._handle,
+            error_body=error_body,
+            on_refused=self._count_error,
+            max_body_bytes=self.config.max_body_bytes,
         )
-        self.port = self._server.sockets[0].getsockname()[1]
+        self.port = await self._server.start(self.host, self._requested_port)
 
     async def stop(self) -> None:
         server, self._server = self._server, None
-        if server is None:
-            return
-        server.close()
-        for task in list(self._connections):
-            task.cancel()
-        if self._connections:
-            await asyncio.gather(*self._connections, return_exceptions=True)
-        await server.wait_closed()
+        if server is not None:
+            await server.stop()
 
     async def __aenter__(self) -> SimulatorServer:
         await self.start()
@@ -312,91 +269,35 @@ class SimulatorServer:
             f"errors={self._counters.errors_total}>"
         )
 
-    # -- HTTP ---------------------------------------------------------------------------------------
+    # -- requests ---------------------------------------------------------------------------------
 
-    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
-        try:
-            while await self._serve_one(reader, writer):
-                await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass  # the client went away mid-request
-        except asyncio.CancelledError:
-            pass  # server stopping
-        finally:
-            self._connections.discard(task)
-            writer.close()
-
-    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """Read one request and write its response; False when the connection must close."""
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError:
-            return False  # clean close between requests
-        except asyncio.LimitOverrunError:
-            writer.write(self._error_response(431, "request headers too large", close=True))
-            return False
-        try:
-            method, path, length, keep_alive = self._parse_head(head)
-            body = await reader.readexactly(length) if length else b""
-        except _HTTPError as exc:
-            writer.write(self._error_response(exc.status, str(exc), close=True))
-            return False
+    async def _handle(self, method: str, path: str, body: bytes) -> tuple[int, bytes, bytes]:
         counters = self._counters
         counters.requests_total += 1
-        key = path if path in counters.by_path else OTHER_PATH
-        counters.by_path[key] += 1
+        counters.by_path[path if path in counters.by_path else OTHER_PATH] += 1
         status, payload, content_type = await self._route(method, path, body)
         if status >= 400:
-            counters.errors_total += 1
-            counters.errors_by_status[status] = counters.errors_by_status.get(status, 0) + 1
-        writer.write(_response(status, payload, content_type, close=not keep_alive))
-        return keep_alive
+            self._count_error(status)
+        return status, payload, content_type
 
-    def _parse_head(self, head: bytes) -> tuple[str, str, int, bool]:
-        lines = head[:-4].split(b"\r\n")
-        try:
-            method, target, version = lines[0].decode("latin-1").split(" ")
-        except ValueError:
-            raise _HTTPError(400, "malformed request line") from None
-        keep_alive = version == "HTTP/1.1"
-        length = 0
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    raise _HTTPError(400, "invalid Content-Length") from None
-                if length < 0:
-                    raise _HTTPError(400, "invalid Content-Length")
-            elif name == b"transfer-encoding":
-                raise _HTTPError(411, "chunked request bodies are not supported; send Content-Length")
-            elif name == b"connection":
-                token = value.strip().lower()
-                keep_alive = token == b"keep-alive" or (keep_alive and token != b"close")
-        if length > self.config.max_body_bytes:
-            raise _HTTPError(413, f"request body over {self.config.max_body_bytes} bytes")
-        path = target.partition("?")[0]
-        return method, path, length, keep_alive
+    def _count_error(self, status: int) -> None:
+        self._counters.errors_total += 1
+        self._counters.errors_by_status[status] = self._counters.errors_by_status.get(status, 0) + 1
 
     async def _route(self, method: str, path: str, body: bytes) -> tuple[int, bytes, bytes]:
         if path == CHAT_PATH:
             if method != "POST":
-                return 405, error_body(405, f"{method} not allowed on {path}; use POST"), _JSON
+                return 405, error_body(405, f"{method} not allowed on {path}; use POST"), JSON
             return await self._chat(body)
         if path in ("/v1/models", "/health", "/metrics") and method != "GET":
-            return 405, error_body(405, f"{method} not allowed on {path}; use GET"), _JSON
+            return 405, error_body(405, f"{method} not allowed on {path}; use GET"), JSON
         if path == "/v1/models":
-            return 200, self._models_body, _JSON
+            return 200, self._models_body, JSON
         if path == "/health":
-            return 200, b'{"status":"ok"}', _JSON
+            return 200, b'{"status":"ok"}', JSON
         if path == "/metrics":
             return 200, self.metrics_text().encode(), b"text/plain; version=0.0.4; charset=utf-8"
-        return 404, error_body(404, f"no route for {method} {path}"), _JSON
+        return 404, error_body(404, f"no route for {method} {path}"), JSON
 
     # -- chat completions ----------------------------------------------------------------------------
 
@@ -404,10 +305,10 @@ class SimulatorServer:
         try:
             request = orjson.loads(body)
         except orjson.JSONDecodeError:
-            return 400, error_body(400, "request body is not valid JSON"), _JSON
+            return 400, error_body(400, "request body is not valid JSON"), JSON
         problem = _check_request(request)
         if problem:
-            return 400, error_body(400, problem), _JSON
+            return 400, error_body(400, problem), JSON
         sim = request.get("sim") or {}
         delay = self._latency_s(sim)
         status, message = self._outcome(sim)
@@ -421,7 +322,7 @@ class SimulatorServer:
             if status:
                 if delay > 0:
                     await asyncio.sleep(delay)
-                return status, error_body(status, message), _JSON
+                return status, error_body(status, message), JSON
             prompt_tokens, last_text = estimate_prompt(request["messages"])
             completion_tokens, finish = self._completion_tokens(request, sim)
             tps = self.config.tokens_per_second
@@ -431,7 +332,7 @@ class SimulatorServer:
                 await asyncio.sleep(delay)
             if sim.get("invalid_body"):
                 return 200, b"<html>simulated garbage, not a chat completion</html>", b"text/html"
-            return 200, self._completion(request, prompt_tokens, completion_tokens, finish, last_text), _JSON
+            return 200, self._completion(request, prompt_tokens, completion_tokens, finish, last_text), JSON
         finally:
             self._release()
             self._active_by_model[model] -= 1
@@ -560,11 +461,6 @@ class SimulatorServer:
         ]
         lines += [f'sim_errors_total{{status="{s}"}} {n}' for s, n in sorted(c.errors_by_status.items())]
         return "\n".join(lines) + "\n"
-
-    def _error_response(self, status: int, message: str, *, close: bool) -> bytes:
-        self._counters.errors_total += 1
-        self._counters.errors_by_status[status] = self._counters.errors_by_status.get(status, 0) + 1
-        return _response(status, error_body(status, message), close=close)
 
 
 def _check_request(request: Any) -> str:
