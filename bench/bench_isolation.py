@@ -9,7 +9,9 @@ request every 40 ms. Scenarios, each with a fresh key space and dispatcher proce
 
 * ``no flood``: DRR, interactive alone (the baseline);
 * ``DRR``: DRR 1:1, backfill may use every slot (work-conserving);
-* ``DRR, headroom``: the same, with backfill ``max_concurrent`` = total - 1;
+* ``DRR, protected slot``: the same, with interactive ``min_concurrent`` = 1: backfill still gets every
+  slot while interactive is idle, but a freed slot goes to interactive as soon as it has backlog;
+* ``DRR, headroom``: DRR 1:1 with backfill ``max_concurrent`` = total - 1;
 * ``FIFO``: FIFO over both pools.
 
 Queue wait is what the dispatcher reports in the reply (call start - enqueued_at).
@@ -46,21 +48,23 @@ TOTAL = 4
 LATENCY_MS = 10
 INTERVAL_S = 0.04
 TARGET_RATIO = 2.0
+# name: (policy, flooded, backfill max_concurrent, interactive min_concurrent)
 SCENARIOS = {
-    "no flood (DRR)": ("drr", False, TOTAL),
-    "DRR + flood": ("drr", True, TOTAL),
-    "DRR + flood, headroom": ("drr", True, TOTAL - 1),
-    "FIFO + flood": ("fifo", True, TOTAL),
+    "no flood (DRR)": ("drr", False, TOTAL, 0),
+    "DRR + flood": ("drr", True, TOTAL, 0),
+    "DRR + flood, protected slot": ("drr", True, TOTAL, 1),
+    "DRR + flood, headroom": ("drr", True, TOTAL - 1, 0),
+    "FIFO + flood": ("fifo", True, TOTAL, 0),
 }
 
 
 async def one_run(valkey_url: str, sim_url: str, scenario: str, calls: int, flood: int) -> dict:
-    policy, flooded, backfill_max = SCENARIOS[scenario]
+    policy, flooded, backfill_max, interactive_min = SCENARIOS[scenario]
     keys = new_keys()
     config = group(
         sim_url,
         [
-            PoolConfig("interactive", quantum=1, max_concurrent=TOTAL),
+            PoolConfig("interactive", quantum=1, max_concurrent=TOTAL, min_concurrent=interactive_min),
             PoolConfig("backfill", quantum=1, max_concurrent=backfill_max),
         ],
         policy=policy,
@@ -99,7 +103,7 @@ async def one_run(valkey_url: str, sim_url: str, scenario: str, calls: int, floo
 
 
 async def measure(quick: bool, runs: int) -> dict[str, list[dict]]:
-    calls, flood = (25, 600) if quick else (75, 3000)
+    calls, flood = (25, 600) if quick else (200, 6000)
     results: dict[str, list[dict]] = {name: [] for name in SCENARIOS}
     with (
         private_valkey() as valkey_url,
