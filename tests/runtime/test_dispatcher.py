@@ -313,3 +313,19 @@ async def test_group_with_queueing_disabled_is_called_directly(aredis, keys, sim
     assert result.completion["choices"] and result.timing.queue_wait_s == 0
     assert sim.completions_total == 1
     assert await aredis.llen(keys.requests("default")) == 1
+
+
+async def test_a_reply_after_the_timeout_is_counted_and_discarded(aredis, keys, sim) -> None:
+    async with (
+        running_dispatcher(aredis, keys, one_pool_group(sim.url)) as dispatcher,
+        Producer(aredis, keys=keys) as producer,
+    ):
+        with pytest.raises(RequestTimeout):
+            await producer.submit(slow_call(600), pool_id="default", timeout=0.3)
+        assert producer.waiting == 0  # the timed-out waiter is gone at once
+        await wait_until(lambda: producer.stats.late_replies == 1, timeout=5)
+        result = await producer.submit(CALL, pool_id="default", timeout=5)  # later calls are unaffected
+    assert result.completion["choices"] and dispatcher.stats.completed == 1
+    # The time left before the deadline bounded the slow backend call: its error reply came late.
+    assert dispatcher.stats.failed["backend_timeout"] == 1
+    assert await aredis.llen(keys.replies(producer.producer_id)) == 0
