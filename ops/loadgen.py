@@ -14,8 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from runtime.contract import Metadata
-from runtime.errors import DispatchError
+from runtime.errors import DispatchError, ProducerClosed
 from runtime.producer import Producer
+
+CLOSED = ProducerClosed.error_type  # in flight when the load generator stopped: not a failure
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +79,13 @@ class LoadStats:
         for pool in sorted(self.sent):
             waits = sorted(self.wait_s.get(pool, [])[-200:])
             p50 = f"{waits[len(waits) // 2] * 1000:.0f}ms" if waits else "-"
-            fails = sum(v for k, v in self.failed.items() if k.startswith(pool + ":"))
-            parts.append(f"{pool}: sent {self.sent[pool]} ok {self.ok[pool]} failed {fails} wait p50 {p50}")
+            fails = sum(
+                v for k, v in self.failed.items() if k.startswith(pool + ":") and k != f"{pool}:{CLOSED}"
+            )
+            line = f"{pool}: sent {self.sent[pool]} ok {self.ok[pool]} failed {fails} wait p50 {p50}"
+            if self.failed[f"{pool}:{CLOSED}"]:
+                line += f" cancelled at stop {self.failed[f'{pool}:{CLOSED}']}"
+            parts.append(line)
         return " | ".join(parts)
 
 
