@@ -345,12 +345,3 @@ class Reply:
                 timing=Timing.from_json(data.get("timing", {})),
             )
         raise _fail(f"reply.status must be {STATUS_OK!r} or {STATUS_ERROR!r}, got {status!r}")
-
-
-def usage_from_completion(completion: Mapping[str, Any]) -> tuple[int | None, int | None]:
-    """(input_tokens, output_tokens) from an OpenAI completion body, when it reports them."""
-    usage = completion.get("usage")
-    if not isinstance(usage, dict):
-        return None, None
-    prompt, output = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    return (prompt if isinstance(prompt, int) else None, output if isinstance(output, int) else None)

@@ -25,7 +25,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from opentelemetry import trace
 
-from runtime import groupconfig, scheduler
+from runtime import groupconfig, scheduler, scripts
 from runtime.adapter import BackendPool
 from runtime.backend_health import EndpointBreakers
 from runtime.config import DispatcherSettings
@@ -36,11 +36,11 @@ from runtime.groupconfig import GroupConfig
 from runtime.keys import DEFAULT_KEYS, KeySpace
 from runtime.listener import ChangeListener
 from runtime.peek import PeekCache, PeekedItem
-from runtime.producer import REDIS_ERRORS
 from runtime.queue import ClaimRequest, QueueOps, QueueView, lease_member
 from runtime.snapshot import SnapshotPublisher, SnapshotSink, build_snapshot
 from runtime.spans import Identity, Outcome, record_span
 from runtime.stats import DROP_EXPIRED, DROP_MALFORMED, DROP_PRODUCER_GONE, DispatcherStats
+from runtime.valkey import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
 CONFIG_POLL_S = 1.0
@@ -310,7 +310,7 @@ class Dispatcher:
         now = time.time()
         for (item, reason), (code, _) in zip(drops, results, strict=True):
             self._peek.forget(item.raw)
-            if code != "dropped":
+            if code != scripts.CLAIM_DROPPED:
                 continue
             self.stats.dropped[reason] += 1
             if item.envelope is None:
@@ -374,12 +374,12 @@ class Dispatcher:
     ) -> None:
         envelope = item.envelope
         assert envelope is not None
-        if code == "claimed":
+        if code == scripts.CLAIMED:
             self._peek.forget(item.raw)
             self._start(envelope, launch.pool_id, request.lease_member, launch.cost)
             return
         scheduler.refund(self._state, launch)
-        if code == "producer_gone":
+        if code == scripts.CLAIM_PRODUCER_GONE:
             self._peek.forget(item.raw)
             self.stats.dropped[DROP_PRODUCER_GONE] += 1
             now = time.time()

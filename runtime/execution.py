@@ -22,11 +22,11 @@ from runtime.config import DispatcherSettings
 from runtime.contract import STATUS_ERROR, STATUS_OK, Envelope, Reply, Timing
 from runtime.errors import BreakerOpen, DispatchError, Rejected, RequestExpired
 from runtime.groupconfig import GroupConfig
-from runtime.producer import REDIS_ERRORS
 from runtime.queue import QueueOps
 from runtime.redact import redact_url
 from runtime.spans import Identity, Outcome, content_attributes, record_span
 from runtime.stats import DROP_REPLY_PRODUCER_GONE, DROP_REPLY_UNDELIVERED, DispatcherStats
+from runtime.valkey import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
 FINISH_ATTEMPTS = 5

@@ -25,8 +25,6 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from runtime import semconv
 from runtime.adapter import BackendPool, OpenAIBackend
@@ -43,12 +41,11 @@ from runtime.errors import (
 )
 from runtime.groupconfig import GroupConfig
 from runtime.keys import DEFAULT_KEYS, KeySpace
-from runtime.valkey import connect
+from runtime.valkey import REDIS_ERRORS, connect
 
 log = logging.getLogger(__name__)
 _propagator = TraceContextTextMapPropagator()
 _T = TypeVar("_T")
-REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 _WAKE_SENTINEL = b"\x00wake"
 
 

@@ -17,9 +17,9 @@ import orjson
 import redis.asyncio as aioredis
 
 from runtime.keys import KeySpace
-from runtime.producer import REDIS_ERRORS
 from runtime.redact import redact_url
 from runtime.stats import DispatcherStats
+from runtime.valkey import REDIS_ERRORS
 
 if TYPE_CHECKING:
     from runtime.dispatcher import Dispatcher

@@ -7,6 +7,11 @@ thousand requests in flight should queue its commands on a few connections inste
 from __future__ import annotations
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+# What "Valkey is unreachable right now" looks like from redis-py: retry with backoff, never crash.
+REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 def connect(url: str, *, max_connections: int = 64, pool_timeout_s: float = 20.0) -> aioredis.Redis:

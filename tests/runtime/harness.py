@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -77,7 +76,3 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, inter
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(interval)
-
-
-def with_version(config: GroupConfig, **changes: Any) -> GroupConfig:
-    return replace(config, version=config.version + 1, **changes)
