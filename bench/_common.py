@@ -29,11 +29,12 @@ if str(ROOT) not in sys.path:
 
 import redis.asyncio as aioredis  # noqa: E402
 
-from runtime import embedded, groupconfig  # noqa: E402
-from runtime.contract import ChatCall, Envelope, Metadata  # noqa: E402
-from runtime.groupconfig import GroupConfig, PoolConfig  # noqa: E402
-from runtime.keys import KeySpace  # noqa: E402
-from runtime.valkey import connect  # noqa: E402
+from runtime.valkey import embedded  # noqa: E402
+from runtime.valkey.client import connect  # noqa: E402
+from runtime.wire import groupconfig  # noqa: E402
+from runtime.wire.contract import ChatCall, Envelope, Metadata  # noqa: E402
+from runtime.wire.groupconfig import GroupConfig, PoolConfig  # noqa: E402
+from runtime.wire.keys import KeySpace  # noqa: E402
 
 CALL = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -116,9 +117,9 @@ def stop_proc(proc: subprocess.Popen[str], timeout: float = 15.0) -> None:
 
 @contextlib.contextmanager
 def simulator_proc(*extra: str) -> Iterator[str]:
-    """``python -m runtime.simulator`` on a free port; yields its /v1 URL."""
+    """``python -m simulator.server`` on a free port; yields its /v1 URL."""
     port = embedded.free_port()
-    proc = spawn(["-m", "runtime.simulator", "--port", str(port), *extra])
+    proc = spawn(["-m", "simulator.server", "--port", str(port), *extra])
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()

@@ -16,9 +16,9 @@ import time
 import orjson
 
 from runtime.config import DispatcherSettings
-from runtime.dispatcher import Dispatcher
-from runtime.keys import KeySpace
-from runtime.valkey import connect
+from runtime.dispatch.dispatcher import Dispatcher
+from runtime.valkey.client import connect
+from runtime.wire.keys import KeySpace
 
 
 async def main(url: str, prefix: str, group_id: str, concurrency: int, dispatcher_id: str) -> None:

@@ -35,8 +35,8 @@ from bench._common import (
     simulator_proc,
     table,
 )
-from runtime.groupconfig import PoolConfig
 from runtime.producer import Producer
+from runtime.wire.groupconfig import PoolConfig
 
 SCENARIOS = {"4:1": (4, 1), "1:1:2:4": (1, 1, 2, 4)}
 GROUP_TOTAL = 8

@@ -41,8 +41,8 @@ from bench._common import (
     simulator_proc,
     table,
 )
-from runtime.groupconfig import PoolConfig
 from runtime.producer import Producer
+from runtime.wire.groupconfig import PoolConfig
 
 TOTAL = 4
 LATENCY_MS = 10

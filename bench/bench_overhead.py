@@ -31,9 +31,9 @@ from bench._common import (
     simulator_proc,
     table,
 )
-from runtime.adapter import OpenAIBackend
-from runtime.groupconfig import PoolConfig
+from runtime.backends.adapter import OpenAIBackend
 from runtime.producer import Producer
+from runtime.wire.groupconfig import PoolConfig
 
 LEVELS = (1, 16, 256)
 SLOTS = 256

@@ -2,7 +2,7 @@
 
 Run: ``python bench/bench_scale.py [--quick]``.
 
-* Decision cost: :func:`runtime.scheduler.decide` alone (see ``bench_scheduler.py``), µs per launch
+* Decision cost: :func:`runtime.policy.scheduler.decide` alone (see ``bench_scheduler.py``), µs per launch
   at 1, 10, 100 and 1,000 backlogged pools, against its own 1-pool figure (growth).
 * Memory: ``N`` typical envelopes pushed into one pool; ``INFO memory`` ``used_memory`` growth and
   ``MEMORY USAGE`` of the list, per request, against the envelope's own size (the baseline).
@@ -36,8 +36,8 @@ from bench._common import (
     simulator_proc,
     table,
 )
-from runtime.contract import ChatCall, Envelope
-from runtime.groupconfig import PoolConfig
+from runtime.wire.contract import ChatCall, Envelope
+from runtime.wire.groupconfig import PoolConfig
 
 SLOTS = 128
 TARGET_DECISION_US = 20.0

@@ -1,6 +1,6 @@
 """Scheduler decision cost as the number of backlogged pools grows.
 
-Run: ``python bench/bench_scheduler.py``. Times :func:`runtime.scheduler.decide` alone (observations
+Run: ``python bench/bench_scheduler.py``. Times :func:`runtime.policy.scheduler.decide` alone (observations
 are prebuilt and static: every pool stays backlogged with the same peeked heads, nothing is in flight,
 caps do not bind), and reports nanoseconds per launch decision -- the median over several runs of
 (total time of a batch of calls) / (launches they made) -- for 1, 10, 100 and 1,000 pools.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.scheduler import (
+from runtime.policy.scheduler import (
     GroupPolicy,
     HeadItem,
     PoolObservation,

@@ -29,9 +29,9 @@ from bench._common import (
     simulator_proc,
     table,
 )
-from runtime.adapter import OpenAIBackend
-from runtime.groupconfig import PoolConfig
+from runtime.backends.adapter import OpenAIBackend
 from runtime.producer import Producer
+from runtime.wire.groupconfig import PoolConfig
 
 CONCURRENCY = 256
 PER_DISPATCHER = 128

@@ -17,8 +17,7 @@ import orjson
 import redis
 
 from dispatch_project.connections import key_space, sync_client
-from runtime.keys import SNAPSHOT_TTL_S
-from runtime.stats import (
+from runtime.dispatch.stats import (
     DROP_EXPIRED,
     DROP_MALFORMED,
     DROP_PRODUCER_GONE,
@@ -26,6 +25,7 @@ from runtime.stats import (
     DROP_REPLY_PRODUCER_GONE,
     DROP_REPLY_UNDELIVERED,
 )
+from runtime.wire.keys import SNAPSHOT_TTL_S
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ import functools
 
 from django.conf import settings
 
-from runtime import embedded
-from runtime.keys import KeySpace
+from runtime.valkey import embedded
+from runtime.wire.keys import KeySpace
 
 
 @functools.cache

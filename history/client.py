@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from runtime.redact import redact_url
+from runtime.backends.redact import redact_url
 
 log = logging.getLogger(__name__)
 

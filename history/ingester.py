@@ -2,10 +2,10 @@
 
 A consumer-group reader. Each round it reads a batch with XREADGROUP, inserts it into ClickHouse in one
 INSERT, then XACKs it and trims the stream up to its oldest still-pending entry (so what the exporter's
-MAXLEN cap deletes later is exactly what was never stored; see ``runtime.tracing``). On start it first
-re-reads its own pending entries (``XREADGROUP ... 0``: a killed ingester's in-flight batch) and claims
-entries other consumers left pending for longer than ``claim_idle_s`` (XAUTOCLAIM). A crash between
-insert and XACK re-inserts that batch; the table's ReplacingMergeTree and ``FINAL`` reads remove the
+MAXLEN cap deletes later is exactly what was never stored; see ``runtime.telemetry.tracing``).
+On start it first re-reads its own pending entries (``XREADGROUP ... 0``: a killed ingester's
+in-flight batch) and claims entries other consumers left pending for longer than ``claim_idle_s``
+(XAUTOCLAIM). A crash between insert and XACK re-inserts that batch; the table's ReplacingMergeTree and
 duplicates (see ``history.schema``). With ClickHouse or Valkey down the batch stays pending in the
 stream and the ingester retries with exponential backoff.
 
@@ -29,8 +29,8 @@ import redis
 
 from history import schema
 from history.client import HistoryClient, HistoryUnavailable
-from runtime.keys import KeySpace
-from runtime.tracing import scrub_text, scrub_value
+from runtime.telemetry.tracing import scrub_text, scrub_value
+from runtime.wire.keys import KeySpace
 
 log = logging.getLogger(__name__)
 

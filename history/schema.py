@@ -18,7 +18,7 @@ so changing ``HISTORY_RETENTION_DAYS`` takes effect on the next start. Creation 
 from __future__ import annotations
 
 from history.client import HistoryClient
-from runtime import semconv
+from runtime.telemetry import semconv
 
 TABLE = "otel_traces"
 

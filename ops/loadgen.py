@@ -13,9 +13,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from runtime.contract import Metadata
 from runtime.errors import DispatchError, ProducerClosed
 from runtime.producer import Producer
+from runtime.wire.contract import Metadata
 
 CLOSED = ProducerClosed.error_type  # in flight when the load generator stopped: not a failure
 

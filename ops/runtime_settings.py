@@ -7,7 +7,7 @@ from typing import Any
 from django.conf import settings
 
 from runtime.config import DispatcherSettings, ProducerSettings
-from runtime.cost import CostModel
+from runtime.policy.cost import CostModel
 
 
 def cost_model() -> CostModel:

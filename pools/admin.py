@@ -15,7 +15,7 @@ from django.utils.html import format_html
 from pools import selectors, services
 from pools.forms import FabricGroupForm, PoolChangelistFormSet, PoolInlineFormSet, PoolRowForm
 from pools.models import FabricGroup, Pool
-from runtime.redact import redact_url
+from runtime.backends.redact import redact_url
 
 REPUBLISH_HINT = (
     "Running dispatchers keep their previous configuration; "

@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 
 from dispatch_project.connections import key_space, sync_client
 from pools.models import FabricGroup, Pool
-from runtime.groupconfig import GroupConfig, PoolConfig
+from runtime.wire.groupconfig import GroupConfig, PoolConfig
 
 log = logging.getLogger(__name__)
 

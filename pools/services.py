@@ -1,7 +1,7 @@
 """Writes to fabric groups and pools, and their publication to running dispatchers.
 
 Every write that changes what dispatchers should run is followed by :func:`group_publish`: one atomic
-script (runtime.groupconfig.PUBLISH_SCRIPT) stores the group's config JSON, rewrites the group's entries
+script (runtime.wire.groupconfig.PUBLISH_SCRIPT) stores the group's config JSON, rewrites the group's entries
 in the pool registry producers check at submit, and notifies the group's config channel. Publishing
 never raises: when Valkey cannot be reached the database write stands, the failure comes back as a
 :class:`PublishResult` with an error for the caller to show, and ``manage.py pools_publish`` repairs it.
@@ -21,9 +21,15 @@ from dispatch_project.connections import key_space, sync_client
 from pools import selectors
 from pools.models import FabricGroup, Pool
 from pools.validation import group_problems, pool_values
-from runtime.embedded import EmbeddedValkeyError
 from runtime.errors import DispatchError
-from runtime.groupconfig import PUBLISH_SCRIPT, UNPUBLISH_SCRIPT, GroupConfig, publish_args, unpublish_args
+from runtime.valkey.embedded import EmbeddedValkeyError
+from runtime.wire.groupconfig import (
+    PUBLISH_SCRIPT,
+    UNPUBLISH_SCRIPT,
+    GroupConfig,
+    publish_args,
+    unpublish_args,
+)
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Field rules (ids, URLs, env var names, per-pool numbers) live here with the messages operators see.
 Group rules (protected slots against the group total, duplicates) are the scheduler's own
-:func:`runtime.scheduler.validate_policy`, so the admin and the dispatcher agree on what is valid.
+:func:`runtime.policy.scheduler.validate_policy`, so the admin and the dispatcher agree on what is valid.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 
-from runtime.redact import url_has_credentials
-from runtime.scheduler import GroupPolicy, PoolPolicy, validate_policy
+from runtime.backends.redact import url_has_credentials
+from runtime.policy.scheduler import GroupPolicy, PoolPolicy, validate_policy
 
 ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 ID_RE = re.compile(ID_PATTERN)

@@ -10,10 +10,10 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from runtime import keys
-from runtime.breaker import BreakerPolicy
-from runtime.contract import DEFAULT_MAX_ENVELOPE_BYTES
-from runtime.cost import CostModel
+from runtime.backends.breaker import BreakerPolicy
+from runtime.policy.cost import CostModel
+from runtime.wire import keys
+from runtime.wire.contract import DEFAULT_MAX_ENVELOPE_BYTES
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,10 +26,8 @@ import redis.asyncio as aioredis
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from runtime import semconv
-from runtime.adapter import BackendPool, OpenAIBackend
+from runtime.backends.adapter import BackendPool, OpenAIBackend
 from runtime.config import ProducerSettings
-from runtime.contract import ChatCall, Envelope, Metadata, Reply, Timing
 from runtime.errors import (
     DispatchError,
     MalformedEnvelope,
@@ -39,9 +37,11 @@ from runtime.errors import (
     UnknownPool,
     error_from_type,
 )
-from runtime.groupconfig import GroupConfig
-from runtime.keys import DEFAULT_KEYS, KeySpace
-from runtime.valkey import REDIS_ERRORS, connect
+from runtime.telemetry import semconv
+from runtime.valkey.client import REDIS_ERRORS, connect
+from runtime.wire.contract import ChatCall, Envelope, Metadata, Reply, Timing
+from runtime.wire.groupconfig import GroupConfig
+from runtime.wire.keys import DEFAULT_KEYS, KeySpace
 
 log = logging.getLogger(__name__)
 _propagator = TraceContextTextMapPropagator()

@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 
 from dispatch_project import connections
 from pools.models import FabricGroup, Pool
-from runtime.keys import KeySpace
+from runtime.wire.keys import KeySpace
 
 
 @pytest.fixture(autouse=True)

@@ -7,9 +7,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from runtime.dispatcher import Dispatcher
-from runtime.groupconfig import GroupConfig, PoolConfig
-from runtime.keys import KeySpace
+from runtime.dispatch.dispatcher import Dispatcher
+from runtime.wire.groupconfig import GroupConfig, PoolConfig
+from runtime.wire.keys import KeySpace
 from tests.runtime.harness import running_dispatcher
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.embedded import free_port
 from runtime.producer import Producer
+from runtime.valkey.embedded import free_port
 from tests.runtime.harness import slow_call
 
 ROOT = Path(__file__).resolve().parents[2]

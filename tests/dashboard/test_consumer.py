@@ -15,7 +15,7 @@ from django.contrib.auth.models import AnonymousUser
 from dashboard.publisher import snapshot_sink
 from dashboard.routing import websocket_urlpatterns
 from runtime.producer import Producer
-from runtime.simulator import SimulatorConfig, SimulatorServer
+from simulator.server import SimulatorConfig, SimulatorServer
 from tests.dashboard.live import dispatcher_running, two_pools
 from tests.runtime.harness import CALL
 

@@ -15,8 +15,8 @@ from dashboard.selectors import (
     merge_snapshots,
     with_configured_pools,
 )
-from runtime.keys import SNAPSHOT_TTL_S
-from runtime.stats import DROP_REASONS
+from runtime.dispatch.stats import DROP_REASONS
+from runtime.wire.keys import SNAPSHOT_TTL_S
 
 NOW = 1_700_000_000.0
 

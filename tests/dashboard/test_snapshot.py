@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from runtime.producer import Producer
-from runtime.simulator import SimulatorConfig, SimulatorServer
+from simulator.server import SimulatorConfig, SimulatorServer
 from tests.dashboard.live import dispatcher_running, two_pools
 from tests.runtime.harness import slow_call, wait_until
 

@@ -10,7 +10,7 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from pools.models import Pool
-from runtime.groupconfig import GroupConfig
+from runtime.wire.groupconfig import GroupConfig
 from tests.dashboard.test_merge import pool, snap
 
 
@@ -156,7 +156,7 @@ def test_metrics_parse_and_queue_depth_is_the_live_llen(client, fabric, sredis, 
 
 def test_metrics_without_valkey_still_answer(client, fabric, settings) -> None:
     from dispatch_project import connections
-    from runtime.embedded import free_port
+    from runtime.valkey.embedded import free_port
 
     connections.valkey_url.cache_clear()
     settings.VALKEY_URL = f"redis://127.0.0.1:{free_port()}/0"

@@ -9,7 +9,7 @@ from typing import Any
 from history import schema
 from history.client import HistoryClient
 from history.ingester import span_row
-from runtime import semconv
+from runtime.telemetry import semconv
 
 _ids = itertools.count(1)
 

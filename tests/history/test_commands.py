@@ -17,7 +17,7 @@ from history import ingester as ingester_mod
 from history import schema
 from history.client import client_for, close_all
 from history.ingester import GROUP, wait_for
-from runtime.keys import KeySpace
+from runtime.wire.keys import KeySpace
 
 ROOT = Path(__file__).resolve().parents[2]
 

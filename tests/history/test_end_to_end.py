@@ -14,13 +14,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from history import queries
 from history.client import HistoryClient
 from history.ingester import Ingester
-from runtime import groupconfig
 from runtime.config import DispatcherSettings
-from runtime.dispatcher import Dispatcher
-from runtime.keys import KeySpace
+from runtime.dispatch.dispatcher import Dispatcher
 from runtime.producer import Producer
-from runtime.simulator import SimulatorConfig, SimulatorServer
-from runtime.tracing import configure_tracing, shutdown_tracing
+from runtime.telemetry.tracing import configure_tracing, shutdown_tracing
+from runtime.wire import groupconfig
+from runtime.wire.keys import KeySpace
+from simulator.server import SimulatorConfig, SimulatorServer
 from tests.history.conftest import drain
 from tests.runtime.harness import CALL, one_pool_group, wait_until
 

@@ -12,10 +12,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from history import schema
 from history.client import HistoryClient, HistoryUnavailable
 from history.ingester import GROUP, Ingester, IngesterCrash
-from runtime import semconv
-from runtime.keys import KeySpace
-from runtime.redact import redact_url
-from runtime.tracing import span_from_context
+from runtime.backends.redact import redact_url
+from runtime.telemetry import semconv
+from runtime.telemetry.tracing import span_from_context
+from runtime.wire.keys import KeySpace
 from tests.history.conftest import drain
 
 SECRET_URL = "https://alice:s3cr3t-pw@llm.example:8443/v1?api_key=k-123"
@@ -188,7 +188,7 @@ def test_clickhouse_down_keeps_spans_in_stream_until_it_returns(
 def test_trim_counter_stays_zero_while_ingester_keeps_up(
     valkey_url: str, sredis: redis.Redis, history: HistoryClient, keys: KeySpace
 ) -> None:
-    from runtime.tracing import configure_tracing, shutdown_tracing
+    from runtime.telemetry.tracing import configure_tracing, shutdown_tracing
 
     tp = configure_tracing(
         redis_url=valkey_url,

@@ -1,4 +1,4 @@
-"""runtime.tracing: a real SDK tracer exporting into a real Valkey stream."""
+"""runtime.telemetry.tracing: a real SDK tracer exporting into a real Valkey stream."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
 
-from runtime import tracing
-from runtime.keys import KeySpace
-from runtime.tracing import configure_tracing, scrub_text, shutdown_tracing, span_from_context
+from runtime.telemetry import tracing
+from runtime.telemetry.tracing import configure_tracing, scrub_text, shutdown_tracing, span_from_context
+from runtime.wire.keys import KeySpace
 
 
 def _entries(sredis: redis.Redis, keys: KeySpace) -> list[dict]:

@@ -16,10 +16,10 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from runtime import embedded
 from runtime.errors import RequestTimeout
 from runtime.producer import Producer
-from runtime.simulator import SimulatorConfig, SimulatorServer
+from runtime.valkey import embedded
+from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.harness import CALL, one_pool_group, slow_call
 from tests.runtime.test_fair_pools import start_dispatcher
 
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 async def test_sigterm_lets_in_flight_calls_finish_and_reply_then_exits_zero(
     aredis, keys, valkey_url
 ) -> None:
-    from runtime import groupconfig
+    from runtime.wire import groupconfig
 
     async with SimulatorServer(SimulatorConfig()) as sim:
         await groupconfig.publish(aredis, keys, one_pool_group(sim.url, group_id="term"))

@@ -11,9 +11,9 @@ from django.test import Client
 
 from dispatch_project import connections
 from pools.models import FabricGroup, Pool
-from runtime import embedded
-from runtime.groupconfig import GroupConfig
-from runtime.keys import KeySpace
+from runtime.valkey import embedded
+from runtime.wire.groupconfig import GroupConfig
+from runtime.wire.keys import KeySpace
 
 
 @pytest.fixture(autouse=True)

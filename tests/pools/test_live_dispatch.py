@@ -17,9 +17,9 @@ from django.test import Client
 
 from pools import services
 from pools.models import FabricGroup, Pool
-from runtime.embedded import free_port
-from runtime.keys import KeySpace
 from runtime.producer import SyncProducer
+from runtime.valkey.embedded import free_port
+from runtime.wire.keys import KeySpace
 from tests.pools.helpers import changelist_form
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -48,7 +48,7 @@ def test_weight_edited_in_the_admin_changes_the_live_ratio(
 ) -> None:
     sim_port = free_port()
     sim = subprocess.Popen(
-        [sys.executable, "-m", "runtime.simulator", "--port", str(sim_port), "--latency-ms", "2"],
+        [sys.executable, "-m", "simulator.server", "--port", str(sim_port), "--latency-ms", "2"],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
     )

@@ -10,9 +10,9 @@ import asyncio
 import sys
 
 from runtime.config import DispatcherSettings
-from runtime.dispatcher import Dispatcher
-from runtime.keys import KeySpace
-from runtime.valkey import connect
+from runtime.dispatch.dispatcher import Dispatcher
+from runtime.valkey.client import connect
+from runtime.wire.keys import KeySpace
 
 
 async def main(

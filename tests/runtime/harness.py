@@ -10,11 +10,11 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from runtime import groupconfig
 from runtime.config import DispatcherSettings
-from runtime.dispatcher import Dispatcher
-from runtime.groupconfig import GroupConfig, PoolConfig
-from runtime.keys import KeySpace
+from runtime.dispatch.dispatcher import Dispatcher
+from runtime.wire import groupconfig
+from runtime.wire.groupconfig import GroupConfig, PoolConfig
+from runtime.wire.keys import KeySpace
 
 CALL = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}
 

@@ -12,8 +12,8 @@ import sys
 import redis.asyncio as aioredis
 
 from runtime.config import ProducerSettings
-from runtime.keys import KeySpace
 from runtime.producer import Producer
+from runtime.wire.keys import KeySpace
 
 
 async def main(url: str, prefix: str, pool_id: str, latency_ms: float, ttl: float) -> None:

@@ -11,7 +11,7 @@ import httpx
 import orjson
 import pytest
 
-from runtime.adapter import BackendPool, Completion, OpenAIBackend, Usage, parse_usage
+from runtime.backends.adapter import BackendPool, Completion, OpenAIBackend, Usage, parse_usage
 from runtime.errors import (
     BackendConnectError,
     BackendError,
@@ -19,7 +19,7 @@ from runtime.errors import (
     BackendInvalidResponse,
     BackendTimeout,
 )
-from runtime.simulator import SimulatorConfig, SimulatorServer
+from simulator.server import SimulatorConfig, SimulatorServer
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 COMPLETION = {

@@ -1,4 +1,4 @@
-"""Tests for runtime.breaker: transition tables and properties over random event sequences."""
+"""Tests for runtime.backends.breaker: transition tables and properties over random event sequences."""
 
 from __future__ import annotations
 
@@ -6,7 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.breaker import BLOCKED_REASON, CLOSED, HALF_OPEN, OPEN, Breaker, BreakerPolicy, BreakerState
+from runtime.backends.breaker import (
+    BLOCKED_REASON,
+    CLOSED,
+    HALF_OPEN,
+    OPEN,
+    Breaker,
+    BreakerPolicy,
+    BreakerState,
+)
 
 POLICY = BreakerPolicy(failure_threshold=3, window_s=10.0, open_s=5.0, half_open_probes=2)
 B = Breaker(POLICY)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.contract import ChatCall, Envelope, Metadata, Reply, Timing
 from runtime.errors import EnvelopeTooLarge, MalformedEnvelope
+from runtime.wire.contract import ChatCall, Envelope, Metadata, Reply, Timing
 
 CALL = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -1,4 +1,4 @@
-"""Tests for runtime.cost: parameter tables plus a couple of properties."""
+"""Tests for runtime.policy.cost: parameter tables plus a couple of properties."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.cost import CostModel, request_cost
+from runtime.policy.cost import CostModel, request_cost
 
 DEFAULT = CostModel()
 

@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from runtime.config import ProducerSettings
+from runtime.dispatch.stats import DROP_EXPIRED, DROP_MALFORMED, DROP_PRODUCER_GONE, DROP_REPLY_PRODUCER_GONE
 from runtime.errors import (
     BackendConnectError,
     BackendHTTPError,
@@ -22,8 +23,7 @@ from runtime.errors import (
     UnknownPool,
 )
 from runtime.producer import Producer
-from runtime.simulator import SimulatorConfig, SimulatorServer
-from runtime.stats import DROP_EXPIRED, DROP_MALFORMED, DROP_PRODUCER_GONE, DROP_REPLY_PRODUCER_GONE
+from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.harness import CALL, one_pool_group, running_dispatcher, slow_call, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -152,7 +152,7 @@ async def test_backend_failures_become_typed_error_replies(aredis, keys, sim, si
 
 
 async def test_connection_refused_becomes_typed_error(aredis, keys) -> None:
-    from runtime.embedded import free_port
+    from runtime.valkey.embedded import free_port
 
     config = one_pool_group(f"http://127.0.0.1:{free_port()}/v1")
     async with running_dispatcher(aredis, keys, config), Producer(aredis, keys=keys) as producer:
@@ -185,7 +185,7 @@ async def test_expired_request_is_dropped_not_executed(aredis, keys, sim) -> Non
 
 
 async def test_direct_mode_gives_the_same_result_shape(aredis, keys, sim) -> None:
-    from runtime.adapter import OpenAIBackend
+    from runtime.backends.adapter import OpenAIBackend
 
     backend = OpenAIBackend(sim.url)
     async with (
@@ -235,8 +235,8 @@ async def test_unknown_pool_and_oversized_envelope_are_refused_at_submit(aredis,
 
 
 async def test_dispatcher_survives_a_valkey_restart(private_valkey, keys, sim) -> None:
-    from runtime import embedded
-    from runtime.valkey import connect
+    from runtime.valkey import embedded
+    from runtime.valkey.client import connect
 
     client = connect(private_valkey.url)
     try:
@@ -259,7 +259,7 @@ async def test_dispatcher_survives_a_valkey_restart(private_valkey, keys, sim) -
 
 
 async def test_open_breaker_keeps_work_queued_until_a_probe_succeeds(aredis, keys, sim) -> None:
-    from runtime.breaker import BreakerPolicy
+    from runtime.backends.breaker import BreakerPolicy
 
     policy = BreakerPolicy(failure_threshold=3, window_s=30, open_s=1.0)
     async with (
@@ -282,7 +282,7 @@ async def test_open_breaker_keeps_work_queued_until_a_probe_succeeds(aredis, key
 
 
 async def test_client_errors_do_not_open_the_breaker(aredis, keys, sim) -> None:
-    from runtime.breaker import BreakerPolicy
+    from runtime.backends.breaker import BreakerPolicy
 
     policy = BreakerPolicy(failure_threshold=2, open_s=30)
     async with (
@@ -299,7 +299,7 @@ async def test_client_errors_do_not_open_the_breaker(aredis, keys, sim) -> None:
 async def test_group_with_queueing_disabled_is_called_directly(aredis, keys, sim) -> None:
     from dataclasses import replace
 
-    from runtime import groupconfig
+    from runtime.wire import groupconfig
 
     await groupconfig.publish(aredis, keys, replace(one_pool_group(sim.url), queueing_enabled=False))
     async with Producer(aredis, keys=keys) as producer:  # no dispatcher is running at all

@@ -13,11 +13,11 @@ from dataclasses import replace
 
 import pytest
 
-from runtime import groupconfig
-from runtime.contract import Metadata
-from runtime.groupconfig import GroupConfig, PoolConfig
 from runtime.producer import Producer
-from runtime.simulator import SimulatorConfig, SimulatorServer
+from runtime.wire import groupconfig
+from runtime.wire.contract import Metadata
+from runtime.wire.groupconfig import GroupConfig, PoolConfig
+from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.harness import running_dispatcher, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

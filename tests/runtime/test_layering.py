@@ -11,9 +11,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
 import importlib, pkgutil, sys
 import runtime
-names = [m.name for m in pkgutil.iter_modules(runtime.__path__)]
+names = [m.name for m in pkgutil.walk_packages(runtime.__path__, "runtime.")]
 for name in names:
-    importlib.import_module("runtime." + name)
+    importlib.import_module(name)
 leaked = sorted(k for k in sys.modules if k == "django" or k.startswith("django."))
 print(len(names), leaked)
 """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.redact import (
+from runtime.backends.redact import (
     UNPARSEABLE,
     is_secret_param,
     redact_url,

@@ -1,4 +1,4 @@
-"""Tests for runtime.scheduler: parameter tables, then hypothesis invariants over a small simulation."""
+"""Tests for runtime.policy.scheduler: parameter tables, then hypothesis invariants over a simulation."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from runtime.scheduler import (
+from runtime.policy.scheduler import (
     SKIP_BREAKER_OPEN,
     SKIP_GROUP_CAP,
     SKIP_LOCAL_CAPACITY,

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.simulator import SimulatorConfig, SimulatorServer, main
+from simulator.server import SimulatorConfig, SimulatorServer, main
 
 MESSAGES = [{"role": "user", "content": "Hello there, simulator!"}]
 
@@ -278,7 +278,7 @@ async def test_main_process_runs_until_sigterm(unused_tcp_port: int) -> None:
     process = await asyncio.create_subprocess_exec(
         "python",
         "-m",
-        "runtime.simulator",
+        "simulator.server",
         "--port",
         str(unused_tcp_port),
         "--latency-ms",

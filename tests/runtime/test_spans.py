@@ -8,9 +8,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from runtime import semconv
 from runtime.producer import Producer
-from runtime.simulator import SimulatorConfig, SimulatorServer
+from runtime.telemetry import semconv
+from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.harness import CALL, one_pool_group, running_dispatcher
 
 

@@ -19,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dispatch_project.connections import valkey_url
 from ops.supervisor import Supervisor
-from runtime import embedded
+from runtime.valkey import embedded
 
 
 def port_free(port: int) -> bool:
@@ -86,7 +86,7 @@ class Command(BaseCommand):
                 [
                     sys.executable,
                     "-m",
-                    "runtime.simulator",
+                    "simulator.server",
                     "--port",
                     str(sim_port),
                     "--latency-ms",

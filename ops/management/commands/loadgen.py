@@ -15,7 +15,7 @@ from dispatch_project.connections import key_space, valkey_url
 from ops.loadgen import DEMO_LANES, LoadStats, run_lane
 from ops.runtime_settings import producer_settings
 from runtime.producer import Producer
-from runtime.valkey import connect
+from runtime.valkey.client import connect
 
 
 class Command(BaseCommand):
@@ -35,7 +35,7 @@ class Command(BaseCommand):
         asyncio.run(self._run(lanes, duration, options["max_outstanding"], options["print_every"]))
 
     async def _run(self, lanes: list, duration: float, max_outstanding: int, print_every: float) -> None:
-        from runtime.tracing import configure_tracing, shutdown_tracing
+        from runtime.telemetry.tracing import configure_tracing, shutdown_tracing
 
         provider = configure_tracing(
             redis_url=valkey_url(), keys=key_space(), service_name="llm-dispatch-producer", environ=os.environ

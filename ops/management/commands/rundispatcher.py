@@ -11,8 +11,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dispatch_project.connections import key_space, valkey_url
 from ops.runtime_settings import dispatcher_settings
-from runtime.dispatcher import Dispatcher
-from runtime.valkey import connect
+from runtime.dispatch.dispatcher import Dispatcher
+from runtime.valkey.client import connect
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def _store_content() -> bool:
 
 def _start_tracing(group_id: str) -> Any:
     """Installs the span exporter to the Valkey stream; returns its shutdown callable."""
-    from runtime.tracing import configure_tracing, shutdown_tracing
+    from runtime.telemetry.tracing import configure_tracing, shutdown_tracing
 
     provider = configure_tracing(
         redis_url=valkey_url(),

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from runtime.simulator import SimulatorConfig, SimulatorServer, serve
+from simulator.server import SimulatorConfig, SimulatorServer, serve
 
 
 def _parse_statuses(text: str) -> tuple[int, ...]:

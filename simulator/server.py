@@ -1,7 +1,7 @@
 """An OpenAI-compatible backend simulator: a real HTTP/1.1 server for tests, demos and benchmarks.
 
 It speaks just enough HTTP/1.1 (keep-alive, ``Content-Length`` bodies; chunked request bodies are
-refused with 411; see :mod:`runtime.http11`) and answers:
+refused with 411; see :mod:`simulator.http11`) and answers:
 
 * ``POST /v1/chat/completions``: a non-streaming ``chat.completion`` with ``usage`` in every answer;
 * ``GET /v1/models``, ``GET /health``;
@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from runtime.http11 import JSON, HTTP11Server
+from simulator.http11 import JSON, HTTP11Server
 
 CHAT_PATH = "/v1/chat/completions"
 KNOWN_PATHS = (CHAT_PATH, "/v1/models", "/health", "/metrics")
@@ -501,7 +501,7 @@ def _statuses(text: str) -> tuple[int, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m runtime.simulator", description="OpenAI-compatible backend simulator"
+        prog="python -m simulator.server", description="OpenAI-compatible backend simulator"
     )
     defaults = SimulatorConfig()
     parser.add_argument("--host", default="127.0.0.1")

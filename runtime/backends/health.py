@@ -1,6 +1,6 @@
 """The dispatcher's circuit breakers, one per backend URL, driven by a monotonic clock.
 
-The transitions are the pure :mod:`runtime.breaker`; this holder only keeps each URL's state and
+The transitions are the pure :mod:`runtime.backends.breaker`; this holder only keeps each URL's state and
 reads the clock, so the dispatcher can ask "may this pool launch?" before deciding and record each
 call's outcome after it.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from runtime.breaker import Breaker, BreakerPolicy, BreakerState
+from runtime.backends.breaker import Breaker, BreakerPolicy, BreakerState
+from runtime.backends.redact import redact_url
 from runtime.errors import DispatchError
-from runtime.redact import redact_url
 
 
 class EndpointBreakers:

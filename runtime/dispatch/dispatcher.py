@@ -1,12 +1,12 @@
 """The dispatcher engine: one process of a fabric group, started by ``manage.py rundispatcher``.
 
 Each scheduling round observes every pool of the group in one pipeline, decodes the peeked heads,
-asks the pure scheduler (:func:`runtime.scheduler.decide`) which heads may launch, and claims exactly
+asks the pure scheduler (:func:`runtime.policy.scheduler.decide`) which heads may launch, and claims exactly
 those with an atomic script (digest match, producer liveness, hard caps, in-flight lease). Each
 claimed request runs in its own task and frees its slot the moment its own call ends. Nothing is
 popped that cannot launch, so refused work stays visibly queued.
 
-Failures are explicit and counted (see :mod:`runtime.stats`): malformed items, producers gone before
+Failures are explicit and counted (see :mod:`runtime.dispatch.stats`): malformed items, producers gone before
 execution or before the reply, expired deadlines, backend errors by type. Valkey outages are
 survived with capped exponential backoff; SIGTERM/SIGINT stop taking work, let in-flight calls
 finish within the grace period, reply, and return.
@@ -25,22 +25,24 @@ from typing import Any
 import redis.asyncio as aioredis
 from opentelemetry import trace
 
-from runtime import groupconfig, scheduler, scripts
-from runtime.adapter import BackendPool
-from runtime.backend_health import EndpointBreakers
+from runtime.backends.adapter import BackendPool
+from runtime.backends.health import EndpointBreakers
 from runtime.config import DispatcherSettings
-from runtime.contract import Envelope
+from runtime.dispatch import scripts
+from runtime.dispatch.execution import Executor, Running
+from runtime.dispatch.listener import ChangeListener
+from runtime.dispatch.peek import PeekCache, PeekedItem
+from runtime.dispatch.queue import ClaimRequest, QueueOps, QueueView, lease_member
+from runtime.dispatch.snapshot import SnapshotPublisher, SnapshotSink, build_snapshot
+from runtime.dispatch.stats import DROP_EXPIRED, DROP_MALFORMED, DROP_PRODUCER_GONE, DispatcherStats
 from runtime.errors import DispatchError, RequestExpired
-from runtime.execution import Executor, Running
-from runtime.groupconfig import GroupConfig
-from runtime.keys import DEFAULT_KEYS, KeySpace
-from runtime.listener import ChangeListener
-from runtime.peek import PeekCache, PeekedItem
-from runtime.queue import ClaimRequest, QueueOps, QueueView, lease_member
-from runtime.snapshot import SnapshotPublisher, SnapshotSink, build_snapshot
-from runtime.spans import Identity, Outcome, record_span
-from runtime.stats import DROP_EXPIRED, DROP_MALFORMED, DROP_PRODUCER_GONE, DispatcherStats
-from runtime.valkey import REDIS_ERRORS
+from runtime.policy import scheduler
+from runtime.telemetry.spans import Identity, Outcome, record_span
+from runtime.valkey.client import REDIS_ERRORS
+from runtime.wire import groupconfig
+from runtime.wire.contract import Envelope
+from runtime.wire.groupconfig import GroupConfig
+from runtime.wire.keys import DEFAULT_KEYS, KeySpace
 
 log = logging.getLogger(__name__)
 CONFIG_POLL_S = 1.0

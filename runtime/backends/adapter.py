@@ -13,7 +13,7 @@ every failure onto :mod:`runtime.errors` at this edge:
 Credentials: a URL's ``user:password@`` part is never sent in the URL (httpx would turn it into Basic
 auth) and never shown. When such a URL comes without an explicit ``api_key``, its password (or, when
 there is no password, its username) is used as the bearer token. Messages and :attr:`display_url` use
-:func:`runtime.redact.redact_url`, which also masks secret-looking query parameters.
+:func:`runtime.backends.redact.redact_url`, which also masks secret-looking query parameters.
 
 :class:`BackendPool` keeps one pooled client per endpoint (a :class:`ShardedClient` of a few small
 ``httpx.AsyncClient`` pools), shared by every request (and every API key) sent to it.
@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 import orjson
 
+from runtime.backends.redact import redact_url, strip_userinfo, userinfo_secret
 from runtime.errors import (
     BackendConnectError,
     BackendError,
@@ -36,7 +37,6 @@ from runtime.errors import (
     BackendInvalidResponse,
     BackendTimeout,
 )
-from runtime.redact import redact_url, strip_userinfo, userinfo_secret
 
 _SNIPPET = 200
 

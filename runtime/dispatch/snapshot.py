@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import redis.asyncio as aioredis
 
-from runtime.keys import KeySpace
-from runtime.redact import redact_url
-from runtime.stats import DispatcherStats
-from runtime.valkey import REDIS_ERRORS
+from runtime.backends.redact import redact_url
+from runtime.dispatch.stats import DispatcherStats
+from runtime.valkey.client import REDIS_ERRORS
+from runtime.wire.keys import KeySpace
 
 if TYPE_CHECKING:
-    from runtime.dispatcher import Dispatcher
+    from runtime.dispatch.dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
 SnapshotSink = Callable[[dict[str, Any]], Awaitable[None]]

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from runtime import scripts
-from runtime.keys import KeySpace
+from runtime.dispatch import scripts
+from runtime.wire.keys import KeySpace
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,8 @@ import orjson
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from runtime import semconv
-from runtime.contract import Envelope
+from runtime.telemetry import semconv
+from runtime.wire.contract import Envelope
 
 _propagator = TraceContextTextMapPropagator()
 

@@ -16,17 +16,17 @@ from typing import Any
 
 from opentelemetry import trace
 
-from runtime.adapter import BackendPool, Completion
-from runtime.backend_health import EndpointBreakers
+from runtime.backends.adapter import BackendPool, Completion
+from runtime.backends.health import EndpointBreakers
+from runtime.backends.redact import redact_url
 from runtime.config import DispatcherSettings
-from runtime.contract import STATUS_ERROR, STATUS_OK, Envelope, Reply, Timing
+from runtime.dispatch.queue import QueueOps
+from runtime.dispatch.stats import DROP_REPLY_PRODUCER_GONE, DROP_REPLY_UNDELIVERED, DispatcherStats
 from runtime.errors import BreakerOpen, DispatchError, Rejected, RequestExpired
-from runtime.groupconfig import GroupConfig
-from runtime.queue import QueueOps
-from runtime.redact import redact_url
-from runtime.spans import Identity, Outcome, content_attributes, record_span
-from runtime.stats import DROP_REPLY_PRODUCER_GONE, DROP_REPLY_UNDELIVERED, DispatcherStats
-from runtime.valkey import REDIS_ERRORS
+from runtime.telemetry.spans import Identity, Outcome, content_attributes, record_span
+from runtime.valkey.client import REDIS_ERRORS
+from runtime.wire.contract import STATUS_ERROR, STATUS_OK, Envelope, Reply, Timing
+from runtime.wire.groupconfig import GroupConfig
 
 log = logging.getLogger(__name__)
 FINISH_ATTEMPTS = 5

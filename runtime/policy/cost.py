@@ -1,7 +1,7 @@
 """Request cost: how much scheduler credit one queued request consumes.
 
 Pure arithmetic, no I/O. The dispatcher computes a request's cost when it peeks the head of a pool's
-queue and hands it to the scheduler (:class:`runtime.scheduler.HeadItem`). An explicit ``cost_units``
+queue and hands it to the scheduler (:class:`runtime.policy.scheduler.HeadItem`). An explicit ``cost_units``
 from the envelope metadata wins; otherwise the cost is estimated from the number of images and pages.
 Either way it is clamped into ``[minimum, maximum]`` so that a single request can neither be free nor
 hold a pool's credit hostage forever.

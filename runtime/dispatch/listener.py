@@ -16,7 +16,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from runtime.valkey import REDIS_ERRORS
+from runtime.valkey.client import REDIS_ERRORS
 
 
 class ChangeListener:

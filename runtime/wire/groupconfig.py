@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 
 from runtime.errors import MalformedEnvelope
-from runtime.keys import KeySpace
-from runtime.scheduler import GroupPolicy, PoolPolicy
+from runtime.policy.scheduler import GroupPolicy, PoolPolicy
+from runtime.wire.keys import KeySpace
 
 POLICIES = ("fifo", "drr")
 

@@ -39,8 +39,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from runtime.keys import SPAN_STREAM_MAXLEN, KeySpace
-from runtime.redact import redact_url, url_has_credentials
+from runtime.backends.redact import redact_url, url_has_credentials
+from runtime.wire.keys import SPAN_STREAM_MAXLEN, KeySpace
 
 log = logging.getLogger(__name__)
 _propagator = TraceContextTextMapPropagator()

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from runtime.contract import Envelope
-from runtime.cost import CostModel, request_cost
 from runtime.errors import MalformedEnvelope
+from runtime.policy.cost import CostModel, request_cost
+from runtime.wire.contract import Envelope
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,1 @@
+"""The dispatcher: its scheduling loop, the atomic queue operations it performs, execution and counters."""

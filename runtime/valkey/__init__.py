@@ -1,0 +1,1 @@
+"""Connecting to Valkey: the client factory with its error tuple, and the embedded server."""
