@@ -5,7 +5,8 @@ INSERT, then XACKs it and trims the stream up to its oldest still-pending entry 
 MAXLEN cap deletes later is exactly what was never stored; see ``runtime.telemetry.tracing``).
 On start it first re-reads its own pending entries (``XREADGROUP ... 0``: a killed ingester's
 in-flight batch) and claims entries other consumers left pending for longer than ``claim_idle_s``
-(XAUTOCLAIM). A crash between insert and XACK re-inserts that batch; the table's ReplacingMergeTree and
+(XAUTOCLAIM). A crash between insert and XACK re-inserts that batch; the table's ReplacingMergeTree
+and ``FINAL`` reads remove the
 duplicates (see ``history.schema``). With ClickHouse or Valkey down the batch stays pending in the
 stream and the ingester retries with exponential backoff.
 
