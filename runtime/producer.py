@@ -306,7 +306,7 @@ class Producer:
     async def _read_registry(self) -> _PoolRegistry:
         try:
             raw = await self.client.hgetall(self.keys.pool_registry())
-            pools = {k.decode(): v.decode() for k, v in raw.items()}
+            pools = {_text(k): _text(v) for k, v in raw.items()}
             group_ids = sorted(set(pools.values()))
             configs = (
                 await self.client.mget([self.keys.group_config(g) for g in group_ids]) if group_ids else []
@@ -343,9 +343,9 @@ class Producer:
                 popped = await self.client.blpop([self._reply_key], timeout=1)
                 if popped is None:
                     continue
-                batch = [popped[1]]
+                batch: list[bytes | str] = [popped[1]]
                 more = await self.client.lpop(self._reply_key, 512)
-                if more:
+                if isinstance(more, list):
                     batch.extend(more)
                 backoff = 0.1
             except REDIS_ERRORS as exc:
@@ -362,7 +362,7 @@ class Producer:
             for raw in batch:
                 self._deliver(raw)
 
-    def _deliver(self, raw: bytes) -> None:
+    def _deliver(self, raw: bytes | str) -> None:
         if raw == _WAKE_SENTINEL:
             return
         try:
@@ -411,3 +411,8 @@ class SyncProducer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _text(value: bytes | str) -> str:
+    """The client returns bytes (no ``decode_responses``); accept str for clients configured otherwise."""
+    return value.decode() if isinstance(value, bytes) else value

@@ -13,4 +13,5 @@ if [ ! -x /usr/bin/chromium ]; then
   fi
 fi
 .venv/bin/ruff check .
+.venv/bin/mypy
 exec .venv/bin/python -m pytest "$@"

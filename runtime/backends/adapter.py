@@ -233,7 +233,7 @@ class ShardedClient:
     def is_closed(self) -> bool:
         return all(shard.is_closed for shard in self.shards)
 
-    async def post(self, url: str, **kwargs: Any) -> httpx.Response:
+    async def post(self, url: str | httpx.URL, **kwargs: Any) -> httpx.Response:
         busy = self._busy
         index = busy.index(min(busy))
         busy[index] += 1

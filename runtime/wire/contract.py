@@ -123,7 +123,7 @@ class ChatCall:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_openai(cls, body: Mapping[str, Any]) -> ChatCall:
+    def from_openai(cls, body: Any) -> ChatCall:
         """Builds a call from an OpenAI chat-completions request body; raises MalformedEnvelope."""
         _expect(body, dict, "call")
         model = _expect(body.get("model"), str, "call.model")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -15,6 +14,9 @@ from runtime.dispatch.dispatcher import Dispatcher
 from runtime.wire import groupconfig
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from runtime.wire.keys import KeySpace
+from tests.waiting import wait_until
+
+__all__ = ["CALL", "one_pool_group", "running_dispatcher", "slow_call", "wait_until"]
 
 CALL = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -70,9 +72,3 @@ async def running_dispatcher(
         await asyncio.wait_for(task, 30)
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(interval)
