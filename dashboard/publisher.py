@@ -77,7 +77,7 @@ def snapshot_sink(layer: Any = None) -> SnapshotSink:
     if layer is None:
         from channels.layers import get_channel_layer
 
-        from dispatch_project.connections import configure_channel_layers
+        from pools.connections import configure_channel_layers
 
         try:
             configure_channel_layers()

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import redis
 
-from dispatch_project.connections import key_space, sync_client
+from pools.connections import VALKEY_ERRORS, key_space, sync_client
 from runtime.dispatch.stats import (
     DROP_EXPIRED,
     DROP_MALFORMED,
@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 STALE_AFTER_S = 5.0
 VIEW_SCHEMA = 1
 _SCAN_COUNT = 200
-VALKEY_ERRORS = (redis.exceptions.RedisError, OSError)
 
 
 # --- pure merge ------------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
-from dispatch_project.connections import configure_channel_layers  # noqa: E402
 from history.ingester import start_in_background  # noqa: E402
+from pools.connections import configure_channel_layers  # noqa: E402
 
 configure_channel_layers()
 # With the embedded chDB history, this process owns the database, so it also runs the ingester.

@@ -86,7 +86,7 @@ ASGI_APPLICATION = "dispatch_project.asgi.application"
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{DISPATCH_DATA_DIR / 'db.sqlite3'}")}
 
-# Hosts are filled in at start-up by dispatch_project.connections, once the Valkey URL is known.
+# Hosts are filled in at start-up by pools.connections, once the Valkey URL is known.
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",

@@ -274,10 +274,10 @@ def build_from_settings(**kwargs: Any) -> Ingester:
     """An ingester wired from Django settings (Valkey URL, key prefix, CLICKHOUSE_URL, retention)."""
     from django.conf import settings
 
-    from dispatch_project import connections
     from history.client import history_client
+    from pools import connections
 
-    client = redis.Redis.from_url(connections.valkey_url(), socket_timeout=5, socket_connect_timeout=2)
+    client = connections.sync_client()
     kwargs.setdefault("consumer", f"{DEFAULT_CONSUMER}-{socket.gethostname()}")
     return Ingester(
         client,

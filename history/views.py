@@ -70,7 +70,7 @@ def detail(request: HttpRequest, request_id: str) -> HttpResponse:
 
 def _stream_status() -> dict[str, int | None] | None:
     try:
-        from dispatch_project import connections
+        from pools import connections
 
         return queries.stream_status(connections.sync_client(), connections.key_space())
     except Exception as exc:  # Valkey unreachable: the page still renders ClickHouse's part

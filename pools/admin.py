@@ -1,13 +1,13 @@
 """Admin for fabric groups and pools. Writes go through pools.services, reads through pools.selectors;
-after every write the affected groups are republished to Valkey, and a failed publication is shown as a
-warning (the database write stands)."""
+once the admin's transaction commits, the affected groups are republished to Valkey, and a failed
+publication is shown as a warning (the database write stands)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from django.contrib import admin, messages
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
@@ -23,8 +23,17 @@ REPUBLISH_HINT = (
 )
 
 
-def report_publication(request: HttpRequest, results: Iterable[services.PublishResult]) -> None:
-    """One message per published group: info when it reached Valkey, a warning when it did not."""
+def report_publication(request: HttpRequest, results: list[services.PublishResult]) -> None:
+    """One message per published group, once the admin's transaction has committed and published.
+
+    ``results`` is the list a service fills at commit; this hook is registered after the service's,
+    and commit hooks run in registration order, so it reads the list filled.
+    """
+    transaction.on_commit(lambda: _report_results(request, results))
+
+
+def _report_results(request: HttpRequest, results: list[services.PublishResult]) -> None:
+    """Info when the configuration reached Valkey, a warning when it did not."""
     for result in results:
         if result.ok and result.unpublished:
             messages.info(request, f"Group “{result.group_id}” removed from its dispatchers' configuration.")
@@ -105,7 +114,7 @@ class FabricGroupAdmin(admin.ModelAdmin):
 
     def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
         super().save_related(request, form, formsets, change)
-        report_publication(request, [services.group_publish(group=form.instance)])
+        report_publication(request, services.publish_on_commit(group_ids=[form.instance.group_id]))
 
     def delete_model(self, request: HttpRequest, obj: FabricGroup) -> None:
         report_publication(request, services.group_delete(group=obj))
@@ -185,7 +194,7 @@ class PoolAdmin(admin.ModelAdmin):
         group_ids = {pool.group_id for pool in queryset}
         for pool in queryset:
             services.pool_delete(pool=pool, publish=False)
-        report_publication(request, services.group_publish_many(group_ids=group_ids))
+        report_publication(request, services.publish_on_commit(group_ids=group_ids))
 
     @admin.action(description="Pause selected pools")
     def pause_pools(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:

@@ -6,7 +6,7 @@ import logging
 
 from django.db.models import QuerySet
 
-from dispatch_project.connections import key_space, sync_client
+from pools.connections import VALKEY_ERRORS, key_space, sync_client
 from pools.models import FabricGroup, Pool
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 
@@ -69,13 +69,9 @@ def group_config(*, group: FabricGroup, version: int = 0) -> GroupConfig:
 def group_published_config(*, group_id: str) -> GroupConfig | None:
     """What Valkey currently holds for the group; None when nothing is published.
 
-    Raises redis.exceptions.RedisError when Valkey cannot be reached.
+    Raises one of ``pools.connections.VALKEY_ERRORS`` when Valkey cannot be reached.
     """
-    client = sync_client()
-    try:
-        raw = client.get(key_space().group_config(group_id))
-    finally:
-        client.close()
+    raw = sync_client().get(key_space().group_config(group_id))
     return GroupConfig.decode(raw) if raw else None
 
 
@@ -83,17 +79,12 @@ def pool_queue_lengths(*, pool_ids: list[str]) -> dict[str, int]:
     """Pending requests per pool (LLEN of each lane); empty when Valkey cannot be reached."""
     if not pool_ids:
         return {}
-    import redis
-
     keys = key_space()
-    client = sync_client()
     try:
-        pipe = client.pipeline(transaction=False)
+        pipe = sync_client().pipeline(transaction=False)
         for pool_id in pool_ids:
             pipe.llen(keys.requests(pool_id))
         return dict(zip(pool_ids, (int(n) for n in pipe.execute()), strict=True))
-    except redis.exceptions.RedisError as exc:
+    except VALKEY_ERRORS as exc:
         log.warning("could not read queue lengths from Valkey: %s", exc)
         return {}
-    finally:
-        client.close()

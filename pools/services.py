@@ -1,10 +1,13 @@
 """Writes to fabric groups and pools, and their publication to running dispatchers.
 
-Every write that changes what dispatchers should run is followed by :func:`group_publish`: one atomic
-script (runtime.wire.groupconfig.PUBLISH_SCRIPT) stores the group's config JSON, rewrites the group's entries
-in the pool registry producers check at submit, and notifies the group's config channel. Publishing
-never raises: when Valkey cannot be reached the database write stands, the failure comes back as a
-:class:`PublishResult` with an error for the caller to show, and ``manage.py pools_publish`` repairs it.
+Every write that changes what dispatchers should run is followed by a publication of the group: one
+atomic script (runtime.wire.groupconfig.PUBLISH_SCRIPT) stores the group's config JSON, rewrites the
+group's entries in the pool registry producers check at submit, and notifies the group's config channel.
+Writes publish through :func:`publish_on_commit`: inside a database transaction (the admin runs every
+change in one) dispatchers see the configuration only once it is committed, and never one that was
+rolled back. Publishing never raises: when Valkey cannot be reached the database write stands, the
+failure comes back as a :class:`PublishResult` with an error for the caller to show, and
+``manage.py pools_publish`` repairs it.
 """
 
 from __future__ import annotations
@@ -17,12 +20,11 @@ from dataclasses import dataclass, replace
 import redis
 from django.db import transaction
 
-from dispatch_project.connections import key_space, sync_client
 from pools import selectors
+from pools.connections import VALKEY_ERRORS, key_space, sync_client
 from pools.models import FabricGroup, Pool
 from pools.validation import group_problems, pool_values
 from runtime.errors import DispatchError
-from runtime.valkey.embedded import EmbeddedValkeyError
 from runtime.wire.groupconfig import (
     PUBLISH_SCRIPT,
     UNPUBLISH_SCRIPT,
@@ -32,9 +34,6 @@ from runtime.wire.groupconfig import (
 )
 
 log = logging.getLogger(__name__)
-
-# Failures of the Valkey side that must not undo an admin write.
-_VALKEY_ERRORS = (redis.exceptions.RedisError, OSError, EmbeddedValkeyError, DispatchError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,14 +74,11 @@ def group_publish(*, group: FabricGroup) -> PublishResult:
         return PublishResult(group.group_id, error=error)
     try:
         client = sync_client()
-        try:
-            version = _next_version(client, group.group_id)
-            config = replace(config, version=version)
-            script_keys, args = publish_args(key_space(), config)
-            count = int(client.eval(PUBLISH_SCRIPT, len(script_keys), *script_keys, *args))
-        finally:
-            client.close()
-    except _VALKEY_ERRORS as exc:
+        version = _next_version(client, group.group_id)
+        config = replace(config, version=version)
+        script_keys, args = publish_args(key_space(), config)
+        count = int(client.eval(PUBLISH_SCRIPT, len(script_keys), *script_keys, *args))
+    except VALKEY_ERRORS as exc:
         log.warning("could not publish group %s: %s", group.group_id, exc)
         return PublishResult(group.group_id, error=f"Valkey unreachable ({exc})")
     log.info("published group %s version %s with %s enabled pools", group.group_id, version, count)
@@ -92,13 +88,9 @@ def group_publish(*, group: FabricGroup) -> PublishResult:
 def group_unpublish(*, group_id: str) -> PublishResult:
     """Removes a group's configuration and pool registry entries; its dispatchers see an empty config."""
     try:
-        client = sync_client()
-        try:
-            script_keys, args = unpublish_args(key_space(), group_id)
-            client.eval(UNPUBLISH_SCRIPT, len(script_keys), *script_keys, *args)
-        finally:
-            client.close()
-    except _VALKEY_ERRORS as exc:
+        script_keys, args = unpublish_args(key_space(), group_id)
+        sync_client().eval(UNPUBLISH_SCRIPT, len(script_keys), *script_keys, *args)
+    except VALKEY_ERRORS as exc:
         log.warning("could not unpublish group %s: %s", group_id, exc)
         return PublishResult(group_id, error=f"Valkey unreachable ({exc})")
     return PublishResult(group_id, unpublished=True)
@@ -110,30 +102,39 @@ def group_publish_all(*, prune: bool = True) -> list[PublishResult]:
     if prune and all(r.ok for r in results):
         known = {r.group_id for r in results}
         try:
-            client = sync_client()
-            try:
-                registry = client.hgetall(key_space().pool_registry())
-            finally:
-                client.close()
-        except _VALKEY_ERRORS as exc:
+            registry = sync_client().hgetall(key_space().pool_registry())
+        except VALKEY_ERRORS as exc:
             return [*results, PublishResult("*", error=f"Valkey unreachable ({exc})")]
         stale = sorted({v.decode() for v in registry.values()} - known)
         results.extend(group_unpublish(group_id=group_id) for group_id in stale)
     return results
 
 
+def publish_on_commit(*, group_ids: Iterable[str]) -> list[PublishResult]:
+    """Publishes the groups once the current transaction commits (at once outside a transaction).
+
+    Returns the list the results are appended to: already filled outside a transaction, filled at
+    commit inside one, left empty on rollback. A caller that reports them registers its own
+    ``transaction.on_commit`` afterwards: commit hooks run in registration order.
+    """
+    group_ids = sorted(set(group_ids))
+    results: list[PublishResult] = []
+    transaction.on_commit(lambda: results.extend(group_publish_many(group_ids=group_ids)))
+    return results
+
+
 def group_save(*, group: FabricGroup, publish: bool = True) -> list[PublishResult]:
-    """Validates and saves the group; publishes it unless the caller publishes later (batched edits)."""
+    """Validates and saves the group; publishes it at commit unless the caller publishes later."""
     group.full_clean()
     group.save()
-    return [group_publish(group=group)] if publish else []
+    return publish_on_commit(group_ids=[group.group_id]) if publish else []
 
 
 def group_delete(*, group: FabricGroup) -> list[PublishResult]:
-    """Deletes the group and its pools and removes them from Valkey; queued requests stay in their lists."""
+    """Deletes the group and its pools and, at commit, removes them from Valkey (queued requests stay)."""
     group_id = group.group_id
     group.delete()
-    return [group_unpublish(group_id=group_id)]
+    return publish_on_commit(group_ids=[group_id])
 
 
 def pool_save(*, pool: Pool, publish: bool = True) -> list[PublishResult]:
@@ -145,15 +146,14 @@ def pool_save(*, pool: Pool, publish: bool = True) -> list[PublishResult]:
     pool.save()
     if not publish:
         return []
-    group_ids = {pool.group_id, previous_group_id} - {None}
-    return group_publish_many(group_ids=group_ids)
+    return publish_on_commit(group_ids={pool.group_id, previous_group_id} - {None})
 
 
 def pool_delete(*, pool: Pool, publish: bool = True) -> list[PublishResult]:
     """Deletes the pool; its queued requests stay in their list, the registry refuses new submits."""
     group_id = pool.group_id
     pool.delete()
-    return group_publish_many(group_ids={group_id}) if publish else []
+    return publish_on_commit(group_ids=[group_id]) if publish else []
 
 
 def pool_set_paused(*, pools: Iterable[Pool], paused: bool) -> list[PublishResult]:
@@ -162,7 +162,7 @@ def pool_set_paused(*, pools: Iterable[Pool], paused: bool) -> list[PublishResul
     with transaction.atomic():
         Pool.objects.filter(pk__in=pks).update(paused=paused)
         group_ids = set(Pool.objects.filter(pk__in=pks).values_list("group_id", flat=True))
-    return group_publish_many(group_ids=group_ids)
+        return publish_on_commit(group_ids=group_ids)
 
 
 def pool_pause(*, pool: Pool) -> list[PublishResult]:

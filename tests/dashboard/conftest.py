@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from django.contrib.auth import get_user_model
 
-from dispatch_project import connections
+from pools import connections
 from pools.models import FabricGroup, Pool
 from runtime.wire.keys import KeySpace
 

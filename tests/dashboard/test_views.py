@@ -98,6 +98,7 @@ def test_stale_feed_is_flagged(staff_client, fabric, sredis, keys) -> None:
     assert "The live feed is stale" in page
 
 
+@pytest.mark.django_db(transaction=True)  # the service publishes at commit
 def test_pause_and_resume_go_through_the_pool_service_and_publish(staff_client, fabric, sredis, keys) -> None:
     response = staff_client.post("/fabric/g/pools/backfill/pause/")
     assert response.status_code == 302 and response["Location"] == "/fabric/g/"
@@ -155,7 +156,7 @@ def test_metrics_parse_and_queue_depth_is_the_live_llen(client, fabric, sredis, 
 
 
 def test_metrics_without_valkey_still_answer(client, fabric, settings) -> None:
-    from dispatch_project import connections
+    from pools import connections
     from runtime.valkey.embedded import free_port
 
     connections.valkey_url.cache_clear()

@@ -110,7 +110,7 @@ def test_history_migrate_unavailable(settings) -> None:  # type: ignore[no-untyp
 def test_start_in_background(  # type: ignore[no-untyped-def]
     settings, monkeypatch, provider: TracerProvider, keys: KeySpace, valkey_url: str, ch_url: str
 ) -> None:
-    from dispatch_project import connections
+    from pools import connections
 
     monkeypatch.setattr(connections, "valkey_url", lambda: valkey_url)
     settings.DISPATCH_KEY_PREFIX = keys.prefix

@@ -38,7 +38,7 @@ def history_down(settings):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def no_valkey(settings, monkeypatch):  # type: ignore[no-untyped-def]
     """The stream status box reads Valkey; point it at a closed port so tests stay self-contained."""
-    from dispatch_project import connections
+    from pools import connections
 
     monkeypatch.setattr(connections, "valkey_url", lambda: "redis://127.0.0.1:1/0")
 

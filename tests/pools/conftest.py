@@ -9,7 +9,7 @@ import redis
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from dispatch_project import connections
+from pools import connections
 from pools.models import FabricGroup, Pool
 from runtime.valkey import embedded
 from runtime.wire.groupconfig import GroupConfig
@@ -18,7 +18,7 @@ from runtime.wire.keys import KeySpace
 
 @pytest.fixture(autouse=True)
 def published_to_test_valkey(settings, valkey_url: str, keys: KeySpace) -> Iterator[None]:
-    """Points dispatch_project.connections (and so every publish) at the test server and key prefix."""
+    """Points pools.connections (and so every publish) at the test server and key prefix."""
     connections.valkey_url.cache_clear()
     settings.VALKEY_URL = valkey_url
     settings.DISPATCH_KEY_PREFIX = keys.prefix

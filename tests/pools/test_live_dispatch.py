@@ -23,7 +23,7 @@ from runtime.wire.keys import KeySpace
 from tests.pools.helpers import changelist_form
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)  # publication happens at commit
 
 
 def launched(sredis: redis.Redis, keys: KeySpace) -> tuple[int, dict[str, int]]:

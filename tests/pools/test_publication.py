@@ -16,7 +16,7 @@ from runtime.wire.keys import KeySpace
 from tests.pools.conftest import published, registry
 from tests.pools.helpers import changelist_form, existing_rows, group_form
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)  # publication happens at commit
 
 
 def shown(response: Any) -> list[tuple[str, str]]:

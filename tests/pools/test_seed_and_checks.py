@@ -13,7 +13,7 @@ from pools.models import FabricGroup, Pool
 from runtime.wire.keys import KeySpace
 from tests.pools.conftest import published, registry
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)  # publication happens at commit
 
 DEMO = {
     "interactive": (4, 4, 12, 4),

@@ -17,8 +17,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dispatch_project.connections import valkey_url
 from ops.supervisor import Supervisor
+from pools.connections import valkey_url
 from runtime.valkey import embedded
 
 

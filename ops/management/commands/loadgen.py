@@ -11,9 +11,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dispatch_project.connections import key_space, valkey_url
 from ops.loadgen import DEMO_LANES, LoadStats, run_lane
 from ops.runtime_settings import producer_settings
+from pools.connections import key_space, valkey_url
 from runtime.producer import Producer
 from runtime.valkey.client import connect
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dispatch_project.connections import key_space, valkey_url
 from ops.runtime_settings import dispatcher_settings
+from pools.connections import key_space, valkey_url
 from runtime.dispatch.dispatcher import Dispatcher
 from runtime.valkey.client import connect
 

@@ -1,0 +1,60 @@
+"""Where the Django side finds Valkey: ``VALKEY_URL``, else the installation's embedded server.
+
+One cached blocking client per URL (its connection pool is shared by threads and reused across
+requests) and one tuple of the errors that mean "Valkey is unreachable or refused the command".
+Nothing here runs at import; the first caller starts (or finds) the embedded server.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import redis
+from django.conf import settings
+
+from runtime.errors import DispatchError
+from runtime.valkey import embedded
+from runtime.wire.keys import KeySpace
+
+# Valkey-side failures a view, admin action or command reports instead of crashing: redis-py's own
+# errors, sockets that fail before redis-py wraps them, an embedded server that cannot start, and a
+# published document that does not decode.
+VALKEY_ERRORS: tuple[type[Exception], ...] = (
+    redis.exceptions.RedisError,
+    OSError,
+    embedded.EmbeddedValkeyError,
+    DispatchError,
+)
+
+
+@functools.cache
+def valkey_url() -> str:
+    if settings.VALKEY_URL:
+        return str(settings.VALKEY_URL)
+    return embedded.ensure(settings.DISPATCH_DATA_DIR).url
+
+
+def key_space() -> KeySpace:
+    return KeySpace(prefix=settings.DISPATCH_KEY_PREFIX)
+
+
+def configure_channel_layers() -> None:
+    """Points the channels-redis layer at the same Valkey as everything else."""
+    config = settings.CHANNEL_LAYERS["default"].setdefault("CONFIG", {})
+    if not config.get("hosts") and settings.CHANNEL_LAYERS["default"]["BACKEND"].startswith("channels_redis"):
+        config["hosts"] = [valkey_url()]
+
+
+def sync_client() -> redis.Redis:
+    """The process's blocking redis-py client for views, admin services and management commands.
+
+    Shared and thread-safe; ``close()`` on it only returns its connection to the pool (the pool is
+    passed in, so redis-py does not tear it down), so callers may keep closing what they open.
+    """
+    return _client_for(valkey_url())
+
+
+@functools.cache
+def _client_for(url: str) -> redis.Redis:
+    pool = redis.ConnectionPool.from_url(url, socket_timeout=5, socket_connect_timeout=2)
+    return redis.Redis(connection_pool=pool)
