@@ -5,14 +5,18 @@ SQLite and the project data directory under ``var/``, a private Valkey server, a
 engine in-process through chDB. See the README's settings table.
 """
 
+import socket
 from pathlib import Path
 
 import environ
 
+from runtime.valkey.locate import DEFAULT_DATA_DIR
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
 
-DISPATCH_DATA_DIR = Path(env.str("DISPATCH_DATA_DIR", default=str(BASE_DIR / "var"))).resolve()
+# Scripts find the embedded Valkey under the same directory (runtime.valkey.locate.installation_url).
+DISPATCH_DATA_DIR = Path(env.str("DISPATCH_DATA_DIR", default=str(DEFAULT_DATA_DIR))).resolve()
 
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="dev-only-insecure-key-change-me-in-production-0123456789")
 DEBUG = env.bool("DJANGO_DEBUG", default=True)
@@ -38,6 +42,8 @@ DISPATCH_BACKEND_TIMEOUT_S = env.float("DISPATCH_BACKEND_TIMEOUT_S", default=120
 DISPATCH_COST_PER_IMAGE = env.int("DISPATCH_COST_PER_IMAGE", default=2)
 DISPATCH_COST_PER_PAGE = env.int("DISPATCH_COST_PER_PAGE", default=1)
 DISPATCH_COST_MAX = env.int("DISPATCH_COST_MAX", default=64)
+# The gateway identity every dispatcher span carries (rundispatcher --gateway-id overrides it).
+DISPATCH_GATEWAY_ID = env.str("DISPATCH_GATEWAY_ID", default="") or socket.gethostname()
 
 INSTALLED_APPS = [
     "daphne",

@@ -21,6 +21,7 @@ def cost_model() -> CostModel:
 def dispatcher_settings(group_id: str, **overrides: Any) -> DispatcherSettings:
     values: dict[str, Any] = {
         "group_id": group_id,
+        "gateway_id": settings.DISPATCH_GATEWAY_ID,
         "concurrency": settings.DISPATCH_CONCURRENCY,
         "shutdown_grace_s": settings.DISPATCH_SHUTDOWN_GRACE_S,
         "lease_s": settings.DISPATCH_LEASE_S,

@@ -35,7 +35,9 @@ class FabricGroup(models.Model):
     name = models.CharField(max_length=200, blank=True)
     policy = models.CharField(max_length=8, choices=Policy.choices, default=Policy.DRR)
     queueing_enabled = models.BooleanField(
-        default=True, help_text="When off, producers are refused at submit instead of queueing."
+        default=True,
+        help_text="When off, producers call the group's endpoint directly (no queue, no fair scheduling); "
+        "its dispatchers only drain requests queued before the switch.",
     )
     default_endpoint_url = models.CharField(
         "default endpoint URL",

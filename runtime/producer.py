@@ -6,8 +6,9 @@ One :class:`Producer` owns one ``producer_id``. While it can receive replies it 
 thousands of concurrent submits share one connection. A submit that times out or is cancelled
 removes its waiter; a reply arriving for it later is counted as late and discarded.
 
-With ``direct_backend`` set (queueing disabled), ``submit`` calls the backend itself and returns the
-same :class:`CompletionResult` shape, raising the same typed errors.
+When the pool's fabric group has queueing disabled in the admin (or ``direct_backend`` is set),
+``submit`` calls the backend itself, skipping the queue and the dispatchers, and returns the same
+:class:`CompletionResult` shape (zero queue wait), raising the same typed errors.
 """
 
 from __future__ import annotations

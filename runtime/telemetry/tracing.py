@@ -15,25 +15,31 @@ Export failures (Valkey down) are counted on the exporter and logged, never rais
 Prompt and completion text are stored only when ``store_content=True`` is passed; the dispatcher
 asks :func:`store_content` (a module-level getter for the flag of the last configured provider).
 
-Optionally, when ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set in
-the ``environ`` mapping the caller passes, spans are also sent to that collector over OTLP/HTTP.
+Optionally (``otlp=True``, which callers set when :func:`otlp_configured` finds
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT`` in their environment), spans
+are also sent to that collector over OTLP/HTTP; the OTLP exporter reads its endpoint, headers, timeout
+and TLS settings from the ``OTEL_EXPORTER_OTLP_*`` variables itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
 import redis
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.sdk.environment_variables import OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -202,40 +208,76 @@ class ValkeyStreamSpanExporter(SpanExporter):
         return True
 
 
+# The SDK's own count of processed spans; drops carry error.type="queue_full" (semantic conventions).
+PROCESSED_SPANS_METRIC = "otel.sdk.processor.span.processed"
+_QUEUE_FULL = "queue_full"
+_environ_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _sdk_internal_metrics() -> Iterator[None]:
+    """Switches the SDK's self-observability metrics on while a processor is built.
+
+    The SDK reads this switch only from the process environment, when the processor is constructed;
+    setting it for good would also make every TracerProvider count started spans on the hot path.
+    """
+    with _environ_lock:
+        saved = os.environ.get(OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED)
+        os.environ[OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED] = "true"
+        try:
+            yield
+        finally:
+            if saved is None:
+                del os.environ[OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED]
+            else:
+                os.environ[OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED] = saved
+
+
 class CountingBatchSpanProcessor(BatchSpanProcessor):
-    """The SDK batch processor, plus a count of spans it dropped because its queue was full."""
+    """The SDK batch processor, plus the count of spans it dropped because its queue was full.
+
+    The count is the SDK's own ``otel.sdk.processor.span.processed`` metric with
+    ``error.type=queue_full``, recorded into a meter provider private to this processor and read back on
+    demand: no private field of the SDK is touched.
+    """
 
     def __init__(self, exporter: SpanExporter, *, max_queue_size: int, **kwargs: Any) -> None:
-        super().__init__(exporter, max_queue_size=max_queue_size, **kwargs)
+        self._metrics = InMemoryMetricReader()
+        meter_provider = MeterProvider(metric_readers=[self._metrics], shutdown_on_exit=False)
+        with _sdk_internal_metrics():
+            super().__init__(exporter, max_queue_size=max_queue_size, meter_provider=meter_provider, **kwargs)
         self.max_queue_size = max_queue_size
-        self.dropped = 0
+
+    @property
+    def dropped(self) -> int:
+        data = self._metrics.get_metrics_data()
+        scopes = [scope for r in data.resource_metrics for scope in r.scope_metrics] if data else []
+        points = [
+            point
+            for scope in scopes
+            for metric in scope.metrics
+            if metric.name == PROCESSED_SPANS_METRIC
+            for point in metric.data.data_points
+        ]
+        return sum(
+            int(p.value)
+            for p in points
+            if isinstance(p, NumberDataPoint) and (p.attributes or {}).get("error.type") == _QUEUE_FULL
+        )
 
     def on_end(self, span: ReadableSpan) -> None:
-        queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)
-        if queue is not None and len(queue) >= self.max_queue_size:
-            self.dropped += 1  # the SDK drops the oldest span to make room
         try:
             super().on_end(span)
         except Exception:  # never into the caller's hot path
             log.exception("span processor failed")
 
 
-def _otlp_endpoint(environ: Mapping[str, str]) -> str | None:
-    specific = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
-    if specific:
-        return specific
-    generic = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
-    return f"{generic.rstrip('/')}/v1/traces" if generic else None
-
-
-def _otlp_headers(environ: Mapping[str, str]) -> dict[str, str]:
-    raw = environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or environ.get("OTEL_EXPORTER_OTLP_HEADERS") or ""
-    headers = {}
-    for item in raw.split(","):
-        name, sep, value = item.partition("=")
-        if sep and name.strip():
-            headers[name.strip()] = value.strip()
-    return headers
+def otlp_configured(environ: Mapping[str, str]) -> bool:
+    """Whether the environment names an OTLP collector for traces (the exporter reads the rest itself)."""
+    return any(
+        environ.get(name, "").strip()
+        for name in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
 
 
 def configure_tracing(
@@ -244,7 +286,7 @@ def configure_tracing(
     keys: KeySpace,
     service_name: str,
     maxlen: int = SPAN_STREAM_MAXLEN,
-    environ: Mapping[str, str] | None = None,
+    otlp: bool = False,
     store_content: bool = False,
     resource_attributes: Mapping[str, str] | None = None,
     max_queue_size: int = 8192,
@@ -254,7 +296,8 @@ def configure_tracing(
 ) -> TracerProvider:
     """Builds (and by default installs as the global provider) an SDK TracerProvider for this process.
 
-    ``environ`` is the caller's environment mapping (e.g. ``os.environ``), consulted for OTEL_EXPORTER_OTLP_*.
+    ``otlp`` also exports to an OpenTelemetry collector over OTLP/HTTP, configured by the process's
+    ``OTEL_EXPORTER_OTLP_*`` variables (callers pass ``otlp_configured(os.environ)``).
     The provider carries ``store_content`` and ``span_exporter`` / ``span_processor`` attributes. The
     global provider can be set only once per process (an OpenTelemetry rule): tests pass
     ``install_global=False`` and take tracers from the returned provider.
@@ -277,13 +320,11 @@ def configure_tracing(
         schedule_delay_millis=schedule_delay_millis,
     )
     provider.add_span_processor(processor)
-    endpoint = _otlp_endpoint(environ or {})
-    if endpoint:
+    if otlp:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        otlp = OTLPSpanExporter(endpoint=endpoint, headers=_otlp_headers(environ or {}), timeout=5)
-        provider.add_span_processor(BatchSpanProcessor(otlp, max_queue_size=max_queue_size))
-        log.info("tracing: also exporting spans over OTLP/HTTP to %s", redact_url(endpoint))
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(), max_queue_size=max_queue_size))
+        log.info("tracing: also exporting spans over OTLP/HTTP (OTEL_EXPORTER_OTLP_* settings)")
     provider.store_content = store_content  # type: ignore[attr-defined]
     provider.span_exporter = exporter  # type: ignore[attr-defined]
     provider.span_processor = processor  # type: ignore[attr-defined]

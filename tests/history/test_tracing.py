@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import http.server
+import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import orjson
 import pytest
 import redis
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.environment_variables import OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from runtime.telemetry import tracing
-from runtime.telemetry.tracing import configure_tracing, scrub_text, shutdown_tracing, span_from_context
+from runtime.telemetry.tracing import (
+    CountingBatchSpanProcessor,
+    configure_tracing,
+    otlp_configured,
+    scrub_text,
+    shutdown_tracing,
+    span_from_context,
+)
 from runtime.wire.keys import KeySpace
 
 
@@ -142,6 +152,43 @@ def test_bounded_queue_drops_oldest_and_counts(keys: KeySpace) -> None:
     shutdown_tracing(tp, 1.0)
 
 
+class StuckExporter(SpanExporter):
+    """Holds the processor's export thread inside export() until released."""
+
+    def __init__(self) -> None:
+        self.inside = threading.Event()
+        self.release = threading.Event()
+        self.exported = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.inside.set()
+        self.release.wait(10)
+        self.exported += len(spans)
+        return SpanExportResult.SUCCESS
+
+
+def test_dropped_spans_are_counted_exactly_through_the_sdk_metric(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED, raising=False)
+    exporter = StuckExporter()
+    processor = CountingBatchSpanProcessor(
+        exporter, max_queue_size=8, max_export_batch_size=4, schedule_delay_millis=60_000
+    )
+    assert OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED not in os.environ  # switched on only while built
+    tp = TracerProvider()
+    tp.add_span_processor(processor)
+    tracer = tp.get_tracer("test")
+    for _ in range(4):  # a full batch wakes the export thread, which then hangs in export()
+        tracer.start_span("x").end()
+    assert exporter.inside.wait(10)
+    assert processor.dropped == 0
+    for _ in range(8 + 5):  # the queue holds 8; each of the next 5 pushes the oldest out
+        tracer.start_span("x").end()
+    assert processor.dropped == 5
+    exporter.release.set()
+    tp.shutdown()
+    assert exporter.exported == 4 + 8
+
+
 def test_store_content_flag(valkey_url: str, keys: KeySpace) -> None:
     tp = configure_tracing(
         redis_url=valkey_url, keys=keys, service_name="s", store_content=True, install_global=False
@@ -160,7 +207,7 @@ def otlp_server() -> Iterator[tuple[str, list[str]]]:
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            paths.append(self.path)
+            paths.append(f"{self.path} tenant={self.headers.get('x-tenant')}")
             self.send_response(200)
             self.send_header("Content-Type", "application/x-protobuf")
             self.end_headers()
@@ -175,19 +222,26 @@ def otlp_server() -> Iterator[tuple[str, list[str]]]:
     server.shutdown()
 
 
-def test_otlp_exporter_added_from_environ(
-    valkey_url: str, keys: KeySpace, sredis: redis.Redis, otlp_server: tuple[str, list[str]]
+def test_otlp_exporter_reads_its_own_environment(
+    valkey_url: str,
+    keys: KeySpace,
+    sredis: redis.Redis,
+    otlp_server: tuple[str, list[str]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     url, paths = otlp_server
+    assert not otlp_configured({"OTEL_EXPORTER_OTLP_ENDPOINT": " "})
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", url)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=acme")
     tp = configure_tracing(
         redis_url=valkey_url,
         keys=keys,
         service_name="s",
         install_global=False,
-        environ={"OTEL_EXPORTER_OTLP_ENDPOINT": url},
+        otlp=otlp_configured(os.environ),
     )
     tp.get_tracer("test").start_span("x").end()
     tp.force_flush()
-    assert paths == ["/v1/traces"]
+    assert paths == ["/v1/traces tenant=acme"]
     assert sredis.xlen(keys.span_stream()) == 1
     shutdown_tracing(tp, 2.0)

@@ -16,7 +16,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--consumer", help="consumer name in the 'history' group (default: per host)")
-        parser.add_argument("--batch-size", type=int, default=1000)
+        parser.add_argument(
+            "--batch-size",
+            type=int,
+            default=1000,
+            help="most spans read and inserted into ClickHouse at once (default: %(default)s)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["batch_size"] < 1:

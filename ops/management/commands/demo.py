@@ -42,16 +42,42 @@ def wait_for_port(port: int, timeout_s: float) -> bool:
 
 
 class Command(BaseCommand):
-    help = "Run the whole demo: dashboard on http://127.0.0.1:8000, simulator, dispatcher, history, load."
+    help = (
+        "Run the whole demo: dashboard on http://127.0.0.1:8000, simulator, dispatcher, history, load. "
+        "A restart keeps the groups and pools as edited in the admin (only the demo group's endpoint "
+        "follows the simulator); --reset restores the demo values."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--port", type=int, default=8000, help="web server port")
-        parser.add_argument("--sim-port", type=int, default=8100, help="simulator port (a free one if taken)")
-        parser.add_argument("--no-load", action="store_true", help="do not start the load generator")
-        parser.add_argument("--load-scale", type=float, default=1.0)
-        parser.add_argument("--admin-password", default="admin")
+        parser.add_argument("--port", type=int, default=8000, help="web server port (default: %(default)s)")
         parser.add_argument(
-            "--duration", type=float, default=0, help="stop after this many seconds (0 = Ctrl-C)"
+            "--sim-port",
+            type=int,
+            default=8100,
+            help="simulator port, a free one if it is taken (default: %(default)s)",
+        )
+        parser.add_argument("--no-load", action="store_true", help="do not start the load generator")
+        parser.add_argument(
+            "--load-scale",
+            type=float,
+            default=1.0,
+            help="multiply the load generator's arrival rates (default: %(default)s)",
+        )
+        parser.add_argument(
+            "--admin-password",
+            default="admin",
+            help="password of the superuser 'admin', created or reset at start (default: %(default)s)",
+        )
+        parser.add_argument(
+            "--reset",
+            action="store_true",
+            help="restore the demo group and its pools to the demo values, undoing admin edits",
+        )
+        parser.add_argument(
+            "--duration",
+            type=float,
+            default=0,
+            help="stop after this many seconds, 0 = at Ctrl-C (default: %(default)s)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -66,7 +92,11 @@ class Command(BaseCommand):
         sim_port = options["sim_port"] if port_free(options["sim_port"]) else embedded.free_port()
         endpoint = f"http://127.0.0.1:{sim_port}/v1"
         call_command(
-            "seed_demo", endpoint=endpoint, admin_password=options["admin_password"], reset=True, verbosity=0
+            "seed_demo",
+            endpoint=endpoint,
+            admin_password=options["admin_password"],
+            reset=options["reset"],
+            verbosity=0,
         )
         env = {
             **os.environ,

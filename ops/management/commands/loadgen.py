@@ -22,10 +22,30 @@ class Command(BaseCommand):
     help = "Generate demo traffic into the demo group's pools, printing live counts every few seconds."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--duration", type=float, default=0, help="seconds to run (0 = until Ctrl-C)")
-        parser.add_argument("--scale", type=float, default=1.0, help="multiply every lane's arrival rate")
-        parser.add_argument("--max-outstanding", type=int, default=2000, help="per lane")
-        parser.add_argument("--print-every", type=float, default=5.0)
+        parser.add_argument(
+            "--duration",
+            type=float,
+            default=0,
+            help="seconds to run, 0 = until Ctrl-C (default: %(default)s)",
+        )
+        parser.add_argument(
+            "--scale",
+            type=float,
+            default=1.0,
+            help="multiply every lane's arrival rate (default: %(default)s)",
+        )
+        parser.add_argument(
+            "--max-outstanding",
+            type=int,
+            default=2000,
+            help="most unanswered requests per lane before it waits (default: %(default)s)",
+        )
+        parser.add_argument(
+            "--print-every",
+            type=float,
+            default=5.0,
+            help="seconds between count lines (default: %(default)s)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["scale"] <= 0:
@@ -35,10 +55,13 @@ class Command(BaseCommand):
         asyncio.run(self._run(lanes, duration, options["max_outstanding"], options["print_every"]))
 
     async def _run(self, lanes: list, duration: float, max_outstanding: int, print_every: float) -> None:
-        from runtime.telemetry.tracing import configure_tracing, shutdown_tracing
+        from runtime.telemetry.tracing import configure_tracing, otlp_configured, shutdown_tracing
 
         provider = configure_tracing(
-            redis_url=valkey_url(), keys=key_space(), service_name="llm-dispatch-producer", environ=os.environ
+            redis_url=valkey_url(),
+            keys=key_space(),
+            service_name="llm-dispatch-producer",
+            otlp=otlp_configured(os.environ),
         )
         client = connect(valkey_url(), max_connections=32)
         stats = LoadStats()

@@ -7,26 +7,48 @@ import logging
 import os
 from typing import Any
 
+from django.conf import settings as django_settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from ops.queueing import OperatorDispatcher
 from ops.runtime_settings import dispatcher_settings
 from pools.connections import key_space, valkey_url
-from runtime.dispatch.dispatcher import Dispatcher
+from runtime.config import DispatcherSettings
 from runtime.valkey.client import connect
 
 log = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
-    help = "Run a dispatcher for one fabric group until SIGTERM/SIGINT (graceful: in-flight calls finish)."
+    help = (
+        "Run a dispatcher for one fabric group until SIGTERM/SIGINT (graceful: in-flight calls finish). "
+        "For a group with queueing disabled it logs so, and only drains requests queued before the switch: "
+        "producers call that group's endpoint directly."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--group", required=True, help="fabric group id (slug)")
-        parser.add_argument("--concurrency", type=int, help="calls this process runs at once")
         parser.add_argument(
-            "--dispatcher-id", help="stable identity shown on the dashboard (default host-pid)"
+            "--concurrency",
+            type=int,
+            help="calls this process runs at once "
+            f"(default: DISPATCH_CONCURRENCY, {django_settings.DISPATCH_CONCURRENCY})",
         )
-        parser.add_argument("--grace", type=float, help="seconds in-flight calls get to finish on shutdown")
+        parser.add_argument(
+            "--dispatcher-id",
+            help="stable identity shown on the dashboard and in history (default: host-pid)",
+        )
+        parser.add_argument(
+            "--gateway-id",
+            help="gateway identity stored on every span "
+            f"(default: DISPATCH_GATEWAY_ID, {django_settings.DISPATCH_GATEWAY_ID})",
+        )
+        parser.add_argument(
+            "--grace",
+            type=float,
+            help="seconds in-flight calls get to finish on shutdown "
+            f"(default: DISPATCH_SHUTDOWN_GRACE_S, {django_settings.DISPATCH_SHUTDOWN_GRACE_S})",
+        )
         parser.add_argument(
             "--no-publish",
             action="store_true",
@@ -50,6 +72,7 @@ class Command(BaseCommand):
                 group_id,
                 concurrency=options["concurrency"],
                 dispatcher_id=options["dispatcher_id"],
+                gateway_id=options["gateway_id"],
                 shutdown_grace_s=options["grace"],
             )
         except ValueError as exc:
@@ -62,11 +85,11 @@ class Command(BaseCommand):
                 )
         asyncio.run(self._run(settings))
 
-    async def _run(self, settings: Any) -> None:
+    async def _run(self, settings: DispatcherSettings) -> None:
         client = connect(valkey_url(), max_connections=max(16, settings.concurrency + 8))
-        tracing = _start_tracing(settings.group_id)
+        tracing = _start_tracing()
         try:
-            dispatcher = Dispatcher(
+            dispatcher = OperatorDispatcher(
                 client,
                 settings,
                 keys=key_space(),
@@ -74,13 +97,15 @@ class Command(BaseCommand):
                 snapshot_sink=_snapshot_sink(),
                 store_content=_store_content(),
             )
-            self.stdout.write(f"dispatcher {settings.dispatcher_id} serving fabric group {settings.group_id}")
+            self.stdout.write(
+                f"dispatcher {settings.dispatcher_id} (gateway {settings.gateway_id}) "
+                f"serving fabric group {settings.group_id}"
+            )
             await dispatcher.run()
             self.stdout.write(f"dispatcher {settings.dispatcher_id} stopped: {dispatcher!r}")
         finally:
             await client.aclose()
-            if tracing is not None:
-                tracing()
+            tracing()
 
 
 def _snapshot_sink() -> Any:
@@ -92,20 +117,18 @@ def _snapshot_sink() -> Any:
 
 
 def _store_content() -> bool:
-    from django.conf import settings
-
-    return bool(settings.HISTORY_STORE_CONTENT)
+    return bool(django_settings.HISTORY_STORE_CONTENT)
 
 
-def _start_tracing(group_id: str) -> Any:
+def _start_tracing() -> Any:
     """Installs the span exporter to the Valkey stream; returns its shutdown callable."""
-    from runtime.telemetry.tracing import configure_tracing, shutdown_tracing
+    from runtime.telemetry.tracing import configure_tracing, otlp_configured, shutdown_tracing
 
     provider = configure_tracing(
         redis_url=valkey_url(),
         keys=key_space(),
         service_name="llm-dispatch-dispatcher",
-        environ=os.environ,
+        otlp=otlp_configured(os.environ),
         store_content=_store_content(),
     )
     return lambda: shutdown_tracing(provider, 5.0)

@@ -22,25 +22,40 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         defaults = SimulatorConfig()
-        parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=8100)
-        parser.add_argument("--model", default=defaults.model)
-        parser.add_argument("--latency-ms", type=float, default=defaults.latency_ms, help="median latency")
-        parser.add_argument(
-            "--latency-sigma", type=float, default=defaults.latency_sigma, help="lognormal spread; 0 = fixed"
+        numbers = (  # option, type, default, what it sets
+            ("--port", int, 8100, "port to listen on"),
+            ("--latency-ms", float, defaults.latency_ms, "median latency"),
+            ("--latency-sigma", float, defaults.latency_sigma, "lognormal spread of the latency; 0 = fixed"),
+            ("--tokens-per-second", float, defaults.tokens_per_second, "completion token speed; 0 = instant"),
+            (
+                "--completion-tokens",
+                int,
+                defaults.default_completion_tokens,
+                "tokens per completion, capped by the request's max_tokens",
+            ),
+            ("--error-rate", float, defaults.error_rate, "share of requests answered with an error, 0..1"),
+            (
+                "--max-running",
+                int,
+                defaults.max_running,
+                "requests served at once, the rest wait; 0 = unlimited",
+            ),
         )
+        parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+        for option, kind, default, meaning in numbers:
+            parser.add_argument(option, type=kind, default=default, help=f"{meaning} (default: %(default)s)")
         parser.add_argument(
-            "--tokens-per-second", type=float, default=defaults.tokens_per_second, help="0 = instant"
+            "--model", default=defaults.model, help="model name it serves and reports (default: %(default)s)"
         )
-        parser.add_argument("--completion-tokens", type=int, default=defaults.default_completion_tokens)
-        parser.add_argument("--error-rate", type=float, default=defaults.error_rate, help="0..1")
         parser.add_argument(
             "--error-statuses",
             default=",".join(str(s) for s in defaults.error_statuses),
-            help="comma-separated statuses drawn from when an error is injected, e.g. 429,500,503",
+            help="comma-separated statuses drawn from when an error is injected, e.g. 429,500,503 "
+            "(default: %(default)s)",
         )
-        parser.add_argument("--max-running", type=int, default=defaults.max_running, help="0 = unlimited")
-        parser.add_argument("--seed", type=int, default=None)
+        parser.add_argument(
+            "--seed", type=int, default=None, help="random seed for latency and errors (default: unseeded)"
+        )
 
     def build_config(self, options: dict[str, Any]) -> SimulatorConfig:
         if not 0 <= options["port"] <= 65535:

@@ -35,9 +35,16 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--endpoint", default=None, help=f"default endpoint URL (default {DEFAULT_ENDPOINT})"
+            "--endpoint",
+            default=None,
+            help="the demo group's default endpoint URL, set even on existing rows "
+            f"(default: {DEFAULT_ENDPOINT} for a new group)",
         )
-        parser.add_argument("--reset", action="store_true", help="restore the demo values of existing rows")
+        parser.add_argument(
+            "--reset",
+            action="store_true",
+            help="restore the demo values of existing rows, undoing admin edits (kept by default)",
+        )
         parser.add_argument(
             "--admin-password",
             default=None,
