@@ -1,0 +1,25 @@
+"""runtime.valkey.locate: a plain script finds the installation's Valkey as the commands do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runtime.valkey import embedded
+from runtime.valkey.locate import installation_url
+
+
+def test_valkey_url_wins() -> None:
+    assert installation_url({"VALKEY_URL": " redis://example:6379/2 "}) == "redis://example:6379/2"
+
+
+def test_the_embedded_server_recorded_under_the_data_dir(private_valkey: embedded.EmbeddedValkey) -> None:
+    assert installation_url({"DISPATCH_DATA_DIR": str(private_valkey.data_dir)}) == private_valkey.url
+
+
+def test_nothing_running_says_where_it_looked_and_starts_nothing(tmp_path: Path) -> None:
+    with pytest.raises(embedded.EmbeddedValkeyError, match=str(tmp_path)):
+        installation_url({"DISPATCH_DATA_DIR": str(tmp_path)})
+    assert not (tmp_path / embedded.STATE_FILE).exists()
+
