@@ -22,4 +22,3 @@ def test_nothing_running_says_where_it_looked_and_starts_nothing(tmp_path: Path)
     with pytest.raises(embedded.EmbeddedValkeyError, match=str(tmp_path)):
         installation_url({"DISPATCH_DATA_DIR": str(tmp_path)})
     assert not (tmp_path / embedded.STATE_FILE).exists()
-
