@@ -15,12 +15,12 @@ from runtime.wire.groupconfig import GroupConfig
 
 log = logging.getLogger("ops.rundispatcher")
 
-QUEUEING_OFF = (
-    "fabric group {group} has queueing disabled: producers call its endpoint directly; this dispatcher "
-    "only drains requests queued before the switch"
+_DIRECT = (
+    "producers call its endpoint directly; this dispatcher only drains requests queued before the switch"
 )
+QUEUEING_OFF = "fabric group {group} has queueing disabled: " + _DIRECT
 QUEUEING_ON = "fabric group {group} has queueing enabled: this dispatcher schedules its pools"
-QUEUEING_SWITCHED_OFF = "queueing disabled for fabric group {group}: " + QUEUEING_OFF.split(": ", 1)[1]
+QUEUEING_SWITCHED_OFF = "queueing disabled for fabric group {group}: " + _DIRECT
 QUEUEING_SWITCHED_ON = (
     "queueing re-enabled for fabric group {group}: producers queue again and this dispatcher schedules them"
 )
