@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from simulator.server import SimulatorConfig, SimulatorServer
+from tests.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "Stream me a story"}]
 
@@ -106,3 +107,19 @@ async def test_an_injected_error_answers_before_any_stream(client: openai.AsyncO
             model="m", messages=MESSAGES, stream=True, extra_body={"sim": {"status": 429}}
         )
     assert info.value.response.headers["retry-after"] == "1"
+
+
+async def test_a_client_leaving_mid_stream_frees_its_running_slot(
+    sim: SimulatorServer, client: openai.AsyncOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    stream = await client.chat.completions.create(
+        model="m", messages=MESSAGES, stream=True, extra_body={"sim": {"itl_ms": 200, "completion_tokens": 50}}
+    )
+    async for chunk in stream:
+        assert chunk.choices[0].delta.role == "assistant"
+        break
+    assert sim.running == 1
+    await stream.close()
+    await wait_until(lambda: sim.running == 0, timeout=5)
+    assert sim.completions_total == 0
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
