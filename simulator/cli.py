@@ -4,7 +4,8 @@ both add them with :func:`add_simulator_arguments`."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from simulator.config import KINDS, SimulatorConfig
@@ -29,90 +30,64 @@ def _port(text: str) -> int:
     return port
 
 
+@dataclass(frozen=True)
+class Option:
+    """One command-line option that sets one :class:`SimulatorConfig` field."""
+
+    flags: tuple[str, ...]
+    field: str
+    help: str
+    type: Callable[[str], Any] = float
+    choices: tuple[str, ...] | None = None
+
+
+CONFIG_OPTIONS = (
+    Option(("--model",), "model", "model name served by /v1/models", str),
+    Option(("--kind",), "kind", "metric names of /metrics", str, KINDS),
+    Option(("--latency-ms",), "latency_ms", "median latency before any work"),
+    Option(
+        ("--latency-jitter", "--latency-sigma"), "latency_sigma", "lognormal sigma of the latency; 0 = fixed"
+    ),
+    Option(("--ttft-ms",), "ttft_ms", "time to first token, after the latency"),
+    Option(("--itl-ms",), "itl_ms", "delay between two tokens"),
+    Option(("--tokens-per-second",), "tokens_per_second", "token speed instead of --itl-ms; 0 = instant"),
+    Option(
+        ("--completion-tokens",),
+        "default_completion_tokens",
+        "tokens per reply unless max_tokens is lower",
+        int,
+    ),
+    Option(("--max-running",), "max_running", "calls running at once; 0 = unlimited", int),
+    Option(("--kv-cache-tokens",), "kv_cache_tokens", "KV-cache capacity in tokens; 0 = unlimited", int),
+    Option(("--error-rate",), "error_rate", "share of calls failing after their latency, 0..1"),
+    Option(("--error-statuses",), "error_statuses", "statuses an injected error draws from", _statuses),
+    Option(("--rate-limit-rate",), "rate_limit_rate", "share of calls refused at once with 429, 0..1"),
+    Option(("--retry-after",), "retry_after_s", "Retry-After seconds of a 429", int),
+    Option(("--hang-rate",), "hang_rate", "share of calls never answered until the client leaves, 0..1"),
+    Option(("--seed",), "seed", "random seed for reproducible runs", int),
+)
+
+
 def add_simulator_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds every simulator option, each with its help and its default, to ``parser``."""
-    d = SimulatorConfig()
-    add = parser.add_argument
-    add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    add("--port", type=_port, default=DEFAULT_PORT, help="TCP port, 0 = any free one (default: %(default)s)")
-    add("--model", default=d.model, help="model name served by /v1/models (default: %(default)s)")
-    add("--kind", choices=KINDS, default=d.kind, help="metric names of /metrics (default: %(default)s)")
-    add(
-        "--latency-ms",
-        type=float,
-        default=d.latency_ms,
-        help="median latency before work (default: %(default)s)",
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument(
+        "--port", type=_port, default=DEFAULT_PORT, help="TCP port, 0 = any free one (default: %(default)s)"
     )
-    add(
-        "--latency-jitter",
-        "--latency-sigma",
-        dest="latency_sigma",
-        type=float,
-        default=d.latency_sigma,
-        help="lognormal sigma of the latency; 0 = fixed (default: %(default)s)",
-    )
-    add(
-        "--ttft-ms",
-        type=float,
-        default=d.ttft_ms,
-        help="time to first token after the latency (default: %(default)s)",
-    )
-    add("--itl-ms", type=float, default=d.itl_ms, help="delay between two tokens (default: %(default)s)")
-    add(
-        "--tokens-per-second",
-        type=float,
-        default=d.tokens_per_second,
-        help="token speed instead of --itl-ms; 0 = instant (default: %(default)s)",
-    )
-    add(
-        "--completion-tokens",
-        type=int,
-        default=d.default_completion_tokens,
-        help="tokens per reply unless max_tokens is lower (default: %(default)s)",
-    )
-    add(
-        "--max-running",
-        type=int,
-        default=d.max_running,
-        help="calls running at once; 0 = unlimited (default: %(default)s)",
-    )
-    add(
-        "--kv-cache-tokens",
-        type=int,
-        default=d.kv_cache_tokens,
-        help="KV-cache capacity in tokens; 0 = unlimited (default: %(default)s)",
-    )
-    add(
-        "--error-rate",
-        type=float,
-        default=d.error_rate,
-        help="share of calls failing, 0..1 (default: %(default)s)",
-    )
-    add(
-        "--error-statuses",
-        type=_statuses,
-        default=",".join(str(s) for s in d.error_statuses),
-        help="statuses an injected error draws from, e.g. 500,503 (default: %(default)s)",
-    )
-    add(
-        "--rate-limit-rate",
-        type=float,
-        default=d.rate_limit_rate,
-        help="share of calls refused at once with 429 (default: %(default)s)",
-    )
-    add(
-        "--retry-after",
-        type=int,
-        default=d.retry_after_s,
-        help="Retry-After seconds of a 429 (default: %(default)s)",
-    )
-    add(
-        "--hang-rate",
-        type=float,
-        default=d.hang_rate,
-        help="share of calls never answered until the client leaves (default: %(default)s)",
-    )
-    add("--seed", type=int, default=None, help="random seed for reproducible runs (default: %(default)s)")
+    defaults = SimulatorConfig()
+    for option in CONFIG_OPTIONS:
+        default = getattr(defaults, option.field)
+        if isinstance(default, tuple):  # shown, and parsed, as the command line writes it
+            default = ",".join(str(item) for item in default)
+        parser.add_argument(
+            *option.flags,
+            dest=option.field,
+            type=option.type,
+            choices=option.choices,
+            metavar=None if option.choices else option.flags[0].removeprefix("--").upper().replace("-", "_"),
+            default=default,
+            help=f"{option.help} (default: %(default)s)",
+        )
 
 
 def config_from_options(options: Mapping[str, Any]) -> SimulatorConfig:
@@ -120,21 +95,4 @@ def config_from_options(options: Mapping[str, Any]) -> SimulatorConfig:
 
     Raises ValueError naming every problem found.
     """
-    return SimulatorConfig(
-        model=options["model"],
-        kind=options["kind"],
-        latency_ms=options["latency_ms"],
-        latency_sigma=options["latency_sigma"],
-        ttft_ms=options["ttft_ms"],
-        itl_ms=options["itl_ms"],
-        tokens_per_second=options["tokens_per_second"],
-        default_completion_tokens=options["completion_tokens"],
-        max_running=options["max_running"],
-        kv_cache_tokens=options["kv_cache_tokens"],
-        error_rate=options["error_rate"],
-        error_statuses=tuple(options["error_statuses"]),
-        rate_limit_rate=options["rate_limit_rate"],
-        retry_after_s=options["retry_after"],
-        hang_rate=options["hang_rate"],
-        seed=options["seed"],
-    )
+    return SimulatorConfig(**{option.field: options[option.field] for option in CONFIG_OPTIONS})

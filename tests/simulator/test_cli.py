@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 from django.core.management import call_command
@@ -10,7 +11,7 @@ from django.core.management.base import CommandError
 
 from ops.management.commands.simbackend import Command as SimBackend
 from simulator.__main__ import main
-from simulator.cli import add_simulator_arguments, config_from_options
+from simulator.cli import CONFIG_OPTIONS, add_simulator_arguments, config_from_options
 from simulator.config import SimulatorConfig
 
 ARGS = [
@@ -56,6 +57,11 @@ def test_every_option_has_help_showing_its_default() -> None:
     assert len(options) >= 18
     for action in options:
         assert action.help and "(default: %(default)s)" in action.help, action.option_strings
+
+
+def test_every_setting_but_the_body_limit_has_an_option() -> None:
+    fields = {f.name for f in dataclasses.fields(SimulatorConfig)}
+    assert {option.field for option in CONFIG_OPTIONS} == fields - {"max_body_bytes"}
 
 
 def test_both_entry_points_build_the_same_config() -> None:

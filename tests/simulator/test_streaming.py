@@ -113,7 +113,10 @@ async def test_a_client_leaving_mid_stream_frees_its_running_slot(
     sim: SimulatorServer, client: openai.AsyncOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
     stream = await client.chat.completions.create(
-        model="m", messages=MESSAGES, stream=True, extra_body={"sim": {"itl_ms": 200, "completion_tokens": 50}}
+        model="m",
+        messages=MESSAGES,
+        stream=True,
+        extra_body={"sim": {"itl_ms": 200, "completion_tokens": 50}},
     )
     async for chunk in stream:
         assert chunk.choices[0].delta.role == "assistant"
