@@ -5,6 +5,8 @@ Pure functions of their arguments; the server decides when to call them.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -167,3 +169,42 @@ def chunk_event(
 
 
 DONE_EVENT = b"data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One successful completion being answered: what its body, or each of its chunks, repeats."""
+
+    model: str
+    completion_id: str
+    prompt_tokens: int
+    tokens: list[str]
+    finish: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def usage(self) -> dict[str, int]:
+        return usage(self.prompt_tokens, len(self.tokens))
+
+    def body(self) -> bytes:
+        return completion_body(
+            completion_id=self.completion_id,
+            created=self.created,
+            model=self.model,
+            content="".join(self.tokens),
+            finish=self.finish,
+            usage=self.usage(),
+        )
+
+    def chunk(self, delta: dict[str, str], finish: str | None = None) -> bytes:
+        return chunk_event(
+            completion_id=self.completion_id,
+            created=self.created,
+            model=self.model,
+            delta=delta,
+            finish=finish,
+        )
+
+    def usage_chunk(self) -> bytes:
+        return chunk_event(
+            completion_id=self.completion_id, created=self.created, model=self.model, usage=self.usage()
+        )

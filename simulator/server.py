@@ -19,7 +19,6 @@ zero-latency backend of throughput benchmarks.
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import signal
 import sys
@@ -32,8 +31,9 @@ import orjson
 from aiohttp import web
 
 from simulator import openai_format as fmt
+from simulator.behaviour import Behaviour
 from simulator.config import SimulatorConfig
-from simulator.engine import Engine, Job, Timing
+from simulator.engine import Engine, Job
 from simulator.metrics import CONTENT_TYPE, Counters, SimulatorCollector, exposition, registry_for
 
 __all__ = ["SimulatorConfig", "SimulatorServer", "serve"]
@@ -64,7 +64,8 @@ class SimulatorServer:
         self._requested_port = port
         self.port: int | None = None
         self._runner: web.AppRunner | None = None
-        self._rng = random.Random(self.config.seed)
+        self._behaviour = Behaviour(self.config, random.Random(self.config.seed))
+        self._retry_after = {"Retry-After": str(self.config.retry_after_s)}
         self._counters = Counters(requests_by_path=dict.fromkeys((*KNOWN_PATHS, OTHER_PATH), 0))
         self.engine = Engine(
             max_running=self.config.max_running,
@@ -268,82 +269,86 @@ class SimulatorServer:
         body = await self._read_chat(request)
         if isinstance(body, web.Response):
             return body
-        sim: dict[str, Any] = body.get("sim") or {}
         model = body.get("model")
         model = model if isinstance(model, str) else ""
         user = body.get("user")
         if isinstance(user, str):
             self.calls_by_user[user] += 1
-        if self._draw(self.config.rate_limit_rate):
+        if self._behaviour.rate_limited():
             return _error(
                 HTTPStatus.TOO_MANY_REQUESTS,
                 f"simulated rate limit (rate_limit_rate={self.config.rate_limit_rate})",
-                {"Retry-After": str(self.config.retry_after_s)},
+                self._retry_after,
             )
         self._enter(model)
         try:
-            return await self._run_chat(request, body, sim)
+            return await self._run_chat(request, body)
         finally:
             self._active_by_model[model] -= 1
 
-    async def _run_chat(
-        self, request: web.Request, body: dict[str, Any], sim: dict[str, Any]
-    ) -> web.StreamResponse:
+    async def _run_chat(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        sim: dict[str, Any] = body.get("sim") or {}
+        plan = self._behaviour.plan(body, sim)
         prompt_tokens, last_text = fmt.estimate_prompt(body["messages"])
-        completion_tokens, finish = self._completion_tokens(body, sim)
-        hang = bool(sim.get("hang")) or self._draw(self.config.hang_rate)
-        status, message = self._outcome(sim)
-        latency = self._latency_s(sim)
-        job = Job(prompt_tokens, self._timing(sim, latency, 0 if status else completion_tokens))
+        job = Job(prompt_tokens, plan.timing)
         if not self.engine.fits(job):
             return _error(
                 HTTPStatus.BAD_REQUEST,
                 f"the request needs {job.reserved_tokens} tokens of KV cache (prompt {prompt_tokens} + "
-                f"completion {completion_tokens}); the cache holds {self.config.kv_cache_tokens}",
+                f"completion {plan.completion_tokens}); the cache holds {self.config.kv_cache_tokens}",
             )
         await self.engine.start(job)
         try:
-            if hang:
+            if plan.hang:
                 await asyncio.get_running_loop().create_future()  # until the client disconnects
-            if status:
-                await self._sleep_until(job, latency)
-                headers = {"Retry-After": str(self.config.retry_after_s)} if status == 429 else None
-                return _error(status, message, headers)
-            tokens = fmt.reply_tokens(last_text, completion_tokens)
-            call = _Call(body, self.config.model, self._next_id(), prompt_tokens, tokens, finish)
+            if plan.status:
+                await self._sleep_until(job, plan.latency_s)
+                headers = self._retry_after if plan.status == HTTPStatus.TOO_MANY_REQUESTS else None
+                return _error(plan.status, plan.message, headers)
+            reply = fmt.Reply(
+                model=model_of(body, self.config.model),
+                completion_id=f"chatcmpl-sim-{self.completions_requested}",
+                prompt_tokens=prompt_tokens,
+                tokens=fmt.reply_tokens(last_text, plan.completion_tokens),
+                finish=plan.finish,
+            )
             if body.get("stream"):
-                return await self._stream(request, job, call)
+                options = body.get("stream_options") or {}
+                return await self._stream(
+                    request, job, reply, include_usage=bool(options.get("include_usage"))
+                )
             await self._sleep_until(job, job.timing.done_s)
             if sim.get("invalid_body"):
                 return web.Response(body=GARBAGE, content_type="text/html")
-            self._count_completion(call)
-            return _json(HTTPStatus.OK, call.body())
+            self._count_completion(reply)
+            return _json(HTTPStatus.OK, reply.body())
         finally:
             self.engine.finish(job)
 
-    async def _stream(self, request: web.Request, job: Job, call: _Call) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, job: Job, reply: fmt.Reply, *, include_usage: bool
+    ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await self._sleep_until(job, job.timing.first_token_s)
         await response.prepare(request)
-        await response.write(call.chunk({"role": "assistant", "content": ""}))
-        for k, token in enumerate(call.tokens, start=1):
+        await response.write(reply.chunk({"role": "assistant", "content": ""}))
+        for k, token in enumerate(reply.tokens, start=1):
             await self._sleep_until(job, job.timing.token_at(k))
-            await response.write(call.chunk({"content": token}))
-        await response.write(call.chunk({}, finish=call.finish))
-        options = call.request.get("stream_options") or {}
-        if options.get("include_usage"):
-            await response.write(call.usage_chunk())
+            await response.write(reply.chunk({"content": token}))
+        await response.write(reply.chunk({}, finish=reply.finish))
+        if include_usage:
+            await response.write(reply.usage_chunk())
         await response.write(fmt.DONE_EVENT)
-        self._count_completion(call)
+        self._count_completion(reply)
         await response.write_eof()
         return response
 
     async def _sleep_until(self, job: Job, offset_s: float) -> None:
         """Sleeps until ``offset_s`` after the call started running; never awaits when that has passed."""
         assert job.started_at is not None
-        delay = job.started_at + offset_s - time.monotonic()
+        delay = job.started_at + offset_s - self.engine.clock()
         if delay > 0:
             await asyncio.sleep(delay)
 
@@ -355,98 +360,17 @@ class SimulatorServer:
             self.peak_active_by_model[model] = active[model]
         self.peak_active = max(self.peak_active, sum(active.values()))
 
-    def _draw(self, probability: float) -> bool:
-        # Draw only when the fault is configured, so seeded runs keep their sequence without it.
-        return probability > 0 and self._rng.random() < probability
-
-    def _latency_s(self, sim: dict[str, Any]) -> float:
-        if "latency_ms" in sim:
-            return float(sim["latency_ms"]) / 1000.0
-        base = self.config.latency_ms
-        if base <= 0:
-            return 0.0
-        sigma = self.config.latency_sigma
-        return base * (math.exp(self._rng.gauss(0.0, sigma)) if sigma > 0 else 1.0) / 1000.0
-
-    def _timing(self, sim: dict[str, Any], latency_s: float, tokens: int) -> Timing:
-        ttft_ms = float(sim.get("ttft_ms", self.config.ttft_ms))
-        interval = float(sim["itl_ms"]) / 1000.0 if "itl_ms" in sim else self.config.token_interval_s
-        return Timing(first_token_s=latency_s + ttft_ms / 1000.0, token_interval_s=interval, tokens=tokens)
-
-    def _outcome(self, sim: dict[str, Any]) -> tuple[int, str]:
-        """(status, message) of an injected error, or (0, "") for success."""
-        status = sim.get("status")
-        if status is not None and status >= 400:
-            return status, str(sim.get("message") or f"simulated error {status}")
-        if status is None and self._draw(self.config.error_rate):
-            status = self._rng.choice(self.config.error_statuses)
-            return status, f"simulated error {status} (error_rate={self.config.error_rate})"
-        return 0, ""
-
-    def _completion_tokens(self, request: dict[str, Any], sim: dict[str, Any]) -> tuple[int, str]:
-        wanted = sim.get("completion_tokens", self.config.default_completion_tokens)
-        limit = request.get("max_completion_tokens") or request.get("max_tokens")
-        if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < wanted:
-            return limit, "length"
-        return wanted, "stop"
-
-    def _next_id(self) -> str:
-        return f"chatcmpl-sim-{self.requests_by_path[CHAT_PATH]}"
-
-    def _count_completion(self, call: _Call) -> None:
+    def _count_completion(self, reply: fmt.Reply) -> None:
         counters = self._counters
         counters.completions_total += 1
-        counters.prompt_tokens_total += call.prompt_tokens
-        counters.completion_tokens_total += len(call.tokens)
+        counters.prompt_tokens_total += reply.prompt_tokens
+        counters.completion_tokens_total += len(reply.tokens)
 
 
-class _Call:
-    """One successful chat completion being answered: what every body and chunk of it repeats."""
-
-    def __init__(
-        self,
-        request: dict[str, Any],
-        default_model: str,
-        completion_id: str,
-        prompt_tokens: int,
-        tokens: list[str],
-        finish: str,
-    ) -> None:
-        model = request.get("model")
-        self.request = request
-        self.model = model if isinstance(model, str) and model else default_model
-        self.completion_id = completion_id
-        self.created = int(time.time())
-        self.prompt_tokens = prompt_tokens
-        self.tokens = tokens
-        self.finish = finish
-
-    def usage(self) -> dict[str, int]:
-        return fmt.usage(self.prompt_tokens, len(self.tokens))
-
-    def body(self) -> bytes:
-        return fmt.completion_body(
-            completion_id=self.completion_id,
-            created=self.created,
-            model=self.model,
-            content="".join(self.tokens),
-            finish=self.finish,
-            usage=self.usage(),
-        )
-
-    def chunk(self, delta: dict[str, str], finish: str | None = None) -> bytes:
-        return fmt.chunk_event(
-            completion_id=self.completion_id,
-            created=self.created,
-            model=self.model,
-            delta=delta,
-            finish=finish,
-        )
-
-    def usage_chunk(self) -> bytes:
-        return fmt.chunk_event(
-            completion_id=self.completion_id, created=self.created, model=self.model, usage=self.usage()
-        )
+def model_of(request: dict[str, Any], default: str) -> str:
+    """The model the reply names: the requested one, else the served one."""
+    model = request.get("model")
+    return model if isinstance(model, str) and model else default
 
 
 async def serve(server: SimulatorServer, *, install_signal_handlers: bool = True) -> None:
