@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from simulator.engine import Engine, Job, Timing, can_admit, kv_usage
+from tests.waiting import wait_until
 
 
 @pytest.mark.parametrize(
@@ -68,7 +69,7 @@ async def test_waiting_calls_start_in_arrival_order_and_a_large_head_is_not_over
     await engine.start(first)
     big_started = asyncio.create_task(engine.start(big))
     small_started = asyncio.create_task(engine.start(small))
-    await asyncio.sleep(0)
+    await wait_until(lambda: engine.waiting == 2)
     assert engine.waiting == 2 and not big_started.done() and not small_started.done()
     assert "running=1 waiting=2" in repr(engine)
     engine.finish(first)
@@ -84,7 +85,7 @@ async def test_a_waiting_call_that_leaves_lets_the_next_one_run() -> None:
     big = asyncio.create_task(engine.start(Job(70, timing)))
     small_job = Job(30, timing)
     small = asyncio.create_task(engine.start(small_job))
-    await asyncio.sleep(0)
+    await wait_until(lambda: engine.waiting == 2)
     big.cancel()
     await asyncio.wait_for(small, 1)  # the head left: the small call fits beside the first
     assert small_job in engine.running and engine.waiting == 0

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from simulator.__main__ import main
 from simulator.server import SimulatorConfig, SimulatorServer
+from tests.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "Hello there, simulator!"}]
 
@@ -118,10 +119,7 @@ async def test_metrics_show_running_and_waiting() -> None:
     async with SimulatorServer(config) as sim, httpx.AsyncClient(base_url=sim.url, timeout=10) as c:
         slow = chat(sim={"latency_ms": 400})
         calls = [asyncio.create_task(c.post("/chat/completions", json=slow)) for _ in range(2)]
-        for _ in range(200):
-            if sim.running == 1 and sim.waiting == 1:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: sim.running == 1 and sim.waiting == 1)
         metrics = await c.get(sim.url.removesuffix("/v1") + "/metrics")
         assert metrics.headers["content-type"].startswith("text/plain")
         values = metric_values(metrics.text)
@@ -257,8 +255,7 @@ async def test_stop_with_request_in_flight_and_counts_without_calls() -> None:
     assert sim.requests_total == 0
     async with httpx.AsyncClient(base_url=sim.url) as c:
         task = asyncio.create_task(c.post("/chat/completions", json=chat(sim={"latency_ms": 5000})))
-        while sim.running == 0:
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: sim.running == 1)
         await asyncio.wait_for(sim.stop(), 2)
         with pytest.raises(httpx.TransportError):
             await task
