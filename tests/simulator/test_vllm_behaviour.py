@@ -201,3 +201,26 @@ async def test_metrics_text_is_valid_prometheus_with_one_registry_per_server() -
             assert families["vllm:num_requests_running"].samples[0].labels == {"model_name": sim.config.model}
             assert families["vllm:prompt_tokens"].type == "counter"
     assert orjson.loads(orjson.dumps({"ok": True}))  # both exposed side by side without a registry clash
+
+
+async def test_kv_usage_follows_the_tokens_a_stream_has_delivered(http: httpx.AsyncClient) -> None:
+    config = SimulatorConfig(kv_cache_tokens=1000, itl_ms=150, default_completion_tokens=6)
+    async with SimulatorServer(config) as sim:
+        seen = []
+        body = chat(stream=True)
+        async with http.stream("POST", sim.url + "/chat/completions", json=body) as response:
+            delivered = 0
+            async for line in response.aiter_lines():
+                if not line or line == "data: [DONE]":
+                    continue
+                delta = orjson.loads(line.removeprefix("data: "))["choices"][0]["delta"]
+                delivered += bool(delta.get("content"))
+                if delivered:
+                    held = round((await scrape(http, sim))["vllm:kv_cache_usage_perc"] * 1000)
+                    seen.append((delivered, held - PROMPT_TOKENS))
+        # After k tokens reached the client the cache holds the prompt and k tokens (k + 1 if the next
+        # one is generated while the scrape travels); the last token ends the call and frees it all.
+        assert [delivered for delivered, _ in seen[:6]] == [1, 2, 3, 4, 5, 6]
+        for delivered, generated in seen[:5]:
+            assert delivered <= generated <= delivered + 1, seen
+        assert (await scrape(http, sim))["vllm:kv_cache_usage_perc"] == 0
