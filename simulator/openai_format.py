@@ -47,9 +47,14 @@ def check_request(request: Any) -> str:
     messages = request.get("messages")
     if not isinstance(messages, list) or not messages:
         return "'messages' must be a non-empty list"
+    stream = request.get("stream", False)
+    if not isinstance(stream, bool):
+        return "'stream' must be true or false"
     options = request.get("stream_options")
     if options is not None and not isinstance(options, dict):
         return "'stream_options' must be an object"
+    if options is not None and not stream:
+        return "'stream_options' is only allowed when 'stream' is true"  # as vLLM and OpenAI refuse it
     sim = request.get("sim")
     if sim is None:
         return ""

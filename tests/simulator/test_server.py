@@ -90,6 +90,8 @@ async def test_models_and_health(sim: SimulatorServer, client: httpx.AsyncClient
         ("POST", "/v1/chat/completions", b"[]", 400),
         ("POST", "/v1/chat/completions", orjson.dumps({"messages": []}), 400),
         ("POST", "/v1/chat/completions", orjson.dumps(chat(stream=True, stream_options=[1])), 400),
+        ("POST", "/v1/chat/completions", orjson.dumps(chat(stream="yes")), 400),
+        ("POST", "/v1/chat/completions", orjson.dumps(chat(stream_options={"include_usage": True})), 400),
         ("POST", "/v1/chat/completions", orjson.dumps(chat(sim={"bogus": 1})), 400),
         ("POST", "/v1/chat/completions", orjson.dumps(chat(sim={"status": "x"})), 400),
     ],
