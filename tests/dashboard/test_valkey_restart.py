@@ -1,0 +1,48 @@
+"""The dashboard websocket after the Valkey server behind it restarts (real server stopped and started)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dashboard.publisher import snapshot_sink
+from dispatch_project import connections
+from runtime.valkey import embedded
+from tests.dashboard.conftest import point_dashboard_at
+from tests.dashboard.test_consumer import communicator, view_where
+from tests.dashboard.test_merge import pool, snap
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture
+def dashboard_on_private_valkey(settings, private_valkey, keys):
+    """Everything the consumer touches (snapshot reads, channel layer) on a server the test may restart."""
+    point_dashboard_at(settings, private_valkey.url, keys)
+    yield private_valkey
+    connections.valkey_url.cache_clear()
+
+
+async def test_first_websocket_after_a_valkey_restart_connects_and_gets_snapshots(
+    dashboard_on_private_valkey, fabric, staff
+) -> None:
+    server = dashboard_on_private_valkey
+    before = communicator(staff)
+    assert (await before.connect())[0]
+    await before.receive_json_from(timeout=5)
+    await before.disconnect()
+
+    embedded.stop(server.data_dir)
+    embedded.start(server.data_dir, port=server.port)
+
+    after = communicator(staff)
+    connected, _ = await after.connect(timeout=10)
+    assert connected
+    first = (await after.receive_json_from(timeout=5))["view"]
+    assert first["group_id"] == "g" and first["valkey_error"] == ""
+    # The group membership is live again: an event published after the restart reaches this socket.
+    await snapshot_sink()(snap("after-restart", time.time(), [pool("interactive", queue_depth=7)]))
+    view = await view_where(after, lambda v: v["dispatchers_running"] == 1, timeout=5)
+    assert view["dispatchers"][0]["dispatcher_id"] == "after-restart"
+    await after.disconnect()
