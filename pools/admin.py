@@ -43,9 +43,23 @@ def report_publication(request: HttpRequest, results: Iterable[services.PublishR
             )
 
 
+class PoolInlineRowForm(PoolRowForm):
+    """A row of the group page's pool inline: an existing pool's id is shown but fixed.
+
+    The admin's read-only fields apply to every row of an inline, so the id is disabled per row
+    instead: new rows still take an id, and a posted id for an existing row is ignored.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:
+            # Renaming a lane would strand its queued requests under the old key (as on PoolAdmin).
+            self.fields["pool_id"].disabled = True
+
+
 class PoolInline(admin.TabularInline):
     model = Pool
-    form = PoolRowForm
+    form = PoolInlineRowForm
     formset = PoolInlineFormSet
     extra = 0
     fields = (
