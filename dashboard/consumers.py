@@ -70,6 +70,7 @@ class FabricConsumer(AsyncJsonWebsocketConsumer):
         self.totals: dict[str, Any] = selectors.counter_totals({})
         self.valkey_error = ""
         self._dirty = asyncio.Event()
+        self._refresh_due = False
         await self.channel_layer.group_add(self.layer_group, self.channel_name)
         await self.accept()
         await self._refresh()
@@ -87,8 +88,9 @@ class FabricConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(self.layer_group, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        """The browser sends nothing but an occasional ``{"type": "refresh"}``."""
+        """The browser sends nothing but ``{"type": "refresh"}``, after a pause or resume it saved."""
         if isinstance(content, dict) and content.get("type") == "refresh":
+            self._refresh_due = True  # re-read the configuration now, not at the next REFRESH_S
             self._dirty.set()
 
     async def fabric_snapshot(self, event: dict[str, Any]) -> None:
@@ -107,8 +109,8 @@ class FabricConsumer(AsyncJsonWebsocketConsumer):
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), REFRESH_S)
-            if time.monotonic() - last_refresh >= REFRESH_S:  # counters and unobserved pools, even when busy
-                last_refresh = time.monotonic()
+            if self._refresh_due or time.monotonic() - last_refresh >= REFRESH_S:  # even when busy
+                last_refresh, self._refresh_due = time.monotonic(), False
                 await self._refresh()
             self._dirty.clear()
             try:

@@ -180,7 +180,7 @@ class PoolAdmin(admin.ModelAdmin):
                 '<span style="background:#f5a623;color:#000;padding:1px 6px;border-radius:8px;'
                 'font-weight:bold" title="{}">{}</span>',
                 "Paused: queued work stays queued until resumed",
-                "⏸ PAUSED",
+                "❚❚ PAUSED",  # U+23F8 (⏸) has no glyph in Debian's fonts: Chromium drew a box
             )
         return format_html('<span style="color:#1a7f37">{}</span>', "● running")
 

@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 from dispatch_project import connections
 from pools.models import FabricGroup, Pool
 from runtime.wire.keys import KeySpace
+from tests.dashboard.browser import stack  # noqa: F401 - the browser tests' fixture
 
 
 def point_dashboard_at(settings, url: str, keys: KeySpace) -> None:
