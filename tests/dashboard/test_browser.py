@@ -138,3 +138,36 @@ async def test_pause_and_resume_take_one_plain_click_each_while_the_feed_is_busy
             for task in calls:
                 task.cancel()
             await asyncio.gather(*calls, return_exceptions=True)
+
+
+async def test_reasons_a_newer_dispatcher_reports_show_up_explained(stack, aredis, keys) -> None:
+    """A drop reason and a skip reason the dashboard has no words for yet still show, with a legend entry."""
+    import orjson
+    from playwright.async_api import async_playwright
+
+    from tests.dashboard.test_merge import pool, snap
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = await logged_in_page(browser, stack["url"])
+        try:
+            await page.wait_for_selector("#feed.ok", timeout=15_000)
+            newer = snap(
+                "newer-d2", time.time(), [pool("backfill", skips={"tenant_quota": 3})],
+                group_id="demo", dropped={"lost_in_flight": 2, "shed_by_operator": 1},
+            )  # fmt: skip
+            await aredis.set(keys.snapshot("demo", "newer-d2"), orjson.dumps(newer), px=10_000)
+
+            known_new = page.locator('#counters tr[data-key="drop:lost_in_flight"]')
+            await known_new.wait_for(timeout=10_000)
+            assert (await known_new.inner_text()).split("\t")[0] == "Dropped: Lost in flight"
+            assert "lease expired" in (await known_new.locator("td").first.get_attribute("title") or "")
+            unknown = page.locator('#counters tr[data-key="drop:shed_by_operator"] td').first
+            assert await unknown.inner_text() == "Dropped: shed by operator"
+            chip = page.locator('tr[data-pool="backfill"] .chip[title^="tenant_quota: "]')
+            assert await chip.inner_text() == "tenant quota 3"
+            for kind, reason in (("drop", "shed_by_operator"), ("skip", "tenant_quota")):
+                entry = page.locator(f'#legend-{kind} dt[data-reason="{reason}"]')
+                assert await entry.is_visible(), reason
+        finally:
+            await browser.close()

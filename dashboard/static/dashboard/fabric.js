@@ -22,6 +22,7 @@
   var closedFor = "";
   var posting = {}; // pool_id -> true while its pause/resume request is on the way
   var wanted = {}; // pool_id -> {paused, at}: saved by the operator, not yet in the dispatchers' view
+  var problems = {}; // pool_id -> what went wrong with the operator's last pause/resume
 
   // --- formatting -------------------------------------------------------------------------------
   function esc(value) {
@@ -148,7 +149,9 @@
       (applying ? '<span class="pill warn" title="Saved and published; the dispatchers apply it within about a second">' +
         (paused ? "pausing…" : "resuming…") + "</span>"
         : paused ? '<span class="pill warn" title="Queued work stays queued until the pool is resumed">paused</span>' : "") +
-      (p.enabled === false ? ' <span class="pill" title="Disabled in the admin: not scheduled">disabled</span>' : ""));
+      (p.enabled === false ? ' <span class="pill" title="Disabled in the admin: not scheduled">disabled</span>' : "") +
+      (problems[p.pool_id] ? ' <span class="pill bad" title="' + esc(problems[p.pool_id].detail) + '">' +
+        esc(problems[p.pool_id].label) + "</span>" : ""));
     setHTML(f.links, (p.admin_url ? '<a href="' + esc(p.admin_url) + '">admin</a> · ' : "") +
       '<a href="' + esc(historyUrl) + "?pool=" + encodeURIComponent(p.pool_id) + '">history</a>');
     setText(f.weight, dash(p.weight));
@@ -361,14 +364,18 @@
       return response.json();
     }).then(function (result) {
       delete posting[poolId];
+      delete problems[poolId];
+      if (!result.published) {
+        // Saved in the database, but running dispatchers keep their previous configuration.
+        problems[poolId] = { label: "not published", detail: (result.errors || []).join("; ") };
+      }
       wanted[result.pool_id] = { paused: result.paused, at: Date.now() };
       render(lastView);
       if (socket && socket.readyState === 1) socket.send(JSON.stringify({ type: "refresh" }));
     }).catch(function (error) {
       delete posting[poolId];
-      button.disabled = false;
-      button.textContent = "Retry";
-      button.title = String(error);
+      problems[poolId] = { label: "not saved", detail: "The server refused or did not answer (" + error + "); try again." };
+      render(lastView);
     });
   });
 
