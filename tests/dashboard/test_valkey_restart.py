@@ -46,3 +46,24 @@ async def test_first_websocket_after_a_valkey_restart_connects_and_gets_snapshot
     view = await view_where(after, lambda v: v["dispatchers_running"] == 1, timeout=5)
     assert view["dispatchers"][0]["dispatcher_id"] == "after-restart"
     await after.disconnect()
+
+
+async def test_websocket_while_valkey_is_down_says_so_and_recovers_when_it_returns(
+    dashboard_on_private_valkey, fabric, staff
+) -> None:
+    server = dashboard_on_private_valkey
+    embedded.stop(server.data_dir)
+    comm = communicator(staff)
+    connected, _ = await comm.connect(timeout=10)
+    assert connected  # the browser learns why there are no live figures, instead of a failed handshake
+    down = (await comm.receive_json_from(timeout=10))["view"]
+    assert down["valkey_error"] and down["dispatchers_running"] == 0
+    assert [p["pool_id"] for p in down["pools"]] == ["interactive", "backfill"]  # from the configuration
+
+    embedded.start(server.data_dir, port=server.port)
+    await view_where(comm, lambda v: v["valkey_error"] == "", timeout=10)
+    # The socket joined its group once Valkey came back: published snapshots reach it again.
+    await snapshot_sink()(snap("back", time.time(), [pool("interactive", queue_depth=3)]))
+    view = await view_where(comm, lambda v: v["dispatchers_running"] == 1, timeout=5)
+    assert view["dispatchers"][0]["dispatcher_id"] == "back"
+    await comm.disconnect()
