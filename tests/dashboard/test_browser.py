@@ -83,6 +83,8 @@ async def _tile_gt(page, name: str, value: int) -> bool:
     return int(await page.locator(f'[data-v="{name}"]').inner_text()) > value
 
 
+LEGEND_SCREENSHOT = "/tmp/dashboard-legend.png"
+
 # A person holds the button down for a moment; a table re-rendered in that moment swallows the click.
 PRESS_MS = 150
 
@@ -166,8 +168,10 @@ async def test_reasons_a_newer_dispatcher_reports_show_up_explained(stack, aredi
             assert await unknown.inner_text() == "Dropped: shed by operator"
             chip = page.locator('tr[data-pool="backfill"] .chip[title^="tenant_quota: "]')
             assert await chip.inner_text() == "tenant quota 3"
+            await page.click("#legend summary")  # the legend opens on demand
             for kind, reason in (("drop", "shed_by_operator"), ("skip", "tenant_quota")):
                 entry = page.locator(f'#legend-{kind} dt[data-reason="{reason}"]')
                 assert await entry.is_visible(), reason
+            await page.screenshot(path=LEGEND_SCREENSHOT, full_page=True)
         finally:
             await browser.close()

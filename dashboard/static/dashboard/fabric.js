@@ -188,7 +188,7 @@
       { html: '<code title="' + esc(a.request_id) + '">' + esc(String(a.request_id).slice(0, 12)) + "</code>" },
       { html: esc(a.pool_id) },
       { html: '<code title="' + esc(a.producer_id) + '">' + esc(String(a.producer_id).slice(0, 17)) + "</code>" },
-      { html: esc(a.model) },
+      { html: esc(a.model), cls: "nowrap" },
       { html: esc(a.stage) },
       { html: waited === undefined ? "–" : secs(waited), cls: "num", title: "Time in the queue before a dispatcher started it" },
       { html: running === undefined ? secs(a.age_s) : secs(running), cls: "num", title: "Time since the backend call started" },
