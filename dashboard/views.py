@@ -38,7 +38,6 @@ def _first_url(*names: str, default: str) -> str:
 def _links() -> dict[str, str]:
     return {
         "history": _first_url("history:recent", default=HISTORY_URL),
-        "analytics": _first_url("history:analytics", "history:pools", default=f"{HISTORY_URL}analytics/"),
     }
 
 
