@@ -65,12 +65,13 @@ class FabricConsumer(AsyncJsonWebsocketConsumer):
             await self.accept()
             await self.close(code=CLOSE_UNKNOWN_GROUP)
             return
-        self.layer_group = publisher.group_name(self.group_id)
+        self.layer_group = ""  # set once joined
         self.lengths: dict[str, int] = {}
         self.totals: dict[str, Any] = selectors.counter_totals({})
         self.valkey_error = ""
         self._dirty = asyncio.Event()
-        await self.channel_layer.group_add(self.layer_group, self.channel_name)
+        self._refresh_due = False
+        await self._join()  # without Valkey, _refresh tries again: the page says why it is not live
         await self.accept()
         await self._refresh()
         await self._send_view()
@@ -84,11 +85,13 @@ class FabricConsumer(AsyncJsonWebsocketConsumer):
                 await self._task
             self._task = None
         if self.layer_group:
-            await self.channel_layer.group_discard(self.layer_group, self.channel_name)
+            with contextlib.suppress(*selectors.VALKEY_ERRORS):  # membership expires on its own
+                await self.channel_layer.group_discard(self.layer_group, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        """The browser sends nothing but an occasional ``{"type": "refresh"}``."""
+        """The browser sends nothing but ``{"type": "refresh"}``, after a pause or resume it saved."""
         if isinstance(content, dict) and content.get("type") == "refresh":
+            self._refresh_due = True  # re-read the configuration now, not at the next REFRESH_S
             self._dirty.set()
 
     async def fabric_snapshot(self, event: dict[str, Any]) -> None:
@@ -107,8 +110,8 @@ class FabricConsumer(AsyncJsonWebsocketConsumer):
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), REFRESH_S)
-            if time.monotonic() - last_refresh >= REFRESH_S:  # counters and unobserved pools, even when busy
-                last_refresh = time.monotonic()
+            if self._refresh_due or time.monotonic() - last_refresh >= REFRESH_S:  # even when busy
+                last_refresh, self._refresh_due = time.monotonic(), False
                 await self._refresh()
             self._dirty.clear()
             try:
@@ -117,8 +120,19 @@ class FabricConsumer(AsyncJsonWebsocketConsumer):
                 log.debug("dashboard send failed: %s", exc)
             await asyncio.sleep(MIN_SEND_INTERVAL_S)
 
+    async def _join(self) -> None:
+        """Joins the group's channel-layer group, so dispatcher events reach this socket."""
+        try:
+            await self.channel_layer.group_add(publisher.group_name(self.group_id), self.channel_name)
+        except selectors.VALKEY_ERRORS as exc:
+            self.valkey_error = str(exc)
+            return
+        self.layer_group = publisher.group_name(self.group_id)
+
     async def _refresh(self) -> None:
         started = time.time()
+        if not self.layer_group:
+            await self._join()
         with contextlib.suppress(Exception):  # keep the last known configuration if the DB hiccups
             self.configured = await database_sync_to_async(selectors.configured_pools)(group_id=self.group_id)
         pool_ids = [p["pool_id"] for p in self.configured]

@@ -38,7 +38,6 @@ def _first_url(*names: str, default: str) -> str:
 def _links() -> dict[str, str]:
     return {
         "history": _first_url("history:recent", default=HISTORY_URL),
-        "analytics": _first_url("history:analytics", "history:pools", default=f"{HISTORY_URL}analytics/"),
     }
 
 
@@ -64,6 +63,9 @@ def fabric(request: HttpRequest, group_id: str) -> HttpResponse:
     view = selectors.fabric_view(group_id=group_id, configured=configured, now=time.time())
     for row in view["dispatchers"]:
         row["up_since_dt"] = datetime.fromtimestamp(float(row["up_since"] or 0), tz=UTC)
+        row["breaker_pills"] = selectors.breaker_pills(row["breakers"])
+    for pool in view["pools"]:
+        pool["skip_chips"] = selectors.skip_chips(pool["skips"])
     context: dict[str, Any] = {
         "group": group,
         "groups": list(pool_selectors.group_list()),
@@ -71,7 +73,9 @@ def fabric(request: HttpRequest, group_id: str) -> HttpResponse:
         "links": _links(),
         "ws_path": f"/ws/fabric/{group_id}/",
         "counter_rows": selectors.counter_rows(view),
-        "drop_labels": selectors.DROP_LABELS,
+        "texts": selectors.reason_texts(),
+        "legend": selectors.legend(view),
+        "drop_reasons": " ".join(selectors.known_drop_reasons({})),
         "max_queue": max([int(p.get("queue_depth") or 0) for p in view["pools"]] + [1]),
     }
     return render(request, "dashboard/fabric.html", context)

@@ -95,7 +95,7 @@ DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{DISPATCH_DAT
 # Hosts are filled in at start-up by pools.connections, once the Valkey URL is known.
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "BACKEND": "dashboard.layer.RedisChannelLayer",  # channels-redis that reconnects
         "CONFIG": {"hosts": [], "prefix": f"{DISPATCH_KEY_PREFIX}asgi", "capacity": 500, "expiry": 30},
     }
 }

@@ -52,9 +52,23 @@ def _report_results(request: HttpRequest, results: list[services.PublishResult])
             )
 
 
+class PoolInlineRowForm(PoolRowForm):
+    """A row of the group page's pool inline: an existing pool's id is shown but fixed.
+
+    The admin's read-only fields apply to every row of an inline, so the id is disabled per row
+    instead: new rows still take an id, and a posted id for an existing row is ignored.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:
+            # Renaming a lane would strand its queued requests under the old key (as on PoolAdmin).
+            self.fields["pool_id"].disabled = True
+
+
 class PoolInline(admin.TabularInline):
     model = Pool
-    form = PoolRowForm
+    form = PoolInlineRowForm
     formset = PoolInlineFormSet
     extra = 0
     fields = (
@@ -175,7 +189,7 @@ class PoolAdmin(admin.ModelAdmin):
                 '<span style="background:#f5a623;color:#000;padding:1px 6px;border-radius:8px;'
                 'font-weight:bold" title="{}">{}</span>',
                 "Paused: queued work stays queued until resumed",
-                "⏸ PAUSED",
+                "❚❚ PAUSED",  # U+23F8 (⏸) has no glyph in Debian's fonts: Chromium drew a box
             )
         return format_html('<span style="color:#1a7f37">{}</span>', "● running")
 

@@ -41,7 +41,8 @@ def key_space() -> KeySpace:
 def configure_channel_layers() -> None:
     """Points the channels-redis layer at the same Valkey as everything else."""
     config = settings.CHANNEL_LAYERS["default"].setdefault("CONFIG", {})
-    if not config.get("hosts") and settings.CHANNEL_LAYERS["default"]["BACKEND"].startswith("channels_redis"):
+    redis_layer = settings.CHANNEL_LAYERS["default"]["BACKEND"].endswith("RedisChannelLayer")
+    if not config.get("hosts") and redis_layer:
         config["hosts"] = [valkey_url()]
 
 

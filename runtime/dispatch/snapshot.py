@@ -98,6 +98,9 @@ def build_snapshot(dispatcher: Dispatcher, *, now: float) -> dict[str, Any]:
                 "model": run.envelope.call.model,
                 "stage": run.stage,
                 "age_s": round(max(0.0, now - run.envelope.enqueued_at), 3),
+                # Apart, so a long queue wait is not read as a slow backend call.
+                "queue_wait_s": round(max(0.0, run.started_at - run.envelope.enqueued_at), 3),
+                "execution_s": round(max(0.0, now - run.started_at), 3),
             }
             for run in active
         ],

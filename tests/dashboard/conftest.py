@@ -10,21 +10,27 @@ from django.contrib.auth import get_user_model
 from pools import connections
 from pools.models import FabricGroup, Pool
 from runtime.wire.keys import KeySpace
+from tests.dashboard.browser import stack  # noqa: F401 - the browser tests' fixture
+
+
+def point_dashboard_at(settings, url: str, keys: KeySpace) -> None:
+    """Valkey reads and the project's channel layer (its own backend class) on ``url`` under ``keys``."""
+    connections.valkey_url.cache_clear()
+    settings.VALKEY_URL = url
+    settings.DISPATCH_KEY_PREFIX = keys.prefix
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": settings.CHANNEL_LAYERS["default"]["BACKEND"],
+            "CONFIG": {"hosts": [url], "prefix": f"{keys.prefix}asgi", "capacity": 500, "expiry": 30},
+        }
+    }
 
 
 @pytest.fixture(autouse=True)
 def dashboard_on_test_valkey(settings, valkey_url: str, keys: KeySpace) -> Iterator[None]:
     """Publication, snapshot reads and the channels-redis layer all use the test server and prefix."""
-    connections.valkey_url.cache_clear()
-    settings.VALKEY_URL = valkey_url
-    settings.DISPATCH_KEY_PREFIX = keys.prefix
+    point_dashboard_at(settings, valkey_url, keys)
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [valkey_url], "prefix": f"{keys.prefix}asgi", "capacity": 500, "expiry": 30},
-        }
-    }
     yield
     connections.valkey_url.cache_clear()
 

@@ -1,97 +1,15 @@
-"""The dashboard in headless Chromium against a real stack: daphne, a dispatcher, the simulator, load.
-
-Everything but the producer runs as its own process, as in production: ``manage.py simbackend``,
-``manage.py rundispatcher --group demo`` and ``daphne``, sharing the test Valkey under a unique key
-prefix. Uses the system Chromium (``apt-get install chromium``); never ``playwright install``.
-"""
+"""The dashboard in headless Chromium against a real stack (see tests/dashboard/browser.py), under load."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from runtime.producer import Producer
-from runtime.valkey.embedded import free_port
+from tests.dashboard.browser import BROWSER_MARKS, CHROMIUM, CHROMIUM_ARGS, SCREENSHOT, logged_in_page
 from tests.runtime.harness import slow_call
 
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-PASSWORD = "browser-test-pw"
-SCREENSHOT = "/tmp/dashboard.png"
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="system Chromium not installed"),
-]
-
-
-def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"nothing listens on port {port}")
-
-
-@pytest.fixture
-def stack(tmp_path: Path, valkey_url: str, keys) -> Iterator[dict]:
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "dispatch_project.settings",
-        "DISPATCH_DATA_DIR": str(tmp_path),
-        "VALKEY_URL": valkey_url,
-        "DISPATCH_KEY_PREFIX": keys.prefix,
-        "DISPATCH_LOG_LEVEL": "WARNING",
-    }
-    manage = [sys.executable, "manage.py"]
-    procs: list[subprocess.Popen] = []
-
-    def start(args: list[str], name: str) -> subprocess.Popen:
-        log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        procs.append(proc)
-        return proc
-
-    sim_port, web_port = free_port(), free_port()
-    sim = start([*manage, "simbackend", "--port", str(sim_port)], "sim")
-    subprocess.run([*manage, "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-    wait_for_port(sim_port, sim)
-    subprocess.run(
-        [*manage, "seed_demo", "--endpoint", f"http://127.0.0.1:{sim_port}/v1", "--admin-password", PASSWORD],
-        cwd=ROOT, env=env, check=True, capture_output=True,
-    )  # fmt: skip
-    start(
-        [*manage, "rundispatcher", "--group", "demo", "--dispatcher-id", "browser-d1", "--grace", "1"], "disp"
-    )
-    web = start([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port),
-                 "dispatch_project.asgi:application"], "daphne")  # fmt: skip
-    wait_for_port(web_port, web)
-    try:
-        yield {"url": f"http://127.0.0.1:{web_port}", "logs": tmp_path}
-    finally:
-        for proc in reversed(procs):
-            proc.send_signal(signal.SIGTERM)
-        for proc in reversed(procs):
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+pytestmark = BROWSER_MARKS
 
 
 async def figure(page, pool_id: str, field: str) -> int:
@@ -116,14 +34,8 @@ async def test_dashboard_updates_live_and_pauses_a_pool(stack, aredis, keys) -> 
         Producer(aredis, keys=keys, producer_id="browser-load") as producer,
     ):
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = await browser.new_page(viewport={"width": 1440, "height": 1000})
+        page = await logged_in_page(browser, base)
         try:
-            await page.goto(f"{base}/")
-            assert "/admin/login/" in page.url  # anonymous: to the login form
-            await page.fill("#id_username", "admin")
-            await page.fill("#id_password", PASSWORD)
-            await page.click("input[type=submit]")
-            await page.wait_for_url(f"{base}/fabric/demo/")
             await page.wait_for_selector("#feed.ok", timeout=15_000)  # the dispatcher's feed is live
             await page.evaluate("window.__notReloaded = true")
             assert await figure(page, "interactive", "in_flight") == 0
@@ -169,3 +81,97 @@ async def _ge(page, pool_id: str, field: str, value: int) -> bool:
 
 async def _tile_gt(page, name: str, value: int) -> bool:
     return int(await page.locator(f'[data-v="{name}"]').inner_text()) > value
+
+
+LEGEND_SCREENSHOT = "/tmp/dashboard-legend.png"
+
+# A person holds the button down for a moment; a table re-rendered in that moment swallows the click.
+PRESS_MS = 150
+
+
+async def test_pause_and_resume_take_one_plain_click_each_while_the_feed_is_busy(stack, aredis, keys) -> None:
+    from playwright.async_api import async_playwright
+
+    from runtime.wire.groupconfig import GroupConfig
+
+    async def published_paused() -> bool:
+        return GroupConfig.decode(await aredis.get(keys.group_config("demo"))).pool("backfill").paused
+
+    calls: list[asyncio.Task] = []
+    async with (
+        async_playwright() as pw,
+        Producer(aredis, keys=keys, producer_id="browser-busy") as producer,
+    ):
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = await logged_in_page(browser, stack["url"])
+        try:
+            await page.wait_for_selector("#feed.ok", timeout=15_000)
+            for pool_id in (
+                "interactive",
+                "backfill",
+                "default",
+            ) * 40:  # short calls: figures change constantly
+                calls.append(
+                    asyncio.create_task(producer.submit(slow_call(300), pool_id=pool_id, timeout=60))
+                )
+            await until(lambda: _gt(page, "backfill", "queue_depth", 0), "a backfill queue")
+            changes = await page.evaluate(
+                """() => new Promise(done => {
+                    let n = 0;
+                    new MutationObserver(list => { n += list.length; })
+                        .observe(document.getElementById("pools"), {subtree: true, childList: true,
+                                 characterData: true, attributes: true});
+                    setTimeout(() => done(n), 1000);
+                })"""
+            )
+            assert changes >= 3, "the pool table should be changing while we click"
+            row = page.locator('tr[data-pool="backfill"]')
+            for _ in range(3):
+                await row.locator("button.pause").click(delay=PRESS_MS)
+                await page.wait_for_selector('tr[data-pool="backfill"].paused button.resume', timeout=5_000)
+                assert await published_paused() is True
+                await row.locator("button.resume").click(delay=PRESS_MS)
+                await page.wait_for_selector(
+                    'tr[data-pool="backfill"]:not(.paused) button.pause', timeout=5_000
+                )
+                assert await published_paused() is False
+        finally:
+            await browser.close()
+            for task in calls:
+                task.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+
+
+async def test_reasons_a_newer_dispatcher_reports_show_up_explained(stack, aredis, keys) -> None:
+    """A drop reason and a skip reason the dashboard has no words for yet still show, with a legend entry."""
+    import orjson
+    from playwright.async_api import async_playwright
+
+    from tests.dashboard.test_merge import pool, snap
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = await logged_in_page(browser, stack["url"])
+        try:
+            await page.wait_for_selector("#feed.ok", timeout=15_000)
+            newer = snap(
+                "newer-d2", time.time(), [pool("backfill", skips={"tenant_quota": 3})],
+                group_id="demo", dropped={"lost_in_flight": 2, "shed_by_operator": 1},
+            )  # fmt: skip
+            await aredis.set(keys.snapshot("demo", "newer-d2"), orjson.dumps(newer), px=10_000)
+
+            known_new = page.locator('#counters tr[data-key="drop:lost_in_flight"]')
+            await known_new.wait_for(timeout=10_000)
+            assert (await known_new.inner_text()).split("\t")[0] == "Dropped: Lost in flight"
+            assert "lease expired" in (await known_new.locator("td").first.get_attribute("title") or "")
+            unknown = page.locator('#counters tr[data-key="drop:shed_by_operator"] td').first
+            assert await unknown.inner_text() == "Dropped: shed by operator"
+            chip = page.locator('tr[data-pool="backfill"] .chip[title^="tenant_quota: "]')
+            assert await chip.inner_text() == "tenant quota 3"
+            await page.click("#legend summary")  # the legend opens on demand
+            for kind, reason in (("drop", "shed_by_operator"), ("skip", "tenant_quota")):
+                entry = page.locator(f'#legend-{kind} dt[data-reason="{reason}"]')
+                assert await entry.is_visible(), reason
+            await page.screenshot(path=LEGEND_SCREENSHOT, full_page=True)
+        finally:
+            await browser.close()

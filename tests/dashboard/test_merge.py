@@ -11,6 +11,7 @@ from dashboard.selectors import (
     STALE_AFTER_S,
     counter_rows,
     counter_totals,
+    legend,
     live_snapshots,
     merge_snapshots,
     with_configured_pools,
@@ -177,8 +178,11 @@ def test_counter_hash_and_rows() -> None:
     rows = counter_rows(view)
     assert len(rows) == len(DROP_REASONS) + 1
     expired = next(r for r in rows if "Expired" in r["label"])
+    assert expired["reason"] == "expired" and "deadline" in expired["explanation"]
     assert (expired["live"], expired["total"]) == (1, 3)
-    assert rows[-1] == {"label": "Failed: backend_timeout", "live": 0, "total": 2}
+    last = rows[-1]
+    assert (last["label"], last["live"], last["total"]) == ("Failed: backend_timeout", 0, 2)
+    assert last["reason"] == "backend_timeout" and last["explanation"]
 
 
 @pytest.mark.parametrize(
@@ -195,3 +199,23 @@ def test_channel_group_names_are_sanitized_and_kept_apart() -> None:
     for name in (one, two, group_name("x" * 300)):
         assert len(name) < 100
         assert all(c.isascii() and (c.isalnum() or c in "-_.") for c in name)
+
+
+def test_reasons_the_dashboard_does_not_know_yet_still_show_with_their_name() -> None:
+    view = merge_snapshots(
+        [
+            snap(
+                "d", NOW, [pool("interactive", skips={"pool_cap": 2, "tenant_quota": 1})], dropped={"shed": 4}
+            )
+        ],
+        now=NOW,
+    )
+    view["totals"] = counter_totals({b"dropped:shed": b"9"})
+    shed = next(r for r in counter_rows(view) if r["reason"] == "shed")
+    assert (shed["label"], shed["live"], shed["total"]) == ("Dropped: shed", 4, 9)
+    explained = legend(view)
+    assert [r["reason"] for r in explained["drop"]][-1] == "shed"
+    quota = next(r for r in explained["skip"] if r["reason"] == "tenant_quota")
+    assert quota["label"] == "tenant quota" and "tenant_quota" in quota["explanation"]
+    pool_cap = next(r for r in explained["skip"] if r["reason"] == "pool_cap")
+    assert pool_cap["label"] == "pool at its max"

@@ -86,3 +86,25 @@ async def test_snapshot_reports_backlog_caps_pause_and_active_requests(aredis, k
     assert 0 < ttl_ms <= 10_000
     # A stopped dispatcher removes its snapshot: it no longer counts as running.
     assert await aredis.exists(keys.snapshot("g", "d1")) == 0
+
+
+async def test_active_requests_report_queue_wait_and_execution_apart(aredis, keys, sim) -> None:
+    """The fifth call waits in its queue for a slot: its wait is not counted as execution time."""
+    async with (
+        dispatcher_running(aredis, keys, two_pools(sim.url)) as dispatcher,
+        Producer(aredis, keys=keys) as producer,
+    ):
+        calls = [
+            asyncio.create_task(producer.submit(slow_call(700), pool_id="interactive", timeout=30))
+            for _ in range(5)
+        ]
+
+        def waited_one() -> dict | None:
+            return next((a for a in dispatcher.snapshot()["active"] if a["queue_wait_s"] >= 0.5), None)
+
+        try:
+            late = await wait_until(waited_one, timeout=10)
+        finally:
+            await asyncio.gather(*calls, return_exceptions=True)
+    assert late["execution_s"] < 0.5  # it has only just started
+    assert late["age_s"] == pytest.approx(late["queue_wait_s"] + late["execution_s"], abs=0.01)

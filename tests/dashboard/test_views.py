@@ -80,7 +80,7 @@ def test_page_first_paint_from_the_stored_snapshot(staff_client, fabric, sredis,
     assert "No dispatcher is running" not in page
     assert '<span class="fig" data-f="queue_depth">3</span>' in page
     assert '<span data-f="in_flight">2</span> / 4' in page
-    assert "pool_cap 4" in page and "2.5 s" in page
+    assert 'title="pool_cap: ' in page and "pool at its max <b>4</b>" in page and "2.5 s" in page
     assert "req-123" in page and "prod-9" in page
     assert "gw-1" in page and "<code>d1</code>" in page
     assert "Expired in the queue" in page
@@ -89,7 +89,10 @@ def test_page_first_paint_from_the_stored_snapshot(staff_client, fabric, sredis,
     assert "/history/?pool=interactive" in page
     assert 'action="/fabric/g/pools/backfill/resume/"' in page  # paused in the snapshot
     assert 'action="/fabric/g/pools/interactive/pause/"' in page
-    assert 'title="http://gpu-1:8000/v1">open · opened 2 times' in page  # breaker state per backend
+    # Breaker state per backend, in plain words ("closed" in green reads as "down").
+    assert 'title="http://gpu-1:8000/v1 — ' in page and ">failing (calls held) · opened 2 times<" in page
+    assert 'title="http://gpu-2:8000/v1 — ' in page and ">healthy</span>" in page
+    assert ">closed<" not in page and ">open ·" not in page
 
 
 def test_stale_feed_is_flagged(staff_client, fabric, sredis, keys) -> None:
@@ -163,3 +166,27 @@ def test_metrics_without_valkey_still_answer(client, fabric, settings) -> None:
     settings.VALKEY_URL = f"redis://127.0.0.1:{free_port()}/0"
     families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").content.decode())}
     assert families["llm_dispatch_valkey_up"].samples[0].value == 0
+
+
+def test_reasons_are_explained_in_a_legend_and_on_hover(staff_client, fabric, sredis, keys) -> None:
+    store_snapshot(sredis, keys)
+    page = staff_client.get("/fabric/g/").content.decode()
+    assert 'id="legend-drop"' in page and 'id="legend-skip"' in page
+    for reason in ("expired", "producer_gone", "malformed"):  # every drop reason, even at zero
+        assert f'<dt data-reason="{reason}">' in page
+    assert '<dt data-reason="pool_cap">pool at its max <code>pool_cap</code></dt>' in page
+    assert 'title="expired: The request&#x27;s deadline passed' in page  # the drop counter row
+
+
+def test_every_page_has_the_same_navigation_favicon_and_logout(fabric, django_user_model) -> None:
+    staff_client = Client()
+    staff_client.force_login(django_user_model.objects.create_superuser("root", "root@example.com", "pw"))
+    pages = ["/fabric/g/", "/admin/", "/admin/pools/pool/", "/admin/pools/fabricgroup/g/change/", "/history/"]
+    for url in pages:
+        response = staff_client.get(url)
+        page = response.content.decode()
+        assert '<header class="site-nav">' in page, url
+        for label, href in (("Dashboard", "/"), ("History", "/history/"), ("Admin", "/admin/")):
+            assert f'<a href="{href}"' in page and f">{label}</a>" in page, (url, label)
+        assert 'action="/admin/logout/"' in page and ">Log out</button>" in page, url
+        assert 'rel="icon" type="image/svg+xml" href="/static/dashboard/favicon.svg"' in page, url

@@ -107,7 +107,7 @@ def test_pause_and_resume_actions_publish_and_keep_the_queue(
     assert "backfill" in registry(sredis, keys)  # paused pools still accept submits
     assert ("success", "Paused 1 pool(s); their queued work stays queued.") in shown(response)
     page = response.content.decode()
-    assert "⏸ PAUSED" in page
+    assert "❚❚ PAUSED" in page
     assert sredis.lrange(queue, 0, -1) == [b"req-1", b"req-2"]
 
     superuser_client.post("/admin/pools/pool/", {**action, "action": "resume_pools"})

@@ -1,0 +1,103 @@
+"""Browser test plumbing: a real stack (daphne, dispatcher, simulator on the test Valkey) and Chromium.
+
+Everything but the producer runs as its own process, as in production: ``manage.py simbackend``,
+``manage.py rundispatcher --group demo`` and ``daphne``, sharing the test Valkey under a unique key
+prefix. Uses the system Chromium (``apt-get install chromium``); never ``playwright install``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime.valkey.embedded import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+PASSWORD = "browser-test-pw"
+SCREENSHOT = "/tmp/dashboard.png"
+
+BROWSER_MARKS = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="system Chromium not installed"),
+]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+@pytest.fixture
+def stack(tmp_path: Path, valkey_url: str, keys) -> Iterator[dict]:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "dispatch_project.settings",
+        "DISPATCH_DATA_DIR": str(tmp_path),
+        "VALKEY_URL": valkey_url,
+        "DISPATCH_KEY_PREFIX": keys.prefix,
+        "DISPATCH_LOG_LEVEL": "WARNING",
+    }
+    manage = [sys.executable, "manage.py"]
+    procs: list[subprocess.Popen] = []
+
+    def start(args: list[str], name: str) -> subprocess.Popen:
+        log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        procs.append(proc)
+        return proc
+
+    sim_port, web_port = free_port(), free_port()
+    sim = start([*manage, "simbackend", "--port", str(sim_port)], "sim")
+    subprocess.run([*manage, "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+    wait_for_port(sim_port, sim)
+    subprocess.run(
+        [*manage, "seed_demo", "--endpoint", f"http://127.0.0.1:{sim_port}/v1", "--admin-password", PASSWORD],
+        cwd=ROOT, env=env, check=True, capture_output=True,
+    )  # fmt: skip
+    start(
+        [*manage, "rundispatcher", "--group", "demo", "--dispatcher-id", "browser-d1", "--grace", "1"], "disp"
+    )
+    web = start([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port),
+                 "dispatch_project.asgi:application"], "daphne")  # fmt: skip
+    wait_for_port(web_port, web)
+    try:
+        yield {"url": f"http://127.0.0.1:{web_port}", "logs": tmp_path}
+    finally:
+        for proc in reversed(procs):
+            proc.send_signal(signal.SIGTERM)
+        for proc in reversed(procs):
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+async def logged_in_page(browser, base: str, *, width: int = 1440, height: int = 1000):
+    """A new page logged in as the demo admin, left on the dashboard of the demo group."""
+    page = await browser.new_page(viewport={"width": width, "height": height})
+    await page.goto(f"{base}/")
+    assert "/admin/login/" in page.url  # anonymous: to the login form
+    await page.fill("#id_username", "admin")
+    await page.fill("#id_password", PASSWORD)
+    await page.click("input[type=submit]")
+    await page.wait_for_url(f"{base}/fabric/demo/")
+    return page
