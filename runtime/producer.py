@@ -29,6 +29,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from runtime.backends.adapter import BackendPool, OpenAIBackend
 from runtime.config import ProducerSettings
 from runtime.errors import (
+    Cancelled,
     DispatchError,
     MalformedEnvelope,
     ProducerClosed,
@@ -65,6 +66,7 @@ class ProducerStats:
     completed: int = 0
     failed: int = 0
     timed_out: int = 0
+    cancelled: int = 0  # withdrawn by the caller (e.g. an ingress client that disconnected)
     late_replies: int = 0
     malformed_replies: int = 0
     pump_reconnects: int = 0
@@ -188,15 +190,20 @@ class Producer:
         pool_id: str,
         metadata: Metadata | None = None,
         timeout: float | None = None,
+        request_id: str | None = None,
     ) -> CompletionResult:
-        """Runs one chat completion through ``pool_id``; returns it or raises a DispatchError."""
+        """Runs one chat completion through ``pool_id``; returns it or raises a DispatchError.
+
+        Cancelling the caller withdraws the request: still queued, it is taken out of its list and never
+        runs; already running, its dispatcher is told to cut the backend call off.
+        """
         if self._closed or not self._started:
             raise ProducerClosed(
                 f"producer {self.producer_id} is {'closed' if self._closed else 'not started'}"
             )
         chat = call if isinstance(call, ChatCall) else ChatCall.from_openai(call)
         timeout_s = self.settings.default_timeout_s if timeout is None else timeout
-        request_id = uuid.uuid4().hex
+        request_id = request_id or uuid.uuid4().hex
         span = self._tracer.start_span(
             semconv.SPAN_NAME_SUBMIT,
             kind=trace.SpanKind.PRODUCER,
@@ -275,6 +282,9 @@ class Producer:
                 raise RequestTimeout(
                     f"request {request_id} to pool {pool_id!r} got no reply within {timeout_s:g}s"
                 ) from None
+            except asyncio.CancelledError:
+                await self.withdraw(pool_id, request_id, raw)
+                raise
         finally:
             self._waiters.pop(request_id, None)
         if not reply.ok:
@@ -282,10 +292,39 @@ class Producer:
         assert reply.completion is not None
         return CompletionResult(request_id, pool_id, reply.completion, reply.timing)
 
+    async def withdraw(self, pool_id: str, request_id: str, raw: bytes) -> None:
+        """Takes a queued request back out of its list (counted ``dropped:cancelled`` in its group);
+        one a dispatcher already claimed is cancelled through the group's cancel channel."""
+        self.stats.cancelled += 1
+        group_id = self._registry.pools.get(pool_id)
+        try:
+            removed = await self.client.lrem(self.keys.requests(pool_id), 1, raw)  # type: ignore[arg-type]
+            if not group_id:
+                return
+            if removed:
+                await self.client.hincrby(self.keys.counters(group_id), f"dropped:{Cancelled.error_type}", 1)
+            else:
+                await self.client.publish(self.keys.cancel_channel(group_id), request_id.encode())
+        except REDIS_ERRORS as exc:
+            log.warning("producer %s could not withdraw request %s: %s", self.producer_id, request_id, exc)
+
     async def _route(self, pool_id: str) -> OpenAIBackend | None:
         """None to queue the request; the backend to call when the pool's group has queueing disabled.
 
         Refuses a pool no fabric group has; the check is skipped while no configuration is published.
+        """
+        group = await self.pool_group(pool_id)
+        if group is None or group.queueing_enabled:
+            return None
+        if self._backends is None:
+            self._backends = BackendPool()
+        api_key = self.secrets.get(group.api_key_env) if group.api_key_env else None
+        return self._backends.get(group.endpoint_for(pool_id), api_key)
+
+    async def pool_group(self, pool_id: str) -> GroupConfig | None:
+        """The published configuration of the group serving ``pool_id``; UnknownPool if no group has it.
+
+        None while nothing is published (the check is then skipped).
         """
         registry = self._registry
         if time.monotonic() - registry.read_at > self.settings.pool_registry_refresh_s or (
@@ -295,13 +334,7 @@ class Producer:
         if registry.pools and pool_id not in registry.pools:
             known = ", ".join(sorted(registry.pools))
             raise UnknownPool(f"no fabric group has an enabled pool {pool_id!r} (known pools: {known})")
-        group = registry.groups.get(registry.pools.get(pool_id, ""))
-        if group is None or group.queueing_enabled:
-            return None
-        if self._backends is None:
-            self._backends = BackendPool()
-        api_key = self.secrets.get(group.api_key_env) if group.api_key_env else None
-        return self._backends.get(group.endpoint_for(pool_id), api_key)
+        return registry.groups.get(registry.pools.get(pool_id, ""))
 
     async def _read_registry(self) -> _PoolRegistry:
         try:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry import trace
 
@@ -22,7 +22,7 @@ from runtime.backends.redact import redact_url
 from runtime.config import DispatcherSettings
 from runtime.dispatch.queue import QueueOps
 from runtime.dispatch.stats import DROP_REPLY_PRODUCER_GONE, DROP_REPLY_UNDELIVERED, DispatcherStats
-from runtime.errors import BreakerOpen, DispatchError, Rejected, RequestExpired
+from runtime.errors import BreakerOpen, Cancelled, DispatchError, Rejected, RequestExpired
 from runtime.telemetry.spans import Identity, Outcome, content_attributes, record_span
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire.contract import STATUS_ERROR, STATUS_OK, Envelope, Reply, Timing
@@ -30,6 +30,7 @@ from runtime.wire.groupconfig import GroupConfig
 
 log = logging.getLogger(__name__)
 FINISH_ATTEMPTS = 5
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -71,6 +72,12 @@ class Executor:
         self.secrets = secrets
         self.store_content = store_content
         self.on_valkey_error = on_valkey_error
+        self._calls: dict[str, asyncio.Future[Any]] = {}
+
+    def cancel(self, request_id: str) -> bool:
+        """Cuts off the backend call of a request whose producer withdrew it; False if none runs here."""
+        call = self._calls.get(request_id)
+        return call.cancel() if call is not None else False
 
     async def execute(self, run: Running, config: GroupConfig) -> None:
         """Calls the backend, replies, releases the lease and records the span; never raises."""
@@ -130,12 +137,30 @@ class Executor:
         if not self.breakers.acquire(endpoint):
             raise BreakerOpen(f"the circuit breaker of {redact_url(endpoint)} is open")
         try:
-            completion = await backend.complete(envelope.call.to_openai(), timeout_s=timeout)
+            completion = await self._cancellable(
+                envelope.request_id, backend.complete(envelope.call.to_openai(), timeout_s=timeout)
+            )
+        except Cancelled:
+            raise
         except DispatchError as exc:
             self.breakers.record(endpoint, exc)
             raise
         self.breakers.record(endpoint, None)
         return completion
+
+    async def _cancellable(self, request_id: str, call: Coroutine[Any, Any, _T]) -> _T:
+        """Runs the backend call as a task :meth:`cancel` can cut off, telling that apart from shutdown."""
+        task = asyncio.ensure_future(call)
+        self._calls[request_id] = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            raise Cancelled(f"request {request_id} was cancelled by its producer while it ran") from None
+        finally:
+            self._calls.pop(request_id, None)
 
     async def _finish(self, run: Running, reply: bytes) -> bool:
         """Delivers the reply (if the producer is alive) and releases the lease, retrying Valkey briefly."""
