@@ -81,6 +81,21 @@ class Stack:
         self.procs.append(proc)
         return proc
 
+    def set_paused(self, paused: bool, *pool_ids: str) -> None:
+        self.manage(
+            "shell", "-c",
+            f"from pools import services; from pools.models import Pool; services.pool_set_paused("
+            f"pools=Pool.objects.filter(pool_id__in={list(pool_ids)!r}), paused={paused!r})",
+        )  # fmt: skip
+
+    def counter(self, name: str) -> int:
+        with self.valkey() as client:
+            return int(client.hget(self.keys.counters(GROUP), name) or 0)
+
+    def queued(self, pool_id: str) -> int:
+        with self.valkey() as client:
+            return int(client.llen(self.keys.requests(pool_id)))
+
     def valkey(self) -> redis.Redis:
         return redis.Redis.from_url(self.valkey_url)
 
@@ -91,6 +106,11 @@ class Stack:
         return next(
             (int(float(line[len(prefix) :])) for line in text.splitlines() if line.startswith(prefix)), 0
         )
+
+    def sim_running(self) -> int:
+        text = httpx.get(f"{self.sim_url}/metrics").text
+        line = next(line for line in text.splitlines() if line.startswith("vllm:num_requests_running"))
+        return int(float(line.rsplit(" ", 1)[1]))
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
