@@ -159,10 +159,12 @@ class Ingress:
         self.open_by_key[grant.key_id] += 1
         try:
             if stream:
-                await send_stream(
-                    send, receive, producer, call, pool_id=pool_id, metadata=metadata, timeout_s=timeout_s,
-                    request_id=request_id, include_usage=include_usage,
+                chat_stream = producer.stream(
+                    call, pool_id=pool_id, metadata=metadata, timeout=timeout_s, request_id=request_id,
+                    include_usage=include_usage,
                 )  # fmt: skip
+                ids = [(REQUEST_ID_HEADER, request_id)]
+                await until_disconnect(receive, send_stream(send, chat_stream, ids))
                 return
             submit = producer.submit(
                 call, pool_id=pool_id, metadata=metadata, timeout=timeout_s, request_id=request_id

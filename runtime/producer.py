@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Coroutine, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -40,7 +40,16 @@ from runtime.errors import (
 )
 from runtime.telemetry import semconv
 from runtime.valkey.client import REDIS_ERRORS, connect
-from runtime.wire.contract import ChatCall, Envelope, Metadata, Reply, Timing
+from runtime.wire.contract import (
+    ChatCall,
+    Envelope,
+    Metadata,
+    Reply,
+    StreamChunk,
+    StreamOptions,
+    Timing,
+    decode_reply_item,
+)
 from runtime.wire.groupconfig import GroupConfig
 from runtime.wire.keys import DEFAULT_KEYS, KeySpace
 
@@ -114,6 +123,7 @@ class Producer:
         self.stats = ProducerStats()
         self._tracer = tracer or trace.get_tracer("llm_dispatch.producer")
         self._waiters: dict[str, _Waiter] = {}
+        self._streams: dict[str, asyncio.Queue[Reply | StreamChunk]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._registry = _PoolRegistry()
         self._started = False
@@ -155,10 +165,15 @@ class Producer:
             return
         self._closed = True
         await self._stop_tasks()
+        closed_reply = Reply(
+            "", "error", error_type=ProducerClosed.error_type, error_message="producer closed"
+        )
         for waiter in self._waiters.values():
             if not waiter.future.done():
                 waiter.future.set_exception(ProducerClosed(f"producer {self.producer_id} closed"))
         self._waiters.clear()
+        for inbox in self._streams.values():
+            inbox.put_nowait(closed_reply)
         if self.direct_backend is None:
             with contextlib.suppress(*REDIS_ERRORS):
                 await self.client.delete(self._alive_key)
@@ -251,30 +266,11 @@ class Producer:
         timeout_s: float,
         span: trace.Span,
     ) -> CompletionResult:
-        carrier: dict[str, str] = {}
-        _propagator.inject(carrier, context=trace.set_span_in_context(span))
-        now = time.time()
-        envelope = Envelope(
-            request_id=request_id,
-            producer_id=self.producer_id,
-            pool_id=pool_id,
-            call=chat,
-            enqueued_at=now,
-            deadline=now + timeout_s,
-            trace=carrier,
-            metadata=metadata,
-        )
-        raw = envelope.encode(max_bytes=self.settings.max_envelope_bytes)
+        raw = self._envelope(chat, request_id, pool_id, metadata, timeout_s, span)
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = _Waiter(future, pool_id)
         try:
-            try:
-                async with self.client.pipeline(transaction=False) as pipe:
-                    pipe.rpush(self.keys.requests(pool_id), raw)
-                    pipe.publish(self.keys.wake_channel(pool_id), b"1")
-                    await pipe.execute()
-            except REDIS_ERRORS as exc:
-                raise QueueUnavailable(f"could not enqueue request {request_id}: {exc}") from exc
+            await self._push(pool_id, request_id, raw)
             try:
                 reply = await asyncio.wait_for(future, timeout_s)
             except TimeoutError:
@@ -291,6 +287,123 @@ class Producer:
             raise error_from_type(reply.error_type or "dispatch_error", reply.error_message or "")
         assert reply.completion is not None
         return CompletionResult(request_id, pool_id, reply.completion, reply.timing)
+
+    def _envelope(
+        self,
+        chat: ChatCall,
+        request_id: str,
+        pool_id: str,
+        metadata: Metadata,
+        timeout_s: float,
+        span: trace.Span,
+        stream: StreamOptions | None = None,
+    ) -> bytes:
+        carrier: dict[str, str] = {}
+        _propagator.inject(carrier, context=trace.set_span_in_context(span))
+        now = time.time()
+        envelope = Envelope(
+            request_id=request_id,
+            producer_id=self.producer_id,
+            pool_id=pool_id,
+            call=chat,
+            enqueued_at=now,
+            deadline=now + timeout_s,
+            trace=carrier,
+            metadata=metadata,
+            stream=stream,
+        )
+        return envelope.encode(max_bytes=self.settings.max_envelope_bytes)
+
+    async def _push(self, pool_id: str, request_id: str, raw: bytes) -> None:
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.rpush(self.keys.requests(pool_id), raw)
+                pipe.publish(self.keys.wake_channel(pool_id), b"1")
+                await pipe.execute()
+        except REDIS_ERRORS as exc:
+            raise QueueUnavailable(f"could not enqueue request {request_id}: {exc}") from exc
+
+    def stream(
+        self,
+        call: ChatCall | Mapping[str, Any],
+        *,
+        pool_id: str,
+        metadata: Metadata | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        include_usage: bool = False,
+    ) -> ChatStream:
+        """Streams one chat completion through ``pool_id``: ``async for chunk in producer.stream(...)``
+        yields OpenAI ``chat.completion.chunk`` objects as the backend sends them.
+
+        The dispatcher relays each chunk through this producer's reply list; errors before or during the
+        stream raise the typed errors ``submit`` raises. Leaving the loop early (or cancelling it)
+        withdraws the request like a cancelled ``submit``.
+        """
+        if self._closed or not self._started:
+            raise ProducerClosed(
+                f"producer {self.producer_id} is {'closed' if self._closed else 'not started'}"
+            )
+        return ChatStream(
+            self,
+            call if isinstance(call, ChatCall) else ChatCall.from_openai(call),
+            pool_id=pool_id,
+            metadata=metadata or Metadata(),
+            timeout_s=self.settings.default_timeout_s if timeout is None else timeout,
+            request_id=request_id or uuid.uuid4().hex,
+            include_usage=include_usage,
+        )
+
+    async def _stream_events(self, stream: ChatStream) -> AsyncIterator[Mapping[str, Any]]:
+        pool_id, request_id = stream.pool_id, stream.request_id
+        self.stats.submitted += 1
+        backend = self.direct_backend or await self._route(pool_id)
+        if backend is not None:
+            body = {**stream.call.to_openai(), "stream_options": {"include_usage": stream.include_usage}}
+            async with contextlib.aclosing(backend.stream(body)) as chunks:  # type: ignore[type-var]
+                async for chunk in chunks:
+                    yield chunk
+            self.stats.completed += 1
+            return
+        with self._tracer.start_as_current_span(
+            semconv.SPAN_NAME_SUBMIT, kind=trace.SpanKind.PRODUCER
+        ) as span:
+            span.set_attributes({semconv.REQUEST_ID: request_id, semconv.POOL_ID: pool_id})
+            raw = self._envelope(
+                stream.call, request_id, pool_id, stream.metadata, stream.timeout_s, span,
+                StreamOptions(include_usage=stream.include_usage),
+            )  # fmt: skip
+        inbox: asyncio.Queue[Reply | StreamChunk] = asyncio.Queue()
+        self._streams[request_id] = inbox
+        finished = False
+        try:
+            await self._push(pool_id, request_id, raw)
+            deadline = time.monotonic() + stream.timeout_s
+            while True:
+                try:
+                    item = await asyncio.wait_for(inbox.get(), deadline - time.monotonic())
+                except TimeoutError:
+                    self.stats.timed_out += 1
+                    raise RequestTimeout(
+                        f"streamed request {request_id} to pool {pool_id!r} did not finish within "
+                        f"{stream.timeout_s:g}s"
+                    ) from None
+                if isinstance(item, StreamChunk):
+                    if item.queue_wait_s is not None:
+                        stream.queue_wait_s = item.queue_wait_s
+                    yield item.chunk
+                    continue
+                finished = True
+                stream.timing = item.timing
+                if not item.ok:
+                    self.stats.failed += 1
+                    raise error_from_type(item.error_type or "dispatch_error", item.error_message or "")
+                self.stats.completed += 1
+                return
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                await self.withdraw(pool_id, request_id, raw)
 
     async def withdraw(self, pool_id: str, request_id: str, raw: bytes) -> None:
         """Takes a queued request back out of its list (counted ``dropped:cancelled`` in its group);
@@ -399,16 +512,42 @@ class Producer:
         if raw == _WAKE_SENTINEL:
             return
         try:
-            reply = Reply.decode(raw)
+            reply = decode_reply_item(raw)
         except MalformedEnvelope as exc:
             self.stats.malformed_replies += 1
             log.warning("producer %s dropped a malformed reply: %s", self.producer_id, exc)
+            return
+        inbox = self._streams.get(reply.request_id)
+        if inbox is not None:
+            inbox.put_nowait(reply)
+            return
+        if isinstance(reply, StreamChunk):
+            self.stats.late_replies += 1
             return
         waiter = self._waiters.pop(reply.request_id, None)
         if waiter is None or waiter.future.done():
             self.stats.late_replies += 1
             return
         waiter.future.set_result(reply)
+
+
+@dataclass(slots=True)
+class ChatStream:
+    """One streamed call: iterate it for the chunks; ``queue_wait_s`` is known from the first chunk on,
+    ``timing`` once the stream ended."""
+
+    producer: Producer
+    call: ChatCall
+    pool_id: str
+    metadata: Metadata
+    timeout_s: float
+    request_id: str
+    include_usage: bool = False
+    queue_wait_s: float | None = None
+    timing: Timing | None = None
+
+    def __aiter__(self) -> AsyncIterator[Mapping[str, Any]]:
+        return self.producer._stream_events(self)
 
 
 class SyncProducer:

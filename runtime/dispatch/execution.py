@@ -16,12 +16,13 @@ from typing import Any, TypeVar
 
 from opentelemetry import trace
 
-from runtime.backends.adapter import BackendPool, Completion
+from runtime.backends.adapter import BackendPool, Completion, OpenAIBackend
 from runtime.backends.health import EndpointBreakers
 from runtime.backends.redact import redact_url
 from runtime.config import DispatcherSettings
 from runtime.dispatch.queue import QueueOps
 from runtime.dispatch.stats import DROP_REPLY_PRODUCER_GONE, DROP_REPLY_UNDELIVERED, DispatcherStats
+from runtime.dispatch.streaming import StreamRelay, StreamSummary, stream_timeout
 from runtime.errors import BreakerOpen, Cancelled, DispatchError, Rejected, RequestExpired
 from runtime.telemetry.spans import Identity, Outcome, content_attributes, record_span
 from runtime.valkey.client import REDIS_ERRORS
@@ -73,6 +74,7 @@ class Executor:
         self.store_content = store_content
         self.on_valkey_error = on_valkey_error
         self._calls: dict[str, asyncio.Future[Any]] = {}
+        self.relay = StreamRelay(queue.client, queue.keys, reply_ttl_s=settings.reply_ttl_s)
 
     def cancel(self, request_id: str) -> bool:
         """Cuts off the backend call of a request whose producer withdrew it; False if none runs here."""
@@ -86,8 +88,9 @@ class Executor:
         started = time.time()
         completion: Completion | None = None
         error: DispatchError | None = None
+        summary = StreamSummary() if envelope.stream is not None else None
         try:
-            completion = await self._call_backend(envelope, endpoint, config)
+            completion = await self._call_backend(envelope, endpoint, config, summary)
         except DispatchError as exc:
             error = exc
         except asyncio.CancelledError:
@@ -98,7 +101,7 @@ class Executor:
         ended = time.time()
         run.stage = "replying"
         delivered = await self._finish(run, self._reply(envelope, completion, error, started, ended))
-        self._record(run, endpoint, completion, error, started, ended, delivered)
+        self._record(run, endpoint, completion, error, started, ended, delivered, summary)
 
     def _reply(
         self,
@@ -124,7 +127,9 @@ class Executor:
             timing=timing,
         ).encode()
 
-    async def _call_backend(self, envelope: Envelope, endpoint: str, config: GroupConfig) -> Completion:
+    async def _call_backend(
+        self, envelope: Envelope, endpoint: str, config: GroupConfig, summary: StreamSummary | None = None
+    ) -> Completion:
         timeout = self.settings.backend_timeout_s
         if envelope.deadline is not None:
             timeout = min(timeout, envelope.deadline - time.time())
@@ -137,9 +142,12 @@ class Executor:
         if not self.breakers.acquire(endpoint):
             raise BreakerOpen(f"the circuit breaker of {redact_url(endpoint)} is open")
         try:
-            completion = await self._cancellable(
-                envelope.request_id, backend.complete(envelope.call.to_openai(), timeout_s=timeout)
+            call = (
+                self._stream(backend, envelope, timeout, summary)
+                if summary is not None
+                else backend.complete(envelope.call.to_openai(), timeout_s=timeout)
             )
+            completion = await self._cancellable(envelope.request_id, call)
         except Cancelled:
             raise
         except DispatchError as exc:
@@ -147,6 +155,15 @@ class Executor:
             raise
         self.breakers.record(endpoint, None)
         return completion
+
+    async def _stream(
+        self, backend: OpenAIBackend, envelope: Envelope, timeout: float, summary: StreamSummary
+    ) -> Completion:
+        try:
+            async with asyncio.timeout(timeout):
+                return await self.relay.run(backend, envelope, started_at=time.time(), summary=summary)
+        except TimeoutError:
+            raise stream_timeout(timeout, backend.display_url) from None
 
     async def _cancellable(self, request_id: str, call: Coroutine[Any, Any, _T]) -> _T:
         """Runs the backend call as a task :meth:`cancel` can cut off, telling that apart from shutdown."""
@@ -196,8 +213,10 @@ class Executor:
         started: float,
         ended: float,
         delivered: bool,
+        summary: StreamSummary | None = None,
     ) -> None:
         usage = completion.usage if completion is not None else None
+        first_chunk_at = summary.first_chunk_at if summary is not None else None
         outcome = Outcome(
             STATUS_OK if error is None else STATUS_ERROR,
             started,
@@ -211,6 +230,8 @@ class Executor:
             reply_delivered=delivered,
             cost=run.cost,
             drop_reason="" if delivered else DROP_REPLY_PRODUCER_GONE,
+            time_to_first_token_s=first_chunk_at - started if first_chunk_at is not None else None,
+            chunk_count=summary.chunks if summary is not None else None,
         )
         content: dict[str, Any] | None = None
         if self.store_content:
