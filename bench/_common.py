@@ -93,15 +93,18 @@ def private_valkey() -> Iterator[str]:
             embedded.stop(data_dir)
 
 
-def spawn(args: Sequence[str], *, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def spawn(
+    args: Sequence[str], *, env: dict[str, str] | None = None, root: Path = ROOT
+) -> subprocess.Popen[str]:
+    """``python *args`` importing the project from ``root`` (another checkout for before/after runs)."""
     return subprocess.Popen(
         [sys.executable, *args],
-        cwd=ROOT,
+        cwd=root,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
         start_new_session=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        env={**os.environ, "PYTHONPATH": str(root), **(env or {})},
     )
 
 
@@ -117,17 +120,32 @@ def stop_proc(proc: subprocess.Popen[str], timeout: float = 15.0) -> None:
 
 @contextlib.contextmanager
 def simulator_proc(*extra: str) -> Iterator[str]:
-    """``python -m simulator.server`` on a free port; yields its /v1 URL."""
+    """``python -m simulator`` on a free port; yields its /v1 URL."""
+    with simulator_process(*extra) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def simulator_process(
+    *extra: str, root: Path = ROOT, module: str = "simulator"
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """``python -m <module>`` from ``root`` on a free port; yields its /v1 URL and the process."""
     port = embedded.free_port()
-    proc = spawn(["-m", "simulator.server", "--port", str(port), *extra])
+    proc = spawn(["-m", module, "--port", str(port), *extra], root=root)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if "listening" not in line:
             raise RuntimeError(f"simulator did not start: {line!r}")
-        yield f"http://127.0.0.1:{port}/v1"
+        yield f"http://127.0.0.1:{port}/v1", proc
     finally:
         stop_proc(proc)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager

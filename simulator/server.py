@@ -1,16 +1,16 @@
-"""An OpenAI-compatible backend simulator: a real HTTP/1.1 server for tests, demos and benchmarks.
+"""An OpenAI-compatible backend simulator: a real HTTP server (aiohttp) for tests, demos and benchmarks.
 
-It speaks just enough HTTP/1.1 (keep-alive, ``Content-Length`` bodies; chunked request bodies are
-refused with 411; see :mod:`simulator.http11`) and answers:
+It answers:
 
-* ``POST /v1/chat/completions``: a non-streaming ``chat.completion`` with ``usage`` in every answer;
+* ``POST /v1/chat/completions``: a ``chat.completion`` with ``usage``, or with ``"stream": true``
+  server-sent ``chat.completion.chunk`` events (role, content deltas, finish, optional usage, ``[DONE]``);
 * ``GET /v1/models``, ``GET /health``;
-* ``GET /metrics``: Prometheus text with vLLM's ``vllm:num_requests_running`` /
-  ``vllm:num_requests_waiting`` gauges and ``sim_*`` counters.
+* ``GET /metrics``: Prometheus text with vLLM's (or SGLang's) running / waiting / KV-cache gauges and
+  ``sim_*`` counters (see :mod:`simulator.metrics`).
 
-Behaviour comes from a frozen :class:`SimulatorConfig`: latency (a median plus lognormal spread),
-token speed, injected error rate, a concurrency limit with a FIFO waiting queue, and a seed. A request
-body may carry a ``"sim"`` object that overrides behaviour for that one request (see :data:`SIM_KEYS`).
+Behaviour comes from a frozen :class:`~simulator.config.SimulatorConfig`; calls run through a
+vLLM-like :class:`~simulator.engine.Engine`. A request body may carry a ``"sim"`` object that
+overrides behaviour for that one request (see :data:`~simulator.openai_format.SIM_KEYS`).
 
 With zero latency and zero token time a completion never awaits, so the server is usable as the
 zero-latency backend of throughput benchmarks.
@@ -18,129 +18,41 @@ zero-latency backend of throughput benchmarks.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import math
 import random
 import signal
 import sys
 import time
-from collections import Counter, deque
-from dataclasses import dataclass, field
+from collections import Counter
+from http import HTTPStatus
 from typing import Any
 
 import orjson
+from aiohttp import web
 
-from simulator.http11 import JSON, HTTP11Server
+from simulator import openai_format as fmt
+from simulator.config import SimulatorConfig
+from simulator.engine import Engine, Job, Timing
+from simulator.metrics import CONTENT_TYPE, Counters, SimulatorCollector, exposition, registry_for
+
+__all__ = ["SimulatorConfig", "SimulatorServer", "serve"]
 
 CHAT_PATH = "/v1/chat/completions"
 KNOWN_PATHS = (CHAT_PATH, "/v1/models", "/health", "/metrics")
 OTHER_PATH = "other"
-# Keys of the per-request ``"sim"`` test hook.
-SIM_KEYS = frozenset({"latency_ms", "status", "message", "invalid_body", "completion_tokens"})
-
-_ERROR_KINDS = {
-    400: ("invalid_request_error", "invalid_request"),
-    401: ("authentication_error", "invalid_api_key"),
-    403: ("permission_error", "permission_denied"),
-    404: ("invalid_request_error", "not_found"),
-    408: ("timeout_error", "timeout"),
-    409: ("conflict_error", "conflict"),
-    411: ("invalid_request_error", "length_required"),
-    413: ("invalid_request_error", "request_too_large"),
-    422: ("invalid_request_error", "unprocessable"),
-    429: ("rate_limit_error", "rate_limit_exceeded"),
-}
+JSON = "application/json"
+GARBAGE = b"<html>simulated garbage, not a chat completion</html>"
+# A stopping server gives in-flight calls this long before cancelling them: a simulator drains nothing.
+SHUTDOWN_TIMEOUT_S = 0.25
 
 
-@dataclass(frozen=True)
-class SimulatorConfig:
-    """How the simulated backend behaves.
-
-    Latency of a call is ``latency_ms * exp(N(0, latency_sigma))`` (a lognormal whose median is
-    ``latency_ms``; sigma 0 means a fixed latency), plus ``completion_tokens / tokens_per_second``
-    of generation time (0 tokens/s means instant). ``max_running`` calls run at once (0 = unlimited);
-    the rest wait in FIFO order and are what ``vllm:num_requests_waiting`` reports. With probability
-    ``error_rate`` a call fails, after its latency, with a status drawn from ``error_statuses``.
-    """
-
-    model: str = "sim-model"
-    latency_ms: float = 0.0
-    latency_sigma: float = 0.0
-    tokens_per_second: float = 0.0
-    default_completion_tokens: int = 16
-    error_rate: float = 0.0
-    error_statuses: tuple[int, ...] = (500, 503)
-    max_running: int = 0
-    seed: int | None = None
-    max_body_bytes: int = 32 * 1024 * 1024
-
-    def __post_init__(self) -> None:
-        problems = []
-        if not self.model:
-            problems.append("model must not be empty")
-        if not (self.latency_ms >= 0 and math.isfinite(self.latency_ms)):
-            problems.append(f"latency_ms must be a finite number >= 0, got {self.latency_ms!r}")
-        if not (self.latency_sigma >= 0 and math.isfinite(self.latency_sigma)):
-            problems.append(f"latency_sigma must be a finite number >= 0, got {self.latency_sigma!r}")
-        if not (self.tokens_per_second >= 0 and math.isfinite(self.tokens_per_second)):
-            problems.append(f"tokens_per_second must be >= 0 (0 = instant), got {self.tokens_per_second!r}")
-        if self.default_completion_tokens < 0:
-            problems.append(f"default_completion_tokens must be >= 0, got {self.default_completion_tokens}")
-        if not 0.0 <= self.error_rate <= 1.0:
-            problems.append(f"error_rate must be between 0 and 1, got {self.error_rate!r}")
-        if not self.error_statuses or any(not 400 <= s <= 599 for s in self.error_statuses):
-            problems.append(f"error_statuses must be HTTP error codes (400-599), got {self.error_statuses!r}")
-        if self.max_running < 0:
-            problems.append(f"max_running must be >= 0 (0 = unlimited), got {self.max_running}")
-        if self.max_body_bytes <= 0:
-            problems.append(f"max_body_bytes must be > 0, got {self.max_body_bytes}")
-        if problems:
-            raise ValueError("; ".join(problems))
+def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=body, content_type=JSON, headers=headers)
 
 
-def error_body(status: int, message: str) -> bytes:
-    """OpenAI's error body shape for a status."""
-    kind, code = _ERROR_KINDS.get(status, ("server_error", "internal_error"))
-    return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
-
-
-def _text_of(content: Any) -> tuple[str, int]:
-    """The text of a message's content and its number of image parts."""
-    if isinstance(content, str):
-        return content, 0
-    if not isinstance(content, list):
-        return "", 0
-    texts, images = [], 0
-    for part in content:
-        if isinstance(part, dict):
-            if isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            elif part.get("type") == "image_url":
-                images += 1
-    return " ".join(texts), images
-
-
-def estimate_prompt(messages: list[Any]) -> tuple[int, str]:
-    """Rough prompt tokens (chars/4 + 4 per message + 85 per image) and the last message's text."""
-    tokens, last = 0, ""
-    for message in messages:
-        text, images = _text_of(message.get("content")) if isinstance(message, dict) else ("", 0)
-        tokens += 4 + len(text) // 4 + 85 * images
-        last = text
-    return tokens, last
-
-
-@dataclass
-class _Counters:
-    requests_total: int = 0
-    by_path: dict[str, int] = field(default_factory=lambda: dict.fromkeys((*KNOWN_PATHS, OTHER_PATH), 0))
-    completions_total: int = 0
-    errors_total: int = 0
-    errors_by_status: dict[int, int] = field(default_factory=dict)
-    prompt_tokens_total: int = 0
-    completion_tokens_total: int = 0
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return _json(status, fmt.error_body(status, message), headers)
 
 
 class SimulatorServer:
@@ -151,43 +63,63 @@ class SimulatorServer:
         self.host = host
         self._requested_port = port
         self.port: int | None = None
-        self._server: HTTP11Server | None = None
+        self._runner: web.AppRunner | None = None
         self._rng = random.Random(self.config.seed)
-        self._counters = _Counters()
-        self._running = 0
+        self._counters = Counters(requests_by_path=dict.fromkeys((*KNOWN_PATHS, OTHER_PATH), 0))
+        self.engine = Engine(
+            max_running=self.config.max_running,
+            kv_capacity=self.config.kv_cache_tokens,
+            clock=time.monotonic,
+        )
+        collector = SimulatorCollector(
+            kind=self.config.kind, model=self.config.model, engine=self, counters=self._counters
+        )
+        self._registry = registry_for(collector)
         # Calls in progress per model, their peaks, and calls per OpenAI ``user`` field: tests give
         # each request a unique ``user`` to prove nothing ran twice, and a model per pool for caps.
         self._active_by_model: Counter[str] = Counter()
         self.peak_active_by_model: Counter[str] = Counter()
         self.peak_active = 0
         self.calls_by_user: Counter[str] = Counter()
-        self._waiters: deque[asyncio.Future[None]] = deque()
         self._stop_event: asyncio.Event | None = None
-        self._model_label = self.config.model.replace("\\", "\\\\").replace('"', '\\"')
         self._models_body = orjson.dumps(
             {
                 "object": "list",
                 "data": [{"id": self.config.model, "object": "model", "created": 0, "owned_by": "simulator"}],
             }
         )
+        self._routes = {
+            CHAT_PATH: ("POST", self._chat),
+            "/v1/models": ("GET", self._models),
+            "/health": ("GET", self._health),
+            "/metrics": ("GET", self._metrics),
+        }
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._server is not None:
+        if self._runner is not None:
             raise RuntimeError("simulator already started")
-        self._server = HTTP11Server(
-            self._handle,
-            error_body=error_body,
-            on_refused=self._count_error,
-            max_body_bytes=self.config.max_body_bytes,
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        # handler_cancellation: a client that leaves cancels its call, freeing its slot, as vLLM aborts.
+        runner = web.AppRunner(
+            app, access_log=None, handler_cancellation=True, shutdown_timeout=SHUTDOWN_TIMEOUT_S
         )
-        self.port = await self._server.start(self.host, self._requested_port)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self._requested_port, backlog=1024)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.port = int(runner.addresses[0][1])
 
     async def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            await server.stop()
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
 
     async def __aenter__(self) -> SimulatorServer:
         await self.start()
@@ -227,25 +159,29 @@ class SimulatorServer:
 
     @property
     def running(self) -> int:
-        return self._running
+        return len(self.engine.running)
 
     @property
     def waiting(self) -> int:
-        return len(self._waiters)
+        return self.engine.waiting
+
+    def kv_usage(self) -> float:
+        """Fraction of the KV cache held by running calls now (0 with an unlimited cache)."""
+        return self.engine.kv_usage()
 
     @property
     def requests_total(self) -> int:
         """Every HTTP request received, whatever its path or outcome."""
-        return self._counters.requests_total
+        return sum(self._counters.requests_by_path.values())
 
     @property
     def requests_by_path(self) -> dict[str, int]:
         """Requests received per known path; unknown paths count under ``"other"``."""
-        return dict(self._counters.by_path)
+        return dict(self._counters.requests_by_path)
 
     @property
     def completions_requested(self) -> int:
-        return self._counters.by_path[CHAT_PATH]
+        return self._counters.requests_by_path[CHAT_PATH]
 
     @property
     def completions_total(self) -> int:
@@ -255,87 +191,161 @@ class SimulatorServer:
     @property
     def errors_total(self) -> int:
         """Responses with a status >= 400."""
-        return self._counters.errors_total
+        return sum(self._counters.errors_by_status.values())
 
     @property
     def errors_by_status(self) -> dict[int, int]:
         return dict(self._counters.errors_by_status)
 
+    def metrics_text(self) -> str:
+        """Prometheus text exposition (format 0.0.4)."""
+        return exposition(self._registry).decode()
+
     def __repr__(self) -> str:
         where = self.url if self.port is not None else "not started"
         return (
-            f"<SimulatorServer {where} model={self.config.model!r} running={self._running} "
-            f"waiting={len(self._waiters)} served={self._counters.completions_total} "
-            f"errors={self._counters.errors_total}>"
+            f"<SimulatorServer {where} model={self.config.model!r} running={self.running} "
+            f"waiting={self.waiting} served={self._counters.completions_total} "
+            f"errors={self.errors_total}>"
         )
 
     # -- requests ---------------------------------------------------------------------------------
 
-    async def _handle(self, method: str, path: str, body: bytes) -> tuple[int, bytes, bytes]:
-        counters = self._counters
-        counters.requests_total += 1
-        counters.by_path[path if path in counters.by_path else OTHER_PATH] += 1
-        status, payload, content_type = await self._route(method, path, body)
-        if status >= 400:
-            self._count_error(status)
-        return status, payload, content_type
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        by_path = self._counters.requests_by_path
+        by_path[path if path in by_path else OTHER_PATH] += 1
+        response = await self._route(request)
+        if response.status >= 400:
+            errors = self._counters.errors_by_status
+            errors[response.status] = errors.get(response.status, 0) + 1
+        return response
 
-    def _count_error(self, status: int) -> None:
-        self._counters.errors_total += 1
-        self._counters.errors_by_status[status] = self._counters.errors_by_status.get(status, 0) + 1
+    async def _route(self, request: web.Request) -> web.StreamResponse:
+        method, path = request.method, request.path
+        route = self._routes.get(path)
+        if route is None:
+            return _error(HTTPStatus.NOT_FOUND, f"no route for {method} {path}")
+        allowed, handler = route
+        if method != allowed:
+            return _error(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} not allowed on {path}; use {allowed}")
+        return await handler(request)
 
-    async def _route(self, method: str, path: str, body: bytes) -> tuple[int, bytes, bytes]:
-        if path == CHAT_PATH:
-            if method != "POST":
-                return 405, error_body(405, f"{method} not allowed on {path}; use POST"), JSON
-            return await self._chat(body)
-        if path in ("/v1/models", "/health", "/metrics") and method != "GET":
-            return 405, error_body(405, f"{method} not allowed on {path}; use GET"), JSON
-        if path == "/v1/models":
-            return 200, self._models_body, JSON
-        if path == "/health":
-            return 200, b'{"status":"ok"}', JSON
-        if path == "/metrics":
-            return 200, self.metrics_text().encode(), b"text/plain; version=0.0.4; charset=utf-8"
-        return 404, error_body(404, f"no route for {method} {path}"), JSON
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        return _json(HTTPStatus.OK, self._models_body)
+
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        return _json(HTTPStatus.OK, b'{"status":"ok"}')
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(body=exposition(self._registry), headers={"Content-Type": CONTENT_TYPE})
 
     # -- chat completions ----------------------------------------------------------------------------
 
-    async def _chat(self, body: bytes) -> tuple[int, bytes, bytes]:
+    async def _read_chat(self, request: web.Request) -> dict[str, Any] | web.Response:
+        """The parsed request, or the refusal to send."""
+        refusal = None
+        limit = self.config.max_body_bytes
+        if "chunked" in request.headers.get("Transfer-Encoding", "").lower():
+            refusal = _error(
+                HTTPStatus.LENGTH_REQUIRED, "chunked request bodies are not supported; send Content-Length"
+            )
+        elif (request.content_length or 0) > limit:
+            refusal = _error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body over {limit} bytes")
+        if refusal is not None:
+            refusal.force_close()  # the unread body would otherwise be taken for the next request
+            return refusal
         try:
-            request = orjson.loads(body)
+            body = orjson.loads(await request.read())
         except orjson.JSONDecodeError:
-            return 400, error_body(400, "request body is not valid JSON"), JSON
-        problem = _check_request(request)
+            return _error(HTTPStatus.BAD_REQUEST, "request body is not valid JSON")
+        problem = fmt.check_request(body)
         if problem:
-            return 400, error_body(400, problem), JSON
-        sim = request.get("sim") or {}
-        delay = self._latency_s(sim)
-        status, message = self._outcome(sim)
-        model = request.get("model") if isinstance(request.get("model"), str) else ""
-        user = request.get("user")
+            return _error(HTTPStatus.BAD_REQUEST, problem)
+        return body
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._read_chat(request)
+        if isinstance(body, web.Response):
+            return body
+        sim: dict[str, Any] = body.get("sim") or {}
+        model = body.get("model")
+        model = model if isinstance(model, str) else ""
+        user = body.get("user")
         if isinstance(user, str):
             self.calls_by_user[user] += 1
+        if self._draw(self.config.rate_limit_rate):
+            return _error(
+                HTTPStatus.TOO_MANY_REQUESTS,
+                f"simulated rate limit (rate_limit_rate={self.config.rate_limit_rate})",
+                {"Retry-After": str(self.config.retry_after_s)},
+            )
         self._enter(model)
-        await self._acquire()
         try:
-            if status:
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                return status, error_body(status, message), JSON
-            prompt_tokens, last_text = estimate_prompt(request["messages"])
-            completion_tokens, finish = self._completion_tokens(request, sim)
-            tps = self.config.tokens_per_second
-            if tps > 0:
-                delay += completion_tokens / tps
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if sim.get("invalid_body"):
-                return 200, b"<html>simulated garbage, not a chat completion</html>", b"text/html"
-            return 200, self._completion(request, prompt_tokens, completion_tokens, finish, last_text), JSON
+            return await self._run_chat(request, body, sim)
         finally:
-            self._release()
             self._active_by_model[model] -= 1
+
+    async def _run_chat(
+        self, request: web.Request, body: dict[str, Any], sim: dict[str, Any]
+    ) -> web.StreamResponse:
+        prompt_tokens, last_text = fmt.estimate_prompt(body["messages"])
+        completion_tokens, finish = self._completion_tokens(body, sim)
+        hang = bool(sim.get("hang")) or self._draw(self.config.hang_rate)
+        status, message = self._outcome(sim)
+        latency = self._latency_s(sim)
+        job = Job(prompt_tokens, self._timing(sim, latency, 0 if status else completion_tokens))
+        if not self.engine.fits(job):
+            return _error(
+                HTTPStatus.BAD_REQUEST,
+                f"the request needs {job.reserved_tokens} tokens of KV cache (prompt {prompt_tokens} + "
+                f"completion {completion_tokens}); the cache holds {self.config.kv_cache_tokens}",
+            )
+        await self.engine.start(job)
+        try:
+            if hang:
+                await asyncio.get_running_loop().create_future()  # until the client disconnects
+            if status:
+                await self._sleep_until(job, latency)
+                headers = {"Retry-After": str(self.config.retry_after_s)} if status == 429 else None
+                return _error(status, message, headers)
+            tokens = fmt.reply_tokens(last_text, completion_tokens)
+            call = _Call(body, self.config.model, self._next_id(), prompt_tokens, tokens, finish)
+            if body.get("stream"):
+                return await self._stream(request, job, call)
+            await self._sleep_until(job, job.timing.done_s)
+            if sim.get("invalid_body"):
+                return web.Response(body=GARBAGE, content_type="text/html")
+            self._count_completion(call)
+            return _json(HTTPStatus.OK, call.body())
+        finally:
+            self.engine.finish(job)
+
+    async def _stream(self, request: web.Request, job: Job, call: _Call) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await self._sleep_until(job, job.timing.first_token_s)
+        await response.prepare(request)
+        await response.write(call.chunk({"role": "assistant", "content": ""}))
+        for k, token in enumerate(call.tokens, start=1):
+            await self._sleep_until(job, job.timing.token_at(k))
+            await response.write(call.chunk({"content": token}))
+        await response.write(call.chunk({}, finish=call.finish))
+        options = call.request.get("stream_options") or {}
+        if options.get("include_usage"):
+            await response.write(call.usage_chunk())
+        await response.write(fmt.DONE_EVENT)
+        self._count_completion(call)
+        await response.write_eof()
+        return response
+
+    async def _sleep_until(self, job: Job, offset_s: float) -> None:
+        """Sleeps until ``offset_s`` after the call started running; never awaits when that has passed."""
+        assert job.started_at is not None
+        delay = job.started_at + offset_s - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
 
     def _enter(self, model: str) -> None:
         """Counts calls in progress (running or waiting) per model and keeps the peaks, for cap tests."""
@@ -343,8 +353,11 @@ class SimulatorServer:
         active[model] += 1
         if active[model] > self.peak_active_by_model[model]:
             self.peak_active_by_model[model] = active[model]
-        total = sum(active.values())
-        self.peak_active = max(self.peak_active, total)
+        self.peak_active = max(self.peak_active, sum(active.values()))
+
+    def _draw(self, probability: float) -> bool:
+        # Draw only when the fault is configured, so seeded runs keep their sequence without it.
+        return probability > 0 and self._rng.random() < probability
 
     def _latency_s(self, sim: dict[str, Any]) -> float:
         if "latency_ms" in sim:
@@ -355,12 +368,17 @@ class SimulatorServer:
         sigma = self.config.latency_sigma
         return base * (math.exp(self._rng.gauss(0.0, sigma)) if sigma > 0 else 1.0) / 1000.0
 
+    def _timing(self, sim: dict[str, Any], latency_s: float, tokens: int) -> Timing:
+        ttft_ms = float(sim.get("ttft_ms", self.config.ttft_ms))
+        interval = float(sim["itl_ms"]) / 1000.0 if "itl_ms" in sim else self.config.token_interval_s
+        return Timing(first_token_s=latency_s + ttft_ms / 1000.0, token_interval_s=interval, tokens=tokens)
+
     def _outcome(self, sim: dict[str, Any]) -> tuple[int, str]:
         """(status, message) of an injected error, or (0, "") for success."""
         status = sim.get("status")
         if status is not None and status >= 400:
             return status, str(sim.get("message") or f"simulated error {status}")
-        if status is None and self.config.error_rate > 0 and self._rng.random() < self.config.error_rate:
+        if status is None and self._draw(self.config.error_rate):
             status = self._rng.choice(self.config.error_statuses)
             return status, f"simulated error {status} (error_rate={self.config.error_rate})"
         return 0, ""
@@ -372,167 +390,63 @@ class SimulatorServer:
             return limit, "length"
         return wanted, "stop"
 
-    def _completion(
-        self, request: dict[str, Any], prompt_tokens: int, completion_tokens: int, finish: str, text: str
-    ) -> bytes:
+    def _next_id(self) -> str:
+        return f"chatcmpl-sim-{self.requests_by_path[CHAT_PATH]}"
+
+    def _count_completion(self, call: _Call) -> None:
         counters = self._counters
         counters.completions_total += 1
-        counters.prompt_tokens_total += prompt_tokens
-        counters.completion_tokens_total += completion_tokens
+        counters.prompt_tokens_total += call.prompt_tokens
+        counters.completion_tokens_total += len(call.tokens)
+
+
+class _Call:
+    """One successful chat completion being answered: what every body and chunk of it repeats."""
+
+    def __init__(
+        self,
+        request: dict[str, Any],
+        default_model: str,
+        completion_id: str,
+        prompt_tokens: int,
+        tokens: list[str],
+        finish: str,
+    ) -> None:
         model = request.get("model")
-        content = f"Simulated reply to: {text}"[: max(4 * completion_tokens, 1)]
-        return orjson.dumps(
-            {
-                "id": f"chatcmpl-sim-{counters.completions_total}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": model if isinstance(model, str) and model else self.config.model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": content},
-                        "finish_reason": finish,
-                        "logprobs": None,
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
-            }
+        self.request = request
+        self.model = model if isinstance(model, str) and model else default_model
+        self.completion_id = completion_id
+        self.created = int(time.time())
+        self.prompt_tokens = prompt_tokens
+        self.tokens = tokens
+        self.finish = finish
+
+    def usage(self) -> dict[str, int]:
+        return fmt.usage(self.prompt_tokens, len(self.tokens))
+
+    def body(self) -> bytes:
+        return fmt.completion_body(
+            completion_id=self.completion_id,
+            created=self.created,
+            model=self.model,
+            content="".join(self.tokens),
+            finish=self.finish,
+            usage=self.usage(),
         )
 
-    # -- concurrency limit: running slots with a FIFO of waiters --------------------------------------
+    def chunk(self, delta: dict[str, str], finish: str | None = None) -> bytes:
+        return fmt.chunk_event(
+            completion_id=self.completion_id,
+            created=self.created,
+            model=self.model,
+            delta=delta,
+            finish=finish,
+        )
 
-    async def _acquire(self) -> None:
-        limit = self.config.max_running
-        if limit <= 0 or (self._running < limit and not self._waiters):
-            self._running += 1
-            return
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self._release()  # the slot was handed over just as we were cancelled: pass it on
-            else:
-                self._waiters.remove(waiter)
-            raise
-
-    def _release(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # hand the slot over; the running count stays the same
-                return
-        self._running -= 1
-
-    # -- metrics --------------------------------------------------------------------------------------
-
-    def metrics_text(self) -> str:
-        """Prometheus text exposition (format 0.0.4)."""
-        c = self._counters
-        label = f'model_name="{self._model_label}"'
-        lines = [
-            "# HELP vllm:num_requests_running Number of requests currently running.",
-            "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{{{label}}} {self._running}",
-            "# HELP vllm:num_requests_waiting Number of requests waiting to run.",
-            "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{{{label}}} {len(self._waiters)}",
-            "# HELP vllm:prompt_tokens_total Prompt tokens processed.",
-            "# TYPE vllm:prompt_tokens_total counter",
-            f"vllm:prompt_tokens_total{{{label}}} {c.prompt_tokens_total}",
-            "# HELP vllm:generation_tokens_total Generation tokens produced.",
-            "# TYPE vllm:generation_tokens_total counter",
-            f"vllm:generation_tokens_total{{{label}}} {c.completion_tokens_total}",
-            "# HELP sim_requests_total HTTP requests received, by path.",
-            "# TYPE sim_requests_total counter",
-        ]
-        lines += [f'sim_requests_total{{path="{path}"}} {n}' for path, n in c.by_path.items()]
-        lines += [
-            "# HELP sim_completions_total Chat completions answered with 200.",
-            "# TYPE sim_completions_total counter",
-            f"sim_completions_total{{{label}}} {c.completions_total}",
-            "# HELP sim_errors_total Responses with an error status, by status.",
-            "# TYPE sim_errors_total counter",
-        ]
-        lines += [f'sim_errors_total{{status="{s}"}} {n}' for s, n in sorted(c.errors_by_status.items())]
-        return "\n".join(lines) + "\n"
-
-
-def _check_request(request: Any) -> str:
-    """Why a chat-completions request is refused with 400, or '' when it is acceptable."""
-    if not isinstance(request, dict):
-        return "request body must be a JSON object"
-    if request.get("stream"):
-        return "stream=true is not supported by the simulator; send a non-streaming request"
-    messages = request.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return "'messages' must be a non-empty list"
-    sim = request.get("sim")
-    if sim is None:
-        return ""
-    if not isinstance(sim, dict):
-        return "'sim' must be an object"
-    unknown = set(sim) - SIM_KEYS
-    if unknown:
-        return f"unknown 'sim' keys: {sorted(unknown)}; allowed: {sorted(SIM_KEYS)}"
-    latency = sim.get("latency_ms", 0)
-    if isinstance(latency, bool) or not isinstance(latency, int | float) or not 0 <= latency < 3.6e6:
-        return "'sim.latency_ms' must be a number of milliseconds >= 0"
-    status = sim.get("status", 200)
-    if isinstance(status, bool) or not isinstance(status, int) or not 200 <= status <= 599:
-        return "'sim.status' must be an HTTP status between 200 and 599"
-    tokens = sim.get("completion_tokens", 0)
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-        return "'sim.completion_tokens' must be an integer >= 0"
-    return ""
-
-
-def _statuses(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated status codes, got {text!r}") from None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m simulator.server", description="OpenAI-compatible backend simulator"
-    )
-    defaults = SimulatorConfig()
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8100)
-    parser.add_argument("--model", default=defaults.model)
-    parser.add_argument("--latency-ms", type=float, default=defaults.latency_ms, help="median latency")
-    parser.add_argument("--latency-sigma", type=float, default=defaults.latency_sigma, help="lognormal sigma")
-    parser.add_argument("--tokens-per-second", type=float, default=defaults.tokens_per_second)
-    parser.add_argument("--completion-tokens", type=int, default=defaults.default_completion_tokens)
-    parser.add_argument("--error-rate", type=float, default=defaults.error_rate)
-    parser.add_argument(
-        "--error-statuses", type=_statuses, default=defaults.error_statuses, help="e.g. 429,500,503"
-    )
-    parser.add_argument("--max-running", type=int, default=defaults.max_running, help="0 = unlimited")
-    parser.add_argument("--seed", type=int, default=None)
-    return parser
-
-
-def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
-    """Build the config from parsed options; raises ValueError with every problem found."""
-    return SimulatorConfig(
-        model=args.model,
-        latency_ms=args.latency_ms,
-        latency_sigma=args.latency_sigma,
-        tokens_per_second=args.tokens_per_second,
-        default_completion_tokens=args.completion_tokens,
-        error_rate=args.error_rate,
-        error_statuses=tuple(args.error_statuses),
-        max_running=args.max_running,
-        seed=args.seed,
-    )
+    def usage_chunk(self) -> bytes:
+        return fmt.chunk_event(
+            completion_id=self.completion_id, created=self.created, model=self.model, usage=self.usage()
+        )
 
 
 async def serve(server: SimulatorServer, *, install_signal_handlers: bool = True) -> None:
@@ -545,23 +459,7 @@ async def serve(server: SimulatorServer, *, install_signal_handlers: bool = True
     await task
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not 0 <= args.port <= 65535:
-        parser.error(f"--port must be between 0 and 65535, got {args.port}")
-    try:
-        config = config_from_args(args)
-    except ValueError as exc:
-        parser.error(str(exc))
-    try:
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(serve(SimulatorServer(config, host=args.host, port=args.port)))
-    except OSError as exc:
-        print(f"simulator: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
-        return 1
-    return 0
+if __name__ == "__main__":  # ``python -m simulator.server``, kept for older spawn sites
+    from simulator.__main__ import main
 
-
-if __name__ == "__main__":
     sys.exit(main())

@@ -48,7 +48,7 @@ def test_weight_edited_in_the_admin_changes_the_live_ratio(
 ) -> None:
     sim_port = free_port()
     sim = subprocess.Popen(
-        [sys.executable, "-m", "simulator.server", "--port", str(sim_port), "--latency-ms", "2"],
+        [sys.executable, "-m", "simulator", "--port", str(sim_port), "--latency-ms", "2"],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 
 import httpx
@@ -10,7 +11,8 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from simulator.server import SimulatorConfig, SimulatorServer, main
+from simulator.__main__ import main
+from simulator.server import SimulatorConfig, SimulatorServer
 
 MESSAGES = [{"role": "user", "content": "Hello there, simulator!"}]
 
@@ -86,7 +88,7 @@ async def test_models_and_health(sim: SimulatorServer, client: httpx.AsyncClient
         ("POST", "/v1/chat/completions", b"not json", 400),
         ("POST", "/v1/chat/completions", b"[]", 400),
         ("POST", "/v1/chat/completions", orjson.dumps({"messages": []}), 400),
-        ("POST", "/v1/chat/completions", orjson.dumps(chat(stream=True)), 400),
+        ("POST", "/v1/chat/completions", orjson.dumps(chat(stream=True, stream_options=[1])), 400),
         ("POST", "/v1/chat/completions", orjson.dumps(chat(sim={"bogus": 1})), 400),
         ("POST", "/v1/chat/completions", orjson.dumps(chat(sim={"status": "x"})), 400),
     ],
@@ -199,7 +201,7 @@ async def test_keep_alive_many_requests_on_one_connection(sim: SimulatorServer) 
             assert head.startswith(b"HTTP/1.1 200 OK\r\n")
             length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
             assert orjson.loads(await reader.readexactly(length))["usage"]["total_tokens"] > 0
-        writer.write(b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+        writer.write(b"GET /health HTTP/1.1\r\nHost: sim\r\nConnection: close\r\n\r\n")
         response = await reader.read()
         assert b"Connection: close" in response
         assert response.endswith(b'{"status":"ok"}')
@@ -224,7 +226,10 @@ async def test_few_hundred_concurrent_requests() -> None:
 async def test_hundreds_of_simultaneous_connections() -> None:
     config = SimulatorConfig(latency_ms=50, max_running=100)
     body = orjson.dumps(chat())
-    request = b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    request = b"POST /v1/chat/completions HTTP/1.1\r\nHost: sim\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(body),
+        body,
+    )
 
     async def one_connection() -> int:
         reader, writer = await asyncio.open_connection("127.0.0.1", sim.port)
@@ -276,9 +281,9 @@ def test_main_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
 
 async def test_main_process_runs_until_sigterm(unused_tcp_port: int) -> None:
     process = await asyncio.create_subprocess_exec(
-        "python",
+        sys.executable,
         "-m",
-        "simulator.server",
+        "simulator",
         "--port",
         str(unused_tcp_port),
         "--latency-ms",
