@@ -138,7 +138,7 @@ def start_stack(root: Path, valkey_url: str, prefix: str, *sim_args: str) -> Sta
             [
                 sys.executable,
                 "-m",
-                "simulator.server",
+                "simulator",
                 "--port",
                 str(sim_port),
                 "--latency-ms",
