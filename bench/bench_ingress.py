@@ -36,6 +36,7 @@ import orjson
 from bench._common import (
     ROOT,
     client,
+    cpu_seconds,
     dispatcher_procs,
     group,
     machine,
@@ -70,8 +71,8 @@ MAKE_KEY = (
 
 
 @contextmanager
-def ingress_proc(valkey_url: str, prefix: str) -> Iterator[tuple[str, str]]:
-    """daphne serving the project's ASGI app, with a fresh SQLite and one producer key; (url, key)."""
+def ingress_proc(valkey_url: str, prefix: str) -> Iterator[tuple[str, str, int]]:
+    """daphne serving the project's ASGI app, with a fresh SQLite and one producer key; (url, key, pid)."""
     with scratch() as data_dir:
         env = {
             "DJANGO_SETTINGS_MODULE": "dispatch_project.settings",
@@ -112,7 +113,7 @@ def ingress_proc(valkey_url: str, prefix: str) -> Iterator[tuple[str, str]]:
                     if time.monotonic() > deadline or proc.poll() is not None:
                         raise RuntimeError("daphne did not start") from None
                     time.sleep(0.1)
-            yield f"http://127.0.0.1:{port}/v1", key
+            yield f"http://127.0.0.1:{port}/v1", key, proc.pid
         finally:
             stop_proc(proc)
 
@@ -171,7 +172,7 @@ async def measure(quick: bool, runs: int) -> dict[str, list[float]]:
             await publish(conn, keys, config)
         with (
             dispatcher_procs(valkey_url, keys.prefix, config.group_id, 1, SLOTS),
-            ingress_proc(valkey_url, keys.prefix) as (ingress_url, key),
+            ingress_proc(valkey_url, keys.prefix) as (ingress_url, key, web_pid),
         ):
             paths = {"direct": (sim_url, {}), "ingress": (ingress_url, {"authorization": f"Bearer {key}"})}
             limits = httpx.Limits(max_connections=SLOTS, max_keepalive_connections=SLOTS)
@@ -182,7 +183,13 @@ async def measure(quick: bool, runs: int) -> dict[str, list[float]]:
                     order = list(paths.items()) if run % 2 == 0 else list(paths.items())[::-1]
                     for level in (1, 16, SLOTS):
                         for name, (url, headers) in order:
+                            cpu_before = cpu_seconds(web_pid)
                             lat, wall = await closed_loop(http, url, headers, level, calls(level, quick))
+                            if name == "ingress":
+                                note(
+                                    f"web_cpu_ms:{level}",
+                                    (cpu_seconds(web_pid) - cpu_before) * 1000 / len(lat),
+                                )
                             ms = [x * 1000 for x in lat]
                             note(f"{name}:{level}:p50", pct(ms, 0.5))
                             note(f"{name}:{level}:p99", pct(ms, 0.99))
@@ -238,6 +245,8 @@ def report(out: dict[str, list[float]], runs: int, quick: bool) -> dict[str, flo
         f"throughput at concurrency {SLOTS}: direct {rate_direct:.0f} calls/s, one ingress web process "
         f"{rate_ingress:.0f} calls/s = {rate_ingress / rate_direct:.2f}x"
     )
+    cpu = ", ".join(f"{m[f'web_cpu_ms:{level}']:.2f} ms at {level}" for level in (1, 16, SLOTS))
+    print(f"web process CPU per ingress call (load-independent): {cpu}")
     print(f"stream: {chunks:.0f} chunks per call; added delay per chunk (p50) {per_chunk:+.3f} ms")
     summary = {
         "complete_p50": added(out, "1:p50"),

@@ -52,7 +52,7 @@ class ProducerKey(models.Model):
         null=True,
         blank=True,
         validators=[MinValueValidator(1)],
-        help_text="Most requests of this key queued per web process; more get 429.",
+        help_text="Reserved for admission control (not enforced yet).",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField("last used", null=True, blank=True, editable=False)

@@ -75,7 +75,7 @@ class Migration(migrations.Migration):
                     "max_queued",
                     models.PositiveIntegerField(
                         blank=True,
-                        help_text="Most requests of this key queued per web process; more get 429.",
+                        help_text="Reserved for admission control (not enforced yet).",
                         null=True,
                         validators=[django.core.validators.MinValueValidator(1)],
                         verbose_name="most queued",
