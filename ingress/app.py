@@ -36,8 +36,9 @@ from ingress.http import (
 from ingress.models_list import ModelLister
 from ingress.selectors import KeyGrant
 from ingress.streaming import send_stream
-from runtime.errors import DispatchError, MalformedEnvelope
+from runtime.errors import DispatchError, MalformedEnvelope, QueueUnavailable
 from runtime.producer import Producer
+from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire.contract import ChatCall, Metadata
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,11 @@ class Ingress:
             async with self._producer_lock:
                 if self._producer is None:
                     producer = self.make_producer()
-                    await producer.start()
+                    try:
+                        await producer.start()
+                    except REDIS_ERRORS as exc:
+                        await producer.close()
+                        raise QueueUnavailable(f"the queue (Valkey) cannot be reached: {exc}") from exc
                     self._producer = producer
         return self._producer
 
