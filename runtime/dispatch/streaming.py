@@ -94,10 +94,15 @@ def for_client(chunk: Mapping[str, Any], include_usage: bool) -> Mapping[str, An
 
 
 class StreamRelay:
+    """Streams calls for one dispatcher; the Lua relay script is registered once."""
+
     def __init__(self, client: aioredis.Redis, keys: KeySpace, *, reply_ttl_s: float) -> None:
         self.keys = keys
         self.reply_ttl_ms = int(reply_ttl_s * 1000)
         self._relay = client.register_script(RELAY)
+
+    def __repr__(self) -> str:
+        return f"<StreamRelay reply_ttl_ms={self.reply_ttl_ms}>"
 
     async def run(
         self, backend: OpenAIBackend, envelope: Envelope, *, started_at: float, summary: StreamSummary

@@ -99,6 +99,14 @@ def test_wrong_field_types_name_the_field(stack: Stack, alice_key: str) -> None:
     assert caught.value.param == "temperature"
 
 
+def test_a_body_over_the_limit_is_413(stack: Stack, alice_key: str) -> None:
+    huge = [{"role": "user", "content": "x" * (10 * 1024 * 1024)}]
+    with pytest.raises(openai.APIStatusError) as caught:
+        client(stack, alice_key).chat.completions.create(model="m", messages=huge)  # type: ignore[arg-type]
+    assert caught.value.status_code == 413
+    assert caught.value.code == "request_too_large"
+
+
 def test_a_pool_without_a_backend_is_unavailable(stack: Stack, alice_key: str) -> None:
     with pytest.raises(openai.InternalServerError) as caught:
         client(stack, alice_key).chat.completions.create(
