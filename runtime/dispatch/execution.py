@@ -31,6 +31,9 @@ from runtime.wire.groupconfig import GroupConfig
 
 log = logging.getLogger(__name__)
 FINISH_ATTEMPTS = 5
+# A cancel can beat its call (claimed, call not started yet): such ids are kept this long, this many.
+EARLY_CANCEL_S = 30.0
+EARLY_CANCELS_MAX = 1024
 _T = TypeVar("_T")
 
 
@@ -74,12 +77,21 @@ class Executor:
         self.store_content = store_content
         self.on_valkey_error = on_valkey_error
         self._calls: dict[str, asyncio.Future[Any]] = {}
+        self._early_cancels: dict[str, float] = {}
         self.relay = StreamRelay(queue.client, queue.keys, reply_ttl_s=settings.reply_ttl_s)
 
     def cancel(self, request_id: str) -> bool:
         """Cuts off the backend call of a request whose producer withdrew it; False if none runs here."""
         call = self._calls.get(request_id)
-        return call.cancel() if call is not None else False
+        if call is not None:
+            return call.cancel()
+        # Every dispatcher of the group hears every cancel, so most of these ids never run here.
+        now = time.monotonic()
+        if len(self._early_cancels) >= EARLY_CANCELS_MAX:
+            self._early_cancels = {r: t for r, t in self._early_cancels.items() if now - t < EARLY_CANCEL_S}
+        if len(self._early_cancels) < EARLY_CANCELS_MAX:
+            self._early_cancels[request_id] = now
+        return False
 
     async def execute(self, run: Running, config: GroupConfig) -> None:
         """Calls the backend, replies, releases the lease and records the span; never raises."""
@@ -167,6 +179,9 @@ class Executor:
 
     async def _cancellable(self, request_id: str, call: Coroutine[Any, Any, _T]) -> _T:
         """Runs the backend call as a task :meth:`cancel` can cut off, telling that apart from shutdown."""
+        if self._early_cancels.pop(request_id, None) is not None:
+            call.close()
+            raise Cancelled(f"request {request_id} was cancelled by its producer before its call started")
         task = asyncio.ensure_future(call)
         self._calls[request_id] = task
         try:
