@@ -344,9 +344,14 @@ class Producer:
             raise ProducerClosed(
                 f"producer {self.producer_id} is {'closed' if self._closed else 'not started'}"
             )
+        if not isinstance(call, ChatCall):
+            # This method is the stream switch: the body's own OpenAI streaming fields are not needed.
+            call = ChatCall.from_openai(
+                {k: v for k, v in call.items() if k not in ("stream", "stream_options")}
+            )
         return ChatStream(
             self,
-            call if isinstance(call, ChatCall) else ChatCall.from_openai(call),
+            call,
             pool_id=pool_id,
             metadata=metadata or Metadata(),
             timeout_s=self.settings.default_timeout_s if timeout is None else timeout,

@@ -47,7 +47,10 @@ async def test_the_direct_path_streams_too(sim: SimulatorServer) -> None:
     backend = OpenAIBackend(sim.url)
     async with Producer(None, direct_backend=backend) as producer:  # type: ignore[arg-type]
         chunks = [
-            c async for c in producer.stream({**CALL, "max_tokens": 4}, pool_id="p", include_usage=True)
+            c
+            async for c in producer.stream(
+                {**CALL, "max_tokens": 4, "stream": True}, pool_id="p", include_usage=True
+            )
         ]
     await backend.aclose()
     assert chunks[-1]["usage"]["completion_tokens"] == 4
