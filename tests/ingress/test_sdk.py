@@ -27,6 +27,11 @@ def test_a_plain_completion_through_the_queue(stack: Stack, alice_key: str) -> N
     assert completion.usage is not None and completion.usage.completion_tokens > 0
     assert len(raw.headers["x-dispatch-request-id"]) == 32
     assert float(raw.headers["x-dispatch-queue-wait-ms"]) >= 0
+    last_used = (
+        "from ingress.models import ProducerKey; print(ProducerKey.objects.get(name='alice').last_used_at)"
+    )
+    # Recorded in the background, at most once a minute per key and web process.
+    wait_until_sync(lambda: stack.manage("shell", "-c", last_used).strip() != "None", 10, what="last used")
 
 
 async def test_the_async_client_and_the_pool_header(stack: Stack, alice_key: str) -> None:
