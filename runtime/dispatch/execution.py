@@ -160,8 +160,6 @@ class Executor:
                 else backend.complete(envelope.call.to_openai(), timeout_s=timeout)
             )
             completion = await self._cancellable(envelope.request_id, call)
-        except Cancelled:
-            raise
         except DispatchError as exc:
             self.breakers.record(endpoint, exc)
             raise
