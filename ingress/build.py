@@ -6,7 +6,7 @@ import os
 import socket
 
 from asgiref.sync import sync_to_async
-from dispatch_project.connections import key_space, valkey_url
+from pools.connections import key_space, valkey_url
 from django.conf import settings
 
 from ingress import selectors, services
