@@ -135,12 +135,13 @@ def test_a_deadline_passed_in_the_queue_is_a_gateway_timeout(stack: Stack, alice
 def test_more_than_the_keys_in_flight_limit_is_rate_limited(stack: Stack) -> None:
     api = client(stack, stack.create_key("limited", "gold", "--max-in-flight", "1"), timeout=20)
     with ThreadPoolExecutor(1) as threads:
-        # The first call stays open for 1.5 s; a second one meanwhile is over the key's limit.
+        # The first call stays open for 5 s (room for a loaded machine); a second one meanwhile is over
+        # the key's limit.
         first = threads.submit(
-            api.chat.completions.create, model="m", messages=HELLO, extra_body={"sim": {"latency_ms": 1500}}
+            api.chat.completions.create, model="m", messages=HELLO, extra_body={"sim": {"latency_ms": 5000}}
         )
         with pytest.raises(openai.RateLimitError) as caught:
-            wait_until_sync(lambda: _second_call(api), timeout=5, what="the second call refused")
+            wait_until_sync(lambda: _second_call(api), timeout=10, what="the second call refused")
         assert first.result().choices
     assert caught.value.response.headers["retry-after"] == "1"
     assert caught.value.code == "too_many_in_flight"
