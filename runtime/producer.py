@@ -28,6 +28,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from runtime.backends.adapter import BackendPool, OpenAIBackend
 from runtime.config import ProducerSettings
+from runtime.dispatch.wakeup import PUSH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
 from runtime.errors import (
     DispatchError,
     MalformedEnvelope,
@@ -119,6 +120,8 @@ class Producer:
         self._closing = asyncio.Event()
         self._alive_key = keys.producer_alive(self.producer_id)
         self._reply_key = keys.replies(self.producer_id)
+        # The request and a wake token for one idle dispatcher, in one script run by SHA.
+        self._push = client.register_script(PUSH)
 
     def __repr__(self) -> str:
         mode = "direct" if self.direct_backend else "queued"
@@ -262,10 +265,10 @@ class Producer:
         self._waiters[request_id] = _Waiter(future, pool_id)
         try:
             try:
-                async with self.client.pipeline(transaction=False) as pipe:
-                    pipe.rpush(self.keys.requests(pool_id), raw)
-                    pipe.publish(self.keys.wake_channel(pool_id), b"1")
-                    await pipe.execute()
+                await self._push(
+                    keys=[self.keys.requests(pool_id), self.keys.wake_list(pool_id)],
+                    args=[raw, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
+                )
             except REDIS_ERRORS as exc:
                 raise QueueUnavailable(f"could not enqueue request {request_id}: {exc}") from exc
             try:
