@@ -99,6 +99,7 @@ class Dispatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._waiting = False  # the scheduling loop waits for a reason to run a round
+        self._slots = settings.concurrency  # local slots, within this dispatcher's share of the group
         self._idle = asyncio.Event()  # ... and has a free slot: the wake waiter may take a token
         self._stopping = asyncio.Event()
         self._finished = asyncio.Event()  # set once in-flight calls are done: helpers then exit
@@ -221,10 +222,15 @@ class Dispatcher:
     async def _schedule_loop(self) -> None:
         backoff_min, backoff_max = self.settings.reconnect_backoff_s
         backoff = backoff_min
+        poll = False
         while not self._stopping.is_set():
             self._wake.clear()
             try:
-                progressed = await self.schedule_round()
+                # The idle poll is shared by the fleet: one dispatcher's poll is enough for the group.
+                if poll and not await self.queue.take_poll(self.settings.idle_poll_s):
+                    progressed = False
+                else:
+                    progressed = await self.schedule_round()
             except REDIS_ERRORS as exc:
                 self._valkey_lost(exc)
                 with contextlib.suppress(TimeoutError):
@@ -233,17 +239,23 @@ class Dispatcher:
                 continue
             self._valkey_back()
             backoff = backoff_min
+            poll = False
             if not progressed:
-                await self._wait_for_work()
+                poll = not await self._wait_for_work()
 
-    async def _wait_for_work(self) -> None:
-        """Until woken (a token, a config change, stop) or the idle poll; tokens only with a free slot."""
+    async def _wait_for_work(self) -> bool:
+        """Until woken (a token, a config change, stop: True) or the idle poll is due (False).
+
+        Tokens are taken only while a slot is free, so they go to a dispatcher that can use them.
+        """
         self._waiting = True
-        if len(self.running) < self.settings.concurrency:
+        if len(self.running) < self._slots:
             self._idle.set()
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.idle_poll_s)
+            await asyncio.wait_for(self._wake.wait(), self.settings.idle_poll_s)
+            return True
+        except TimeoutError:
+            return False
         finally:
             self._waiting = False
             self._idle.clear()
@@ -303,7 +315,10 @@ class Dispatcher:
             )
         if drops:
             await self._drop(drops)
-        free = self.settings.concurrency - len(self.running)
+        # Keep to an even share of the group's slots, so the fleet splits the work evenly.
+        share = scheduler.fleet_share(policy.total_concurrency, self.queue.fleet_size)
+        self._slots = min(self.settings.concurrency, share)
+        free = self._slots - len(self.running)
         protected = tuple(
             (p.pool_id, min(p.min_concurrent, p.max_concurrent))
             for p in policy.pools
@@ -322,8 +337,13 @@ class Dispatcher:
         if holder:
             left = any(reason == scheduler.SKIP_LOCAL_CAPACITY for _, reason in decision.skips)
             end_turn = TurnEnd(holder=holder, left_work=left, wake_pool=pool_ids[0])
-        launched = await self._claim(policy, decision.launches, peeked, protected, end_turn)
-        return bool(drops) or launched or self.queue.turn_again
+        claimed = await self._claim(policy, decision.launches, peeked, protected, end_turn)
+        # Run again at once only if this round may have left launchable work behind (e.g. more
+        # backlog than peeked). With the group full, FINISH tokens bring the next round; with our own
+        # slots full, the turn's release woke another dispatcher. Rounds of our own beyond that would
+        # take every freed slot for the finisher, and the work would not spread over the fleet.
+        room = self.group_in_flight + claimed < policy.total_concurrency and free > claimed
+        return bool(drops) or (claimed > 0 and room)
 
     def _usable_heads(
         self, view: QueueView, now: float, drops: list[tuple[PeekedItem, str]]
@@ -387,15 +407,15 @@ class Dispatcher:
         peeked: dict[str, list[PeekedItem]],
         protected: tuple[tuple[str, int], ...],
         end_turn: TurnEnd | None,
-    ) -> bool:
+    ) -> int:
         """Claims the launches; caps and the other pools' protected slots are checked in the claim.
 
-        The same pipeline gives the scheduling turn back. True if anything was claimed.
+        The same pipeline gives the scheduling turn back. Returns how many were claimed.
         """
         if not launches:
             if end_turn is not None:
                 await self.queue.claim([], self.settings.lease_s, end_turn=end_turn)
-            return False
+            return 0
         caps = {p.pool_id: p.max_concurrent for p in policy.pools}
         own = dict(protected)
         chosen: list[tuple[scheduler.Launch, PeekedItem]] = []
@@ -420,9 +440,7 @@ class Dispatcher:
         results = await self.queue.claim(requests, self.settings.lease_s, end_turn=end_turn)
         for (launch, item), request, (code, _) in zip(chosen, requests, results, strict=True):
             self._after_claim(launch, item, request, code)
-        # Claims all lost mean another dispatcher is serving these heads: racing it again at once
-        # would only lose again, so wait for a token or the poll like an idle round.
-        return any(code != scripts.CLAIM_MOVED for code, _ in results)
+        return sum(code == scripts.CLAIMED for code, _ in results)
 
     def _after_claim(
         self, launch: scheduler.Launch, item: PeekedItem, request: ClaimRequest, code: str
@@ -473,7 +491,7 @@ class Dispatcher:
             self.running.pop(run.envelope.request_id, None)
             # No round of our own: FINISH pushed a wake token, which goes to the dispatcher of the
             # group that has waited longest (maybe this one), so freed slots spread over the fleet.
-            if self._waiting:
+            if self._waiting and len(self.running) < self._slots:
                 self._idle.set()
 
     # --- background helpers -----------------------------------------------------------------------

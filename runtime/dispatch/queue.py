@@ -84,6 +84,9 @@ class QueueOps:
         self._release = LuaScript(turn.RELEASE)
         self._turn = keys.schedule_turn(group_id)
         self._again = keys.schedule_again(group_id)
+        self._poll = keys.group_poll(group_id)
+        self._fleet = keys.group_fleet(group_id)
+        self.fleet_size = 1  # dispatchers of the group seen by the last observe that took a turn
         self._reaped_at = float("-inf")
         self.has_turn = False  # whether the last observe took the group's scheduling turn
         self.turn_again = False  # whether the last turn given back had a request for another round
@@ -102,7 +105,11 @@ class QueueOps:
 
         def build(pipe: Any) -> None:
             if take_turn:
-                self._acquire.queue(pipe, [self._turn, self._again], [take_turn, turn.TURN_LEASE_MS])
+                self._acquire.queue(
+                    pipe,
+                    [self._turn, self._again, self._fleet],
+                    [take_turn, turn.TURN_LEASE_MS, turn.FLEET_MEMBER_S],
+                )
             if reap:
                 self._reap.queue(pipe, [self._group_inflight, *map(self.keys.pool_inflight, pool_ids)], [])
             for pool_id in pool_ids:
@@ -114,7 +121,8 @@ class QueueOps:
 
         results = await run_pipeline(self.client, [self._acquire, self._reap], build)
         if take_turn:
-            self.has_turn = bool(int(results[0]))
+            got, fleet = results[0]
+            self.has_turn, self.fleet_size = bool(int(got)), max(1, int(fleet))
             results = results[1:]
         if reap:
             results = results[1:]  # the reap count
@@ -123,6 +131,10 @@ class QueueOps:
             for i, pool_id in enumerate(pool_ids)
         }
         return views, int(results[-1])
+
+    async def take_poll(self, interval_s: float) -> bool:
+        """True when this dispatcher's idle poll is the group's next one (one SET NX per attempt)."""
+        return bool(await self.client.set(self._poll, b"1", nx=True, px=max(1, int(interval_s * 1000))))
 
     async def claim(
         self, requests: Sequence[ClaimRequest], lease_s: float, *, end_turn: TurnEnd | None = None

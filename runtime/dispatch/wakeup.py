@@ -91,6 +91,17 @@ class WakeWaiter:
         return f"<WakeWaiter tokens={self.tokens} idle={self.idle.is_set()}>"
 
     async def run(self) -> None:
+        # A connection of its own: a blocking command would hold one of the shared pool's, and one
+        # broken mid-BLPOP (a Valkey restart) must not be handed back to the dispatcher's commands.
+        kwargs = dict(self.client.connection_pool.connection_kwargs)
+        own = aioredis.Redis(connection_pool=aioredis.ConnectionPool(max_connections=1, **kwargs))
+        try:
+            await self._loop(own)
+        finally:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await own.aclose()
+
+    async def _loop(self, own: aioredis.Redis) -> None:
         while not self.finished.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.idle.wait(), WAKE_BLOCK_S)
@@ -98,7 +109,7 @@ class WakeWaiter:
             if not self.idle.is_set() or not keys:
                 continue
             try:
-                token = await self.client.blpop(list(keys), timeout=WAKE_BLOCK_S)
+                token = await own.blpop(list(keys), timeout=WAKE_BLOCK_S)
             except REDIS_ERRORS as exc:
                 self.on_error(exc)
                 with contextlib.suppress(TimeoutError):

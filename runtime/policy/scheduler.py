@@ -84,6 +84,7 @@ __all__ = [
     "PoolPolicy",
     "SchedulerState",
     "decide",
+    "fleet_share",
     "refund",
     "validate_policy",
 ]
@@ -578,6 +579,15 @@ def _decide_fifo(
             at = obs.heads[index].enqueued_at if index < len(obs.heads) else obs.heads[-1].enqueued_at
             heapq.heappush(heap, (at, pos, index))
     return Decision(tuple(call.launches), state, call.skips)
+
+
+def fleet_share(total_concurrency: int, fleet_size: int) -> int:
+    """Slots of the group one of ``fleet_size`` dispatchers may hold: an even split, rounded up.
+
+    Rounded up, the shares add up to at least the total, so the group's slots can all be used.
+    """
+    fleet = max(1, fleet_size)
+    return -(-total_concurrency // fleet)
 
 
 def validate_policy(policy: GroupPolicy) -> list[str]:

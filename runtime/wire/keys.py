@@ -51,6 +51,14 @@ class KeySpace:
         """Note left by a dispatcher that found the turn taken: the holder runs one more round."""
         return f"{self.prefix}key:llm:turn-again:{group_id}"
 
+    def group_fleet(self, group_id: str) -> str:
+        """Sorted set of the group's dispatchers (score: membership expiry), refreshed each round."""
+        return f"{self.prefix}zset:llm:fleet:{group_id}"
+
+    def group_poll(self, group_id: str) -> str:
+        """Short marker of the group's last idle poll: the fleet polls as often as one dispatcher."""
+        return f"{self.prefix}key:llm:poll:{group_id}"
+
     def group_inflight(self, group_id: str) -> str:
         """Sorted set of in-flight leases of a group (member: pool + request id, score: expiry)."""
         return f"{self.prefix}zset:llm:inflight:{group_id}"
