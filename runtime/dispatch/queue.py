@@ -89,7 +89,6 @@ class QueueOps:
         self.fleet_size = 1  # dispatchers of the group seen by the last observe that took a turn
         self._reaped_at = float("-inf")
         self.has_turn = False  # whether the last observe took the group's scheduling turn
-        self.turn_again = False  # whether the last turn given back had a request for another round
 
     async def observe(
         self, pool_ids: Sequence[str], depth: int, *, take_turn: str = ""
@@ -141,8 +140,8 @@ class QueueOps:
     ) -> list[tuple[str, int]]:
         """Runs the claim script for each request in order, in one pipeline.
 
-        With ``end_turn`` the same pipeline then gives the scheduling turn back; ``turn_again`` tells
-        whether another dispatcher asked for a round meanwhile.
+        With ``end_turn`` the same pipeline then gives the scheduling turn back (waking another
+        dispatcher if one asked for a round meanwhile or work was left).
         """
         if not requests and end_turn is None:
             return []
@@ -177,7 +176,7 @@ class QueueOps:
 
         results = await run_pipeline(self.client, [self._claim, self._release], build)
         if end_turn is not None:
-            self.turn_again = bool(int(results.pop()))
+            results.pop()  # whether someone asked for a round: the release already woke one
             self.has_turn = False
         return [(code.decode() if isinstance(code, bytes) else str(code), int(n)) for code, n in results]
 
