@@ -290,7 +290,9 @@ class Dispatcher:
             max(self.settings.peek_depth, *(p.max_burst_per_visit for p in policy.pools)) if pool_ids else 1
         )
         holder = self.identity.dispatcher_id if pool_ids else ""
-        views, self.group_in_flight = await self.queue.observe(pool_ids, depth, take_turn=holder)
+        views, self.group_in_flight = await self.queue.observe(
+            pool_ids, depth, take_turn=holder, local_slots=self.settings.concurrency
+        )
         self.last_views = views
         if holder and not self.queue.has_turn:
             self.stats.turn_busy += 1
@@ -315,9 +317,9 @@ class Dispatcher:
             )
         if drops:
             await self._drop(drops)
-        # Keep to an even share of the group's slots, so the fleet splits the work evenly.
-        share = scheduler.fleet_share(policy.total_concurrency, self.queue.fleet_size)
-        self._slots = min(self.settings.concurrency, share)
+        # Keep to our share of the group's slots, so the fleet splits the work evenly.
+        own = self.settings.concurrency
+        self._slots = scheduler.fleet_share(policy.total_concurrency, own, self.queue.fleet_slots or (own,))
         free = self._slots - len(self.running)
         protected = tuple(
             (p.pool_id, min(p.min_concurrent, p.max_concurrent))

@@ -86,17 +86,18 @@ class QueueOps:
         self._again = keys.schedule_again(group_id)
         self._poll = keys.group_poll(group_id)
         self._fleet = keys.group_fleet(group_id)
-        self.fleet_size = 1  # dispatchers of the group seen by the last observe that took a turn
+        self.fleet_slots: tuple[int, ...] = ()  # local slots of each dispatcher of the group, as last seen
         self._reaped_at = float("-inf")
         self.has_turn = False  # whether the last observe took the group's scheduling turn
 
     async def observe(
-        self, pool_ids: Sequence[str], depth: int, *, take_turn: str = ""
+        self, pool_ids: Sequence[str], depth: int, *, take_turn: str = "", local_slots: int = 0
     ) -> tuple[dict[str, QueueView], int]:
         """Backlog, the first ``depth`` items and global in-flight of each pool, and the group's in-flight.
 
         With ``take_turn`` (a dispatcher id) the same round trip tries to take the group's scheduling
-        turn; ``has_turn`` tells whether it did.
+        turn; ``has_turn`` tells whether it did. It also registers this dispatcher (with its
+        ``local_slots``) in the group's fleet and reads the fleet into ``fleet_slots``.
         """
         reap = time.monotonic() - self._reaped_at >= REAP_INTERVAL_S
         if reap:
@@ -107,7 +108,7 @@ class QueueOps:
                 self._acquire.queue(
                     pipe,
                     [self._turn, self._again, self._fleet],
-                    [take_turn, turn.TURN_LEASE_MS, turn.FLEET_MEMBER_S],
+                    [take_turn, turn.TURN_LEASE_MS, turn.FLEET_MEMBER_S, f"{take_turn} {local_slots}"],
                 )
             if reap:
                 self._reap.queue(pipe, [self._group_inflight, *map(self.keys.pool_inflight, pool_ids)], [])
@@ -121,7 +122,8 @@ class QueueOps:
         results = await run_pipeline(self.client, [self._acquire, self._reap], build)
         if take_turn:
             got, fleet = results[0]
-            self.has_turn, self.fleet_size = bool(int(got)), max(1, int(fleet))
+            self.has_turn = bool(int(got))
+            self.fleet_slots = tuple(int(member.rsplit(b" ", 1)[-1]) for member in fleet)
             results = results[1:]
         if reap:
             results = results[1:]  # the reap count

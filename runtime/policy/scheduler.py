@@ -61,7 +61,7 @@ the other pools' heads). FIFO keeps no credit and does not apply protected slots
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -581,13 +581,18 @@ def _decide_fifo(
     return Decision(tuple(call.launches), state, call.skips)
 
 
-def fleet_share(total_concurrency: int, fleet_size: int) -> int:
-    """Slots of the group one of ``fleet_size`` dispatchers may hold: an even split, rounded up.
+def fleet_share(total_concurrency: int, own_slots: int, fleet_slots: Sequence[int]) -> int:
+    """Slots of the group a dispatcher with ``own_slots`` local slots may hold, in a fleet whose
+    members (this one included) have ``fleet_slots``: the group total split in proportion to local
+    slots (evenly for equal dispatchers), rounded up, never more than ``own_slots``.
 
-    Rounded up, the shares add up to at least the total, so the group's slots can all be used.
+    Rounded up and proportional, the shares add up to at least the total (or to every local slot when
+    the fleet has fewer than the total), so the group's slots can all be used: work-conserving.
     """
-    fleet = max(1, fleet_size)
-    return -(-total_concurrency // fleet)
+    capacity = sum(fleet_slots)
+    if capacity <= total_concurrency or own_slots <= 0:
+        return max(0, own_slots)
+    return min(own_slots, -(-total_concurrency * own_slots // capacity))
 
 
 def validate_policy(policy: GroupPolicy) -> list[str]:

@@ -27,6 +27,7 @@ from runtime.policy.scheduler import (
     PoolPolicy,
     SchedulerState,
     decide,
+    fleet_share,
     refund,
     validate_policy,
 )
@@ -740,3 +741,26 @@ def test_refunded_credit_survives_the_next_top_up():
     assert launched.count("a") == 5
     # Four quanta of 6 paid five heads of 4: nothing was lost (the old clamp to 6 + 4 kept only 2).
     assert state.deficit("a") == 4 * 6 - 5 * 4
+
+
+@pytest.mark.parametrize(
+    ("total", "own", "fleet", "share"),
+    [
+        (8, 8, (8,), 8),  # alone: every local slot
+        (8, 8, (8, 8), 4),
+        (8, 8, (8, 8, 8), 3),  # rounded up: 3 + 3 + 3 >= 8
+        (64, 4, (4, 64), 4),  # a small dispatcher keeps all its slots ...
+        (64, 64, (4, 64), 61),  # ... and the big one takes the rest: 4 + 61 >= 64, nothing idles
+        (8, 2, (2, 2), 2),  # the fleet has fewer slots than the group: no limit
+        (10, 0, (0, 8), 0),
+    ],
+)
+def test_fleet_share_splits_the_group_in_proportion_to_local_slots(total, own, fleet, share):
+    assert fleet_share(total, own, fleet) == share
+
+
+@given(total=st.integers(1, 200), fleet=st.lists(st.integers(1, 64), min_size=1, max_size=6))
+def test_fleet_shares_always_cover_the_group(total, fleet):
+    shares = [fleet_share(total, own, fleet) for own in fleet]
+    assert all(0 <= s <= own for s, own in zip(shares, fleet, strict=True))
+    assert sum(shares) >= min(total, sum(fleet)), "a group slot no dispatcher may take"
