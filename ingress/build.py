@@ -6,7 +6,6 @@ import os
 import socket
 
 from asgiref.sync import sync_to_async
-from pools.connections import key_space, valkey_url
 from django.conf import settings
 
 from ingress import selectors, services
@@ -14,6 +13,7 @@ from ingress.app import Ingress
 from ingress.grants import GrantCache
 from ingress.models_list import ModelLister
 from ops.runtime_settings import producer_settings
+from pools.connections import key_space, valkey_url
 from runtime.producer import Producer
 from runtime.valkey.client import connect
 
