@@ -1,26 +1,53 @@
-"""The history table: the OpenTelemetry Collector ClickHouse exporter's ``otel_traces``, plus typed columns.
+"""The history schema: the OpenTelemetry Collector's ``otel_traces`` plus narrow tables fed by views.
 
-The first columns repeat the collector exporter's layout (database ``otel``, table ``otel_traces``) so a
-collector pipeline can write the same table and the history views read its rows too. The typed columns
-after them are ``MATERIALIZED`` from ``SpanAttributes``: computed once at insert, whoever inserts, and
-read by the analytics instead of map lookups.
+``otel_traces`` repeats the collector ClickHouse exporter's layout (database ``otel``) so a collector
+pipeline can write the same table; the typed columns after the collector's are ``MATERIALIZED`` from
+``SpanAttributes`` at insert, whoever inserts. Materialized views fan every insert out into tables laid
+out for one page each, so no page reads the wide table except by a pruned key:
+
+``otel_traces_trace_id_ts``     the collector's own trace id -> time range table (same DDL): the detail
+                                page's trace lookup.
+``llm_dispatch_executions``     executions only, narrow, sorted by time: the recent list, its paging
+                                and the exact analytics mode read it in order.
+``llm_dispatch_request_ids``    request id -> trace id and time, sorted by request id: the detail page
+                                finds a request in one granule per day partition.
+``llm_dispatch_pool_minutes``   per group, pool and minute: counts, token sums and DDSketch quantile
+                                states; analytics cost grows with minutes x pools, not with traffic.
+``llm_dispatch_filter_values``  each filter value with the last time it was seen: the drop-downs.
 
 Duplicates: the ingester inserts a batch and then XACKs it; a crash between the two re-delivers the
-batch and inserts it again. The engine is a ``ReplacingMergeTree`` whose sorting key ends in
-``(TraceId, SpanId)``; a re-inserted span has the same sorting key (same service, name, timestamp and
-ids), so merges collapse it, and every history query reads the table with ``FINAL`` so no duplicate is
-ever counted even before a merge.
+batch. Each batch carries an ``insert_deduplication_token`` derived from its stream entry ids, and every
+table keeps the last ``DEDUP_WINDOW`` block hashes (``non_replicated_deduplication_window``), so the
+second insert is dropped, views included (``deduplicate_blocks_in_dependent_materialized_views``).
+Reads never need ``FINAL``.
 
-Retention: ``TTL toDateTime(Timestamp) + toIntervalDay(retention_days)``; :func:`migrate` re-applies it,
-so changing ``HISTORY_RETENTION_DAYS`` takes effect on the next start. Creation is idempotent.
+Retention: daily partitions and ``TTL ... + toIntervalDay(retention_days)`` with ``ttl_only_drop_parts``
+drop whole days; :func:`migrate` re-applies the TTL, so ``HISTORY_RETENTION_DAYS`` takes effect on the
+next start. :func:`migrate` is idempotent and brings a database created by an older version forward:
+it adds the dedup setting, creates the narrow tables and their views, and fills each new table once
+from the rows already stored. Rows inserted by another writer *during* that first fill may be counted
+twice in the new tables; run ``manage.py history_migrate`` before starting writers.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from history.client import HistoryClient
 from runtime.telemetry import semconv
 
 TABLE = "otel_traces"
+TRACE_ID_TS = "otel_traces_trace_id_ts"
+EXECUTIONS = "llm_dispatch_executions"
+REQUEST_IDS = "llm_dispatch_request_ids"
+POOL_MINUTES = "llm_dispatch_pool_minutes"
+FILTER_VALUES = "llm_dispatch_filter_values"
+
+DEDUP_WINDOW = 10_000  # blocks remembered per table: minutes of batches at full rate, per partition
+QUANTILE_LEVELS = (0.5, 0.95, 0.99)
+# DDSketch relative accuracy: an approximate quantile is within 1 % of the value at that rank.
+RELATIVE_ACCURACY = 0.01
+_DD = f"quantilesDD({RELATIVE_ACCURACY}, {', '.join(str(q) for q in QUANTILE_LEVELS)})"
 
 
 def _attr(name: str) -> str:
@@ -32,7 +59,7 @@ TYPED_COLUMNS: list[tuple[str, str, str]] = [
     ("RequestId", "String", _attr(semconv.REQUEST_ID)),
     ("FabricGroup", "LowCardinality(String)", _attr(semconv.GROUP_ID)),
     ("PoolId", "LowCardinality(String)", _attr(semconv.POOL_ID)),
-    ("ProducerId", "String", _attr(semconv.PRODUCER_ID)),
+    ("ProducerId", "LowCardinality(String)", _attr(semconv.PRODUCER_ID)),
     ("GatewayId", "LowCardinality(String)", _attr(semconv.GATEWAY_ID)),
     ("DispatcherId", "LowCardinality(String)", _attr(semconv.DISPATCHER_ID)),
     ("Role", "LowCardinality(String)", _attr(semconv.SPAN_KIND_ROLE)),
@@ -74,9 +101,50 @@ INSERT_COLUMNS = [
     "Links.Attributes",
 ]
 
+# The execution columns the narrow table copies (names and types as in otel_traces).
+EXECUTION_COLUMNS = [
+    "RequestId",
+    "TraceId",
+    "SpanId",
+    "FabricGroup",
+    "PoolId",
+    "ProducerId",
+    "GatewayId",
+    "DispatcherId",
+    "Status",
+    "ErrorType",
+    "DropReason",
+    "RequestModel",
+    "ResponseModel",
+    "QueueWaitS",
+    "ExecutionS",
+    "TotalS",
+    "InputTokens",
+    "OutputTokens",
+]
 
-def table_name(client: HistoryClient) -> str:
-    return f"`{client.database}`.`{TABLE}`"
+# Filter form field -> column, for the drop-downs' values.
+FILTER_COLUMNS = {
+    "group": "FabricGroup",
+    "pool": "PoolId",
+    "producer": "ProducerId",
+    "gateway": "GatewayId",
+    "status": "Status",
+    "error_type": "ErrorType",
+    "model": "RequestModel",
+}
+
+
+def table_name(client: HistoryClient, table: str = TABLE) -> str:
+    return f"`{client.database}`.`{table}`"
+
+
+def _ttl(expr: str, retention_days: int) -> str:
+    return f"TTL {expr} + toIntervalDay({int(retention_days)})"
+
+
+def _dedup_settings() -> str:
+    return f"non_replicated_deduplication_window = {DEDUP_WINDOW}"
 
 
 def create_table_sql(database: str, retention_days: int) -> str:
@@ -97,7 +165,7 @@ CREATE TABLE IF NOT EXISTS `{database}`.`{TABLE}` (
     ScopeName String CODEC(ZSTD(1)),
     ScopeVersion String CODEC(ZSTD(1)),
     SpanAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
-    Duration UInt64 CODEC(ZSTD(1)),
+    Duration UInt64 CODEC(T64, ZSTD(1)),
     StatusCode LowCardinality(String) CODEC(ZSTD(1)),
     StatusMessage String CODEC(ZSTD(1)),
     Events Nested (
@@ -117,30 +185,177 @@ CREATE TABLE IF NOT EXISTS `{database}`.`{TABLE}` (
     INDEX idx_res_attr_key mapKeys(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
     INDEX idx_span_attr_key mapKeys(SpanAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
     INDEX idx_duration Duration TYPE minmax GRANULARITY 1
-) ENGINE = ReplacingMergeTree
+) ENGINE = MergeTree
 PARTITION BY toDate(Timestamp)
 ORDER BY (ServiceName, SpanName, toDateTime(Timestamp), TraceId, SpanId)
-TTL toDateTime(Timestamp) + toIntervalDay({int(retention_days)})
-SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1
+{_ttl("toDateTime(Timestamp)", retention_days)}
+SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, {_dedup_settings()}
 """
 
 
+@dataclass(frozen=True, slots=True)
+class DerivedTable:
+    """A table filled by a materialized view over ``otel_traces`` (and once from its rows on creation)."""
+
+    name: str
+    columns: str  # the column list of CREATE TABLE
+    engine: str  # ENGINE ... SETTINGS, with {ttl} where the retention TTL goes
+    select: str  # the view's SELECT over {source}; also fills the table from existing rows
+    ttl_expr: str
+
+    @property
+    def view(self) -> str:
+        return f"{self.name}_mv"
+
+    def create_sql(self, database: str, retention_days: int) -> str:
+        engine = self.engine.format(ttl=_ttl(self.ttl_expr, retention_days), dedup=_dedup_settings())
+        return f"CREATE TABLE IF NOT EXISTS `{database}`.`{self.name}` ({self.columns}) {engine}"
+
+    def select_sql(self, database: str) -> str:
+        return self.select.format(source=f"`{database}`.`{TABLE}`")
+
+    def view_sql(self, database: str) -> str:
+        return (
+            f"CREATE MATERIALIZED VIEW IF NOT EXISTS `{database}`.`{self.view}` "
+            f"TO `{database}`.`{self.name}` AS {self.select_sql(database)}"
+        )
+
+
+_EXECUTED = "Status IN ('ok', 'error')"
+_TOKEN_RATE = "Status = 'ok' AND ExecutionS > 0 AND OutputTokens IS NOT NULL"
+
+
+def _dd_state(column: str) -> str:
+    state = _DD.replace("quantilesDD", "quantilesDDStateIf")
+    return f"{state}(assumeNotNull({column}), {_EXECUTED} AND {column} IS NOT NULL)"
+
+
+_filter_pairs = ", ".join(f"('{name}', toString({col}))" for name, col in FILTER_COLUMNS.items())
+
+DERIVED: tuple[DerivedTable, ...] = (
+    DerivedTable(
+        # The collector exporter's own table and view, same names and DDL.
+        name=TRACE_ID_TS,
+        columns="TraceId String CODEC(ZSTD(1)), Start DateTime CODEC(Delta, ZSTD(1)), "
+        "End DateTime CODEC(Delta, ZSTD(1)), "
+        "INDEX idx_trace_id TraceId TYPE bloom_filter(0.01) GRANULARITY 1",
+        engine="ENGINE = MergeTree PARTITION BY toDate(Start) ORDER BY (TraceId, Start) {ttl} "
+        "SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, {dedup}",
+        select="SELECT TraceId, min(toDateTime(Timestamp)) AS Start, max(toDateTime(Timestamp)) AS End "
+        "FROM {source} WHERE TraceId != '' GROUP BY TraceId",
+        ttl_expr="toDate(Start)",
+    ),
+    DerivedTable(
+        name=EXECUTIONS,
+        columns="Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)), "
+        "RequestId String CODEC(ZSTD(1)), TraceId String CODEC(ZSTD(1)), SpanId String CODEC(ZSTD(1)), "
+        "FabricGroup LowCardinality(String), PoolId LowCardinality(String), "
+        "ProducerId LowCardinality(String), GatewayId LowCardinality(String), "
+        "DispatcherId LowCardinality(String), Status LowCardinality(String), "
+        "ErrorType LowCardinality(String), DropReason LowCardinality(String), "
+        "RequestModel LowCardinality(String), ResponseModel LowCardinality(String), "
+        "QueueWaitS Nullable(Float64) CODEC(ZSTD(1)), ExecutionS Nullable(Float64) CODEC(ZSTD(1)), "
+        "TotalS Nullable(Float64) CODEC(ZSTD(1)), InputTokens Nullable(UInt64) CODEC(T64, ZSTD(1)), "
+        "OutputTokens Nullable(UInt64) CODEC(T64, ZSTD(1)), "
+        # Filters on rare values skip granules instead of reading the whole window.
+        "INDEX idx_group FabricGroup TYPE set(64) GRANULARITY 1, "
+        "INDEX idx_pool PoolId TYPE set(256) GRANULARITY 1, "
+        "INDEX idx_producer ProducerId TYPE bloom_filter(0.01) GRANULARITY 1, "
+        "INDEX idx_gateway GatewayId TYPE set(64) GRANULARITY 1, "
+        "INDEX idx_status Status TYPE set(8) GRANULARITY 1, "
+        "INDEX idx_error_type ErrorType TYPE set(64) GRANULARITY 1, "
+        "INDEX idx_model RequestModel TYPE set(64) GRANULARITY 1",
+        engine="ENGINE = MergeTree PARTITION BY toDate(Timestamp) ORDER BY (Timestamp, SpanId) {ttl} "
+        "SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, {dedup}",
+        select=f"SELECT Timestamp, {', '.join(EXECUTION_COLUMNS)} FROM {{source}} WHERE Status != ''",
+        ttl_expr="toDateTime(Timestamp)",
+    ),
+    DerivedTable(
+        name=REQUEST_IDS,
+        columns="RequestId String CODEC(ZSTD(1)), Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)), "
+        "TraceId String CODEC(ZSTD(1))",
+        engine="ENGINE = MergeTree PARTITION BY toDate(Timestamp) ORDER BY (RequestId, Timestamp) {ttl} "
+        "SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, {dedup}",
+        select="SELECT RequestId, Timestamp, TraceId FROM {source} WHERE RequestId != ''",
+        ttl_expr="toDateTime(Timestamp)",
+    ),
+    DerivedTable(
+        name=POOL_MINUTES,
+        columns="Minute DateTime CODEC(Delta, ZSTD(1)), FabricGroup LowCardinality(String), "
+        "PoolId LowCardinality(String), "
+        "Executions SimpleAggregateFunction(sum, UInt64), Ok SimpleAggregateFunction(sum, UInt64), "
+        "Errors SimpleAggregateFunction(sum, UInt64), Dropped SimpleAggregateFunction(sum, UInt64), "
+        "InputTokenSum SimpleAggregateFunction(sum, UInt64), "
+        "OutputTokenSum SimpleAggregateFunction(sum, UInt64), "
+        "RateOutputTokens SimpleAggregateFunction(sum, UInt64), "
+        "RateSeconds SimpleAggregateFunction(sum, Float64), "
+        f"QueueWait AggregateFunction({_DD}, Float64), "
+        f"Execution AggregateFunction({_DD}, Float64), "
+        f"Total AggregateFunction({_DD}, Float64)",
+        engine="ENGINE = AggregatingMergeTree PARTITION BY toDate(Minute) "
+        "ORDER BY (FabricGroup, PoolId, Minute) {ttl} SETTINGS ttl_only_drop_parts = 1, {dedup}",
+        select="SELECT toStartOfMinute(Timestamp) AS Minute, FabricGroup, PoolId, "
+        "count() AS Executions, countIf(Status = 'ok') AS Ok, countIf(Status = 'error') AS Errors, "
+        "countIf(Status = 'dropped') AS Dropped, "
+        "sum(ifNull(InputTokens, 0)) AS InputTokenSum, sum(ifNull(OutputTokens, 0)) AS OutputTokenSum, "
+        f"sumIf(assumeNotNull(OutputTokens), {_TOKEN_RATE}) AS RateOutputTokens, "
+        f"sumIf(assumeNotNull(ExecutionS), {_TOKEN_RATE}) AS RateSeconds, "
+        f"{_dd_state('QueueWaitS')} AS QueueWait, {_dd_state('ExecutionS')} AS Execution, "
+        f"{_dd_state('TotalS')} AS Total "
+        "FROM {source} WHERE Status != '' GROUP BY Minute, FabricGroup, PoolId",
+        ttl_expr="Minute",
+    ),
+    DerivedTable(
+        name=FILTER_VALUES,
+        columns="Name LowCardinality(String), Value String, LastSeen SimpleAggregateFunction(max, DateTime)",
+        engine="ENGINE = AggregatingMergeTree ORDER BY (Name, Value) {ttl} SETTINGS {dedup}",
+        select="SELECT pair.1 AS Name, pair.2 AS Value, max(toDateTime(Timestamp)) AS LastSeen "
+        f"FROM {{source}} ARRAY JOIN [{_filter_pairs}] AS pair "
+        "WHERE Status != '' AND Value != '' GROUP BY Name, Value",
+        ttl_expr="LastSeen",
+    ),
+)
+
+
+def _exists(client: HistoryClient, table: str) -> bool:
+    return bool(
+        client.query(
+            "SELECT 1 FROM system.tables WHERE database = {db:String} AND name = {table:String}",
+            {"db": client.database, "table": table},
+        )
+    )
+
+
+def _apply_ttl(client: HistoryClient, table: str, expr: str, retention_days: int) -> None:
+    rows = client.query(
+        "SELECT engine_full FROM system.tables WHERE database = {db:String} AND name = {table:String}",
+        {"db": client.database, "table": table},
+    )
+    wanted = f"toIntervalDay({int(retention_days)})"
+    if rows and wanted not in str(rows[0]["engine_full"]):
+        client.command(
+            f"ALTER TABLE {table_name(client, table)} MODIFY TTL {expr} + {wanted} "
+            "SETTINGS materialize_ttl_after_modify = 0"
+        )
+
+
 def migrate(client: HistoryClient, *, retention_days: int) -> None:
-    """Creates the database and table if missing and (re)applies the retention TTL. Idempotent.
+    """Creates or brings forward the history tables and views, and (re)applies the TTL. Idempotent.
 
     Raises ``HistoryUnavailable`` when ClickHouse cannot be reached.
     """
     if retention_days < 1:
         raise ValueError("retention_days must be at least 1")
-    client.command(f"CREATE DATABASE IF NOT EXISTS `{client.database}`")
-    client.command(create_table_sql(client.database, retention_days))
-    rows = client.query(
-        "SELECT engine_full FROM system.tables WHERE database = {db:String} AND name = {table:String}",
-        {"db": client.database, "table": TABLE},
-    )
-    wanted = f"toIntervalDay({int(retention_days)})"
-    if rows and wanted not in str(rows[0]["engine_full"]):
-        client.command(
-            f"ALTER TABLE {table_name(client)} MODIFY TTL toDateTime(Timestamp) + {wanted} "
-            "SETTINGS materialize_ttl_after_modify = 0"
-        )
+    db = client.database
+    client.command(f"CREATE DATABASE IF NOT EXISTS `{db}`")
+    client.command(create_table_sql(db, retention_days))
+    # A table made by an older version: enable insert deduplication (the engine itself cannot change).
+    client.command(f"ALTER TABLE {table_name(client)} MODIFY SETTING {_dedup_settings()}")
+    _apply_ttl(client, TABLE, "toDateTime(Timestamp)", retention_days)
+    for derived in DERIVED:
+        fresh = not _exists(client, derived.name)
+        client.command(derived.create_sql(db, retention_days))
+        client.command(derived.view_sql(db))
+        if fresh:
+            client.command(f"INSERT INTO {table_name(client, derived.name)} {derived.select_sql(db)}")
+        _apply_ttl(client, derived.name, derived.ttl_expr, retention_days)

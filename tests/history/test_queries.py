@@ -37,7 +37,7 @@ def test_percentiles_equal_exact_values(history: HistoryClient) -> None:
     docs += [execution_doc(pool="a", status="dropped", queue_wait=99.0, execution=0.0)]  # not in latency
     store(history, docs)
     since, until = _window()
-    (stats,) = queries.pool_analytics(client=history, since=since, until=until)
+    (stats,) = queries.pool_analytics(client=history, since=since, until=until, exact=True)
     waits.append(9.0)
     execs.append(2.0)
     totals = [d["attributes"]["llm_dispatch.total_s"] for d in docs[:-1]]
@@ -54,7 +54,7 @@ def test_percentiles_equal_exact_values(history: HistoryClient) -> None:
 def test_small_known_percentiles(history: HistoryClient) -> None:
     store(history, [execution_doc(pool="p", queue_wait=float(v), execution=1.0) for v in (1, 2, 3, 4)])
     since, until = _window()
-    (stats,) = queries.pool_analytics(client=history, since=since, until=until)
+    (stats,) = queries.pool_analytics(client=history, since=since, until=until, exact=True)
     assert stats.queue_wait == {0.5: 2.5, 0.95: pytest.approx(3.85), 0.99: pytest.approx(3.97)}
 
 
