@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 GROUP = "history"
 DEFAULT_CONSUMER = "history-ingester"
+# Each INSERT has a fixed cost (a part and a deduplication log entry per table and day); when the
+# ingester keeps up, rounds read what arrived meanwhile, so big batches only form under backlog.
+DEFAULT_BATCH_SIZE = 10_000
 
 # Trim everything the group has acknowledged: up to the oldest pending entry, or past the last delivered.
 _TRIM_ACKED = """
@@ -142,7 +145,7 @@ class Ingester:
         *,
         keys: KeySpace,
         consumer: str = DEFAULT_CONSUMER,
-        batch_size: int = 1000,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         block_ms: int = 500,
         claim_idle_s: float = 60.0,
         retention_days: int = 30,

@@ -29,6 +29,8 @@ LEVELS = schema.QUANTILE_LEVELS
 STATUSES = ("ok", "error", "dropped")
 # Exact percentiles read every execution of the window: offered for windows up to this long.
 EXACT_MAX_WINDOW = timedelta(hours=1)
+# Spans of a request's trace without its request id (other services' spans) fall within this margin.
+TRACE_MARGIN_S = 300
 
 _FILTER_COLUMNS = {name: col for name, col in schema.FILTER_COLUMNS.items() if name != "model"}
 
@@ -160,28 +162,29 @@ _SPAN_COLUMNS = (
 def execution_detail(*, client: HistoryClient, request_id: str) -> dict[str, Any] | None:
     """One request: its dispatcher span(s) (attempts, newest last) and every span of its trace.
 
-    Three key lookups, no scan: request id -> trace ids (``llm_dispatch_request_ids``), trace id -> time
-    range (``otel_traces_trace_id_ts``), then the spans by time range and trace id.
+    Two key lookups, no scan: request id -> trace ids and time range (``llm_dispatch_request_ids``),
+    then the spans by time range (widened by ``TRACE_MARGIN_S`` for spans of the trace that carry no
+    request id) and trace id.
     """
     traces = client.query(
-        f"SELECT TraceId AS trace_id FROM {table_name(client, schema.REQUEST_IDS)} "
-        "WHERE RequestId = {rid:String} GROUP BY TraceId ORDER BY max(Timestamp)",
+        f"SELECT TraceId AS trace_id, toUnixTimestamp(min(Start)) AS start, toUnixTimestamp(max(End)) AS end "
+        f"FROM {table_name(client, schema.REQUEST_IDS)} WHERE RequestId = {{rid:String}} "
+        "GROUP BY TraceId ORDER BY end",
         {"rid": request_id},
     )
     if not traces:
         return None
     trace_ids = [t["trace_id"] for t in traces]
-    bounds = client.query(
-        f"SELECT toUnixTimestamp(min(Start)) AS start, toUnixTimestamp(max(End)) AS end "
-        f"FROM {table_name(client, schema.TRACE_ID_TS)} WHERE TraceId IN {{tids:Array(String)}}",
-        {"tids": trace_ids},
-    )[0]
     spans = client.query(
         f"SELECT {_ROW_COLUMNS}, {_SPAN_COLUMNS} FROM {table_name(client)} "
         "WHERE TraceId IN {tids:Array(String)} "
         "AND toDateTime(Timestamp) BETWEEN toDateTime({start:Int64}) AND toDateTime({end:Int64}) "
         "ORDER BY Timestamp",
-        {"tids": trace_ids, "start": int(bounds["start"]), "end": int(bounds["end"])},
+        {
+            "tids": trace_ids,
+            "start": min(int(t["start"]) for t in traces) - TRACE_MARGIN_S,
+            "end": max(int(t["end"]) for t in traces) + TRACE_MARGIN_S + 1,
+        },
     )
     spans = [_row(s) for s in spans]
     executions = [s for s in spans if s["status"] and s["request_id"] == request_id]

@@ -5,12 +5,10 @@ pipeline can write the same table; the typed columns after the collector's are `
 ``SpanAttributes`` at insert, whoever inserts. Materialized views fan every insert out into tables laid
 out for one page each, so no page reads the wide table except by a pruned key:
 
-``otel_traces_trace_id_ts``     the collector's own trace id -> time range table (same DDL): the detail
-                                page's trace lookup.
 ``llm_dispatch_executions``     executions only, narrow, sorted by time: the recent list, its paging
                                 and the exact analytics mode read it in order.
-``llm_dispatch_request_ids``    request id -> trace id and time, sorted by request id: the detail page
-                                finds a request in one granule per day partition.
+``llm_dispatch_request_ids``    request id -> trace id and time range, sorted by request id: the
+                                detail page finds a request in one granule per day partition.
 ``llm_dispatch_pool_minutes``   per group, pool and minute: counts, token sums and DDSketch quantile
                                 states; analytics cost grows with minutes x pools, not with traffic.
 ``llm_dispatch_filter_values``  each filter value with the last time it was seen: the drop-downs.
@@ -37,7 +35,6 @@ from history.client import HistoryClient
 from runtime.telemetry import semconv
 
 TABLE = "otel_traces"
-TRACE_ID_TS = "otel_traces_trace_id_ts"
 EXECUTIONS = "llm_dispatch_executions"
 REQUEST_IDS = "llm_dispatch_request_ids"
 POOL_MINUTES = "llm_dispatch_pool_minutes"
@@ -234,18 +231,6 @@ _filter_pairs = ", ".join(f"('{name}', toString({col}))" for name, col in FILTER
 
 DERIVED: tuple[DerivedTable, ...] = (
     DerivedTable(
-        # The collector exporter's own table and view, same names and DDL.
-        name=TRACE_ID_TS,
-        columns="TraceId String CODEC(ZSTD(1)), Start DateTime CODEC(Delta, ZSTD(1)), "
-        "End DateTime CODEC(Delta, ZSTD(1)), "
-        "INDEX idx_trace_id TraceId TYPE bloom_filter(0.01) GRANULARITY 1",
-        engine="ENGINE = MergeTree PARTITION BY toDate(Start) ORDER BY (TraceId, Start) {ttl} "
-        "SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, {dedup}",
-        select="SELECT TraceId, min(toDateTime(Timestamp)) AS Start, max(toDateTime(Timestamp)) AS End "
-        "FROM {source} WHERE TraceId != '' GROUP BY TraceId",
-        ttl_expr="toDate(Start)",
-    ),
-    DerivedTable(
         name=EXECUTIONS,
         columns="Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)), "
         "RequestId String CODEC(ZSTD(1)), TraceId String CODEC(ZSTD(1)), SpanId String CODEC(ZSTD(1)), "
@@ -272,12 +257,13 @@ DERIVED: tuple[DerivedTable, ...] = (
     ),
     DerivedTable(
         name=REQUEST_IDS,
-        columns="RequestId String CODEC(ZSTD(1)), Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)), "
-        "TraceId String CODEC(ZSTD(1))",
-        engine="ENGINE = MergeTree PARTITION BY toDate(Timestamp) ORDER BY (RequestId, Timestamp) {ttl} "
+        columns="RequestId String CODEC(ZSTD(1)), TraceId String CODEC(ZSTD(1)), "
+        "Start DateTime64(9) CODEC(Delta, ZSTD(1)), End DateTime64(9) CODEC(Delta, ZSTD(1))",
+        engine="ENGINE = MergeTree PARTITION BY toDate(Start) ORDER BY (RequestId, TraceId) {ttl} "
         "SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, {dedup}",
-        select="SELECT RequestId, Timestamp, TraceId FROM {source} WHERE RequestId != ''",
-        ttl_expr="toDateTime(Timestamp)",
+        select="SELECT RequestId, TraceId, min(Timestamp) AS Start, max(Timestamp) AS End "
+        "FROM {source} WHERE RequestId != '' GROUP BY RequestId, TraceId",
+        ttl_expr="toDateTime(Start)",
     ),
     DerivedTable(
         name=POOL_MINUTES,

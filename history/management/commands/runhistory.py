@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from history.ingester import build_from_settings
+from history.ingester import DEFAULT_BATCH_SIZE, build_from_settings
 
 
 class Command(BaseCommand):
@@ -16,7 +16,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--consumer", help="consumer name in the 'history' group (default: per host)")
-        parser.add_argument("--batch-size", type=int, default=1000)
+        parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["batch_size"] < 1:
