@@ -6,7 +6,7 @@ laid out for it (see ``history.schema``): the recent list reads executions newes
 order, the detail page finds a request by its id key, the analytics read per-minute aggregates.
 
 Percentiles, approximate (the default): DDSketch states per pool and minute, merged over the window; each
-value is within 1 % (``schema.RELATIVE_ACCURACY``) of the value at that rank, and the window is widened to
+value is within 2 % (``schema.STATED_ACCURACY``) of the value at that rank, and the window is widened to
 whole minutes. Exact (``exact=True``, for short windows): ClickHouse's ``quantilesExactInclusive``: for the
 sorted values x[0..n-1] and level p, with h = (n - 1) * p, the result is x[floor h] + (h - floor h) *
 (x[floor h + 1] - x[floor h]) (numpy's default "linear" method). Latency percentiles cover executed
@@ -259,7 +259,7 @@ def pool_analytics(
     where = "Minute >= toDateTime({start:Int64}) AND Minute <= toDateTime({end:Int64})"
     if group:
         where += " AND FabricGroup = {group:String}"
-    merge = schema.RELATIVE_ACCURACY, ", ".join(str(q) for q in LEVELS)
+    merge = schema.SKETCH_ACCURACY, ", ".join(str(q) for q in LEVELS)
     dd = f"quantilesDDMerge({merge[0]}, {merge[1]})"
     source = table_name(client, schema.POOL_MINUTES)
     rows = client.query(

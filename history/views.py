@@ -128,6 +128,6 @@ def pools(request: HttpRequest) -> HttpResponse:
         charts=charts,
         levels=queries.LEVELS,
         exact=form.exact_mode(),
-        accuracy_pct=f"{schema.RELATIVE_ACCURACY * 100:g}",
+        accuracy_pct=f"{schema.STATED_ACCURACY * 100:g}",
     )
     return render(request, "history/pools.html", context)
