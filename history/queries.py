@@ -5,13 +5,14 @@ dropped). Producer spans share its trace and appear in the request's detail. Eac
 laid out for it (see ``history.schema``): the recent list reads executions newest first in sorting-key
 order, the detail page finds a request by its id key, the analytics read per-minute aggregates.
 
-Percentiles, approximate (the default): DDSketch states per pool and minute, merged over the window; each
-value is within 2 % (``schema.STATED_ACCURACY``) of the value at that rank, and the window is widened to
-whole minutes. Exact (``exact=True``, for short windows): ClickHouse's ``quantilesExactInclusive``: for the
-sorted values x[0..n-1] and level p, with h = (n - 1) * p, the result is x[floor h] + (h - floor h) *
-(x[floor h + 1] - x[floor h]) (numpy's default "linear" method). Latency percentiles cover executed
-requests (status ok or error), not drops. Error rate is errors / (ok + errors). Tokens per second is
-output tokens divided by execution seconds, summed over successful executions that reported tokens.
+Percentiles, approximate (the default): DDSketch states per pool and minute (per hour beyond
+``HOURLY_FROM``), merged over the window, which is widened to whole minutes (hours); each value is
+within 2 % (``schema.STATED_ACCURACY``) of the value at that rank. Exact (``exact=True``, for short
+windows): ClickHouse's ``quantilesExactInclusive``: for the sorted values x[0..n-1] and level p, with
+h = (n - 1) * p, the result is x[floor h] + (h - floor h) * (x[floor h + 1] - x[floor h]) (numpy's
+default "linear" method). Latency percentiles cover executed requests (status ok or error), not drops.
+Error rate is errors / (ok + errors). Tokens per second is output tokens divided by execution seconds,
+summed over successful executions that reported tokens.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ LEVELS = schema.QUANTILE_LEVELS
 STATUSES = ("ok", "error", "dropped")
 # Exact percentiles read every execution of the window: offered for windows up to this long.
 EXACT_MAX_WINDOW = timedelta(hours=1)
+# Approximate analytics over longer windows read the hourly roll-up (window widened to whole hours).
+HOURLY_FROM = timedelta(hours=6)
 # Spans of a request's trace without its request id (other services' spans) fall within this margin.
 TRACE_MARGIN_S = 300
 
@@ -246,22 +249,26 @@ def pool_analytics(
     """
     if exact:
         return _exact_analytics(client, since, until, group, buckets)
-    start_s = int(since.timestamp()) // 60 * 60
+    hourly = until - since > HOURLY_FROM
+    grain, table, period = (
+        (3600, schema.POOL_HOURS, "Hour") if hourly else (60, schema.POOL_MINUTES, "Minute")
+    )
+    start_s = int(since.timestamp()) // grain * grain
     end_s = int(until.timestamp())
-    # Timeline buckets are whole minutes: the table's grain.
-    buckets = max(1, min(buckets, math.ceil((end_s - start_s) / 60)))
+    # Timeline buckets are whole periods of the table's grain.
+    buckets = max(1, min(buckets, math.ceil((end_s - start_s) / grain)))
     params: dict[str, Any] = {
         "start": start_s,
         "end": end_s,
         "group": group,
-        "bucket_s": math.ceil((end_s - start_s) / buckets / 60) * 60,
+        "bucket_s": math.ceil((end_s - start_s) / buckets / grain) * grain,
     }
-    where = "Minute >= toDateTime({start:Int64}) AND Minute <= toDateTime({end:Int64})"
+    where = f"{period} >= toDateTime({{start:Int64}}) AND {period} <= toDateTime({{end:Int64}})"
     if group:
         where += " AND FabricGroup = {group:String}"
     merge = schema.SKETCH_ACCURACY, ", ".join(str(q) for q in LEVELS)
     dd = f"quantilesDDMerge({merge[0]}, {merge[1]})"
-    source = table_name(client, schema.POOL_MINUTES)
+    source = table_name(client, table)
     rows = client.query(
         f"""
         SELECT PoolId AS pool, any(FabricGroup) AS group, sum(Executions) AS count, sum(Ok) AS ok,
@@ -273,7 +280,7 @@ def pool_analytics(
         params,
     )
     points = client.query(
-        f"SELECT PoolId AS pool, intDiv(toUnixTimestamp(Minute) - {{start:Int64}}, {{bucket_s:Int64}}) "
+        f"SELECT PoolId AS pool, intDiv(toUnixTimestamp({period}) - {{start:Int64}}, {{bucket_s:Int64}}) "
         f"AS bucket, sum(Executions) AS n FROM {source} WHERE {where} GROUP BY pool, bucket",
         params,
     )

@@ -11,6 +11,7 @@ out for one page each, so no page reads the wide table except by a pruned key:
                                 detail page finds a request in one granule per day partition.
 ``llm_dispatch_pool_minutes``   per group, pool and minute: counts, token sums and DDSketch quantile
                                 states; analytics cost grows with minutes x pools, not with traffic.
+``llm_dispatch_pool_hours``     the same per hour, rolled up from the minutes: long windows.
 ``llm_dispatch_filter_values``  each filter value with the last time it was seen: the drop-downs.
 
 Duplicates: the ingester inserts a batch and then XACKs it; a crash between the two re-delivers the
@@ -38,6 +39,7 @@ TABLE = "otel_traces"
 EXECUTIONS = "llm_dispatch_executions"
 REQUEST_IDS = "llm_dispatch_request_ids"
 POOL_MINUTES = "llm_dispatch_pool_minutes"
+POOL_HOURS = "llm_dispatch_pool_hours"
 FILTER_VALUES = "llm_dispatch_filter_values"
 
 DEDUP_WINDOW = 10_000  # blocks remembered per table: minutes of batches at full rate, per partition
@@ -201,6 +203,7 @@ class DerivedTable:
     engine: str  # ENGINE ... SETTINGS, with {ttl} where the retention TTL goes
     select: str  # the view's SELECT over {source}; also fills the table from existing rows
     ttl_expr: str
+    source: str = TABLE  # the table whose inserts the view receives
 
     @property
     def view(self) -> str:
@@ -211,13 +214,46 @@ class DerivedTable:
         return f"CREATE TABLE IF NOT EXISTS `{database}`.`{self.name}` ({self.columns}) {engine}"
 
     def select_sql(self, database: str) -> str:
-        return self.select.format(source=f"`{database}`.`{TABLE}`")
+        return self.select.format(source=f"`{database}`.`{self.source}`")
 
     def view_sql(self, database: str) -> str:
         return (
             f"CREATE MATERIALIZED VIEW IF NOT EXISTS `{database}`.`{self.view}` "
             f"TO `{database}`.`{self.name}` AS {self.select_sql(database)}"
         )
+
+
+_POOL_SUMS = (
+    "Executions",
+    "Ok",
+    "Errors",
+    "Dropped",
+    "InputTokenSum",
+    "OutputTokenSum",
+    "RateOutputTokens",
+    "RateSeconds",
+)
+_POOL_SKETCHES = ("QueueWait", "Execution", "Total")
+_DD_MERGE_STATE = _DD.replace("quantilesDD", "quantilesDDMergeState")
+
+
+def _pool_columns(period: str) -> str:
+    sums = ", ".join(
+        f"{c} SimpleAggregateFunction(sum, {'Float64' if c == 'RateSeconds' else 'UInt64'})"
+        for c in _POOL_SUMS
+    )
+    sketches = ", ".join(f"{c} AggregateFunction({_DD}, Float64)" for c in _POOL_SKETCHES)
+    return (
+        f"{period} DateTime CODEC(Delta, ZSTD(1)), FabricGroup LowCardinality(String), "
+        f"PoolId LowCardinality(String), {sums}, {sketches}"
+    )
+
+
+def _pool_engine(period: str) -> str:
+    return (
+        f"ENGINE = AggregatingMergeTree PARTITION BY toDate({period}) "
+        f"ORDER BY (FabricGroup, PoolId, {period}) {{ttl}} SETTINGS ttl_only_drop_parts = 1, {{dedup}}"
+    )
 
 
 _EXECUTED = "Status IN ('ok', 'error')"
@@ -269,19 +305,8 @@ DERIVED: tuple[DerivedTable, ...] = (
     ),
     DerivedTable(
         name=POOL_MINUTES,
-        columns="Minute DateTime CODEC(Delta, ZSTD(1)), FabricGroup LowCardinality(String), "
-        "PoolId LowCardinality(String), "
-        "Executions SimpleAggregateFunction(sum, UInt64), Ok SimpleAggregateFunction(sum, UInt64), "
-        "Errors SimpleAggregateFunction(sum, UInt64), Dropped SimpleAggregateFunction(sum, UInt64), "
-        "InputTokenSum SimpleAggregateFunction(sum, UInt64), "
-        "OutputTokenSum SimpleAggregateFunction(sum, UInt64), "
-        "RateOutputTokens SimpleAggregateFunction(sum, UInt64), "
-        "RateSeconds SimpleAggregateFunction(sum, Float64), "
-        f"QueueWait AggregateFunction({_DD}, Float64), "
-        f"Execution AggregateFunction({_DD}, Float64), "
-        f"Total AggregateFunction({_DD}, Float64)",
-        engine="ENGINE = AggregatingMergeTree PARTITION BY toDate(Minute) "
-        "ORDER BY (FabricGroup, PoolId, Minute) {ttl} SETTINGS ttl_only_drop_parts = 1, {dedup}",
+        columns=_pool_columns("Minute"),
+        engine=_pool_engine("Minute"),
         select="SELECT toStartOfMinute(Timestamp) AS Minute, FabricGroup, PoolId, "
         "count() AS Executions, countIf(Status = 'ok') AS Ok, countIf(Status = 'error') AS Errors, "
         "countIf(Status = 'dropped') AS Dropped, "
@@ -292,6 +317,19 @@ DERIVED: tuple[DerivedTable, ...] = (
         f"{_dd_state('TotalS')} AS Total "
         "FROM {source} WHERE Status != '' GROUP BY Minute, FabricGroup, PoolId",
         ttl_expr="Minute",
+    ),
+    DerivedTable(
+        # Rolled up from the minutes as they are inserted: long windows merge 60x fewer sketches.
+        name=POOL_HOURS,
+        columns=_pool_columns("Hour"),
+        engine=_pool_engine("Hour"),
+        select="SELECT toStartOfHour(m.Minute) AS Hour, m.FabricGroup AS FabricGroup, m.PoolId AS PoolId, "
+        + ", ".join(f"sum(m.{c}) AS {c}" for c in _POOL_SUMS)
+        + ", "
+        + ", ".join(f"{_DD_MERGE_STATE}(m.{c}) AS {c}" for c in _POOL_SKETCHES)
+        + " FROM {source} AS m GROUP BY Hour, FabricGroup, PoolId",
+        ttl_expr="Hour",
+        source=POOL_MINUTES,
     ),
     DerivedTable(
         name=FILTER_VALUES,
