@@ -137,6 +137,17 @@ def _generate(client: Any, start_row: int, end_row: int, t0_ns: int, step_ns: in
     return time.perf_counter() - started
 
 
+def _settle(client: Any, timeout_s: float = 300.0) -> float:
+    """Waits until no background merge runs (a steady state, as hours after a load); returns seconds."""
+    started = time.perf_counter()
+    quiet = 0
+    while quiet < 3 and time.perf_counter() - started < timeout_s:
+        busy = client.query("SELECT count() AS n FROM system.merges")[0]["n"]
+        quiet = quiet + 1 if busy == 0 else 0
+        time.sleep(1.0)
+    return time.perf_counter() - started
+
+
 def _disk(client: Any) -> tuple[int, int]:
     """(bytes of otel_traces, bytes of every history table) on disk, active parts."""
     rows = client.query(
@@ -225,6 +236,7 @@ def bench_pages(sizes: Sequence[int], runs: int, legacy_max: int) -> list[dict[s
                 t0_ns = end_ns - DAYS * 86400 * 10**9 - made // 2 * step_ns
                 gen_s = _generate(client, made, size, t0_ns, step_ns)
             made = size
+            settle_s = _settle(client)
             new_rid, old_rid = _request_ids(client)
             timings = {name: _p50_ms(call, runs) for name, call in _pages(web, new_rid, old_rid).items()}
             if size <= legacy_max:
@@ -232,7 +244,13 @@ def bench_pages(sizes: Sequence[int], runs: int, legacy_max: int) -> list[dict[s
                     {name: _p50_ms(q, max(3, runs // 2)) for name, q in _legacy_queries(client).items()}
                 )
             main_bytes, all_bytes = _disk(client)
-            result = {"rows": size, "generate_s": gen_s, "pages": timings, "disk": (main_bytes, all_bytes)}
+            result = {
+                "rows": size,
+                "generate_s": gen_s,
+                "settle_s": settle_s,
+                "pages": timings,
+                "disk": (main_bytes, all_bytes),
+            }
             results.append(result)
             _print_size(result)
     return results
@@ -243,7 +261,8 @@ def _print_size(result: dict[str, Any]) -> None:
     main_bytes, all_bytes = result["disk"]
     per_m = rows / 1e6
     print(
-        f"\n{rows:,} rows (generated in {result['generate_s']:.0f} s); disk: otel_traces "
+        f"\n{rows:,} rows (generated in {result['generate_s']:.0f} s, merges settled in "
+        f"{result['settle_s']:.0f} s); disk: otel_traces "
         f"{main_bytes / per_m / 1e6:.1f} MB per million rows, all history tables "
         f"{all_bytes / per_m / 1e6:.1f} MB per million rows ({all_bytes / 1e9:.2f} GB in all)"
     )
@@ -258,7 +277,7 @@ def bench_ingest(spans: int, runs: int) -> dict[str, float]:
 
     from history import schema
     from history.client import client_for, close_all
-    from history.ingester import Ingester
+    from history.ingester import DEFAULT_BATCH_SIZE, Ingester
     from runtime.wire.keys import KeySpace
     from tests.history.factories import execution_doc
 
@@ -276,8 +295,9 @@ def bench_ingest(spans: int, runs: int) -> dict[str, float]:
                 if i % 5000 == 4999:
                     pipe.execute()
             pipe.execute()
-            ingester = Ingester(rconn, client, keys=keys, block_ms=10)
-            ingester.step()  # creates the group and stores the first batch before timing
+            ingester = Ingester(rconn, client, keys=keys, block_ms=10, batch_size=1000)
+            ingester.step()  # creates the group and stores a first small batch before timing
+            ingester.batch_size = DEFAULT_BATCH_SIZE
             stored_before = ingester.stats.inserted
             cpu0, wall0 = time.process_time(), time.perf_counter()
             while ingester.step():

@@ -252,7 +252,9 @@ def _pool_columns(period: str) -> str:
 def _pool_engine(period: str) -> str:
     return (
         f"ENGINE = AggregatingMergeTree PARTITION BY toDate({period}) "
-        f"ORDER BY (FabricGroup, PoolId, {period}) {{ttl}} SETTINGS ttl_only_drop_parts = 1, {{dedup}}"
+        f"ORDER BY (FabricGroup, PoolId, {period}) {{ttl}} "
+        # Small granules: a short window reads its few rows' sketches, not the day's.
+        "SETTINGS index_granularity = 256, ttl_only_drop_parts = 1, {dedup}"
     )
 
 
