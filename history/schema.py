@@ -290,7 +290,8 @@ DERIVED: tuple[DerivedTable, ...] = (
         "QueueWaitS Nullable(Float64) CODEC(ZSTD(1)), ExecutionS Nullable(Float64) CODEC(ZSTD(1)), "
         "TotalS Nullable(Float64) CODEC(ZSTD(1)), InputTokens Nullable(UInt64) CODEC(T64, ZSTD(1)), "
         "OutputTokens Nullable(UInt64) CODEC(T64, ZSTD(1)), ProducerLabel LowCardinality(String), "
-        "TimeToFirstTokenS Nullable(Float64) CODEC(ZSTD(1)), ChunkCount Nullable(UInt64) CODEC(T64, ZSTD(1)), "
+        "TimeToFirstTokenS Nullable(Float64) CODEC(ZSTD(1)), "
+        "ChunkCount Nullable(UInt64) CODEC(T64, ZSTD(1)), "
         # Filters on rare values skip granules instead of reading the whole window.
         "INDEX idx_group FabricGroup TYPE set(64) GRANULARITY 1, "
         "INDEX idx_pool PoolId TYPE set(256) GRANULARITY 1, "
