@@ -110,6 +110,10 @@ def test_spans_arrive_with_every_attribute(provider: TracerProvider, ingester: I
         "TotalS": 1.75,
         "InputTokens": 12,
         "OutputTokens": 34,
+        # Not an ingress call and not streamed: no key label, no time to first token or chunk count.
+        "ProducerLabel": "",
+        "TimeToFirstTokenS": None,
+        "ChunkCount": None,
     }
     assert chat["Duration"] > 0
 
