@@ -26,20 +26,28 @@ import redis.asyncio as aioredis
 from opentelemetry import trace
 
 from runtime.backends.adapter import BackendPool
+from runtime.backends.breaker import BLOCKED_REASON
 from runtime.backends.health import EndpointBreakers
 from runtime.config import DispatcherSettings
 from runtime.dispatch import scripts
+from runtime.dispatch.drops import DropRecorder
 from runtime.dispatch.execution import Executor, Running
+from runtime.dispatch.leases import LeaseRecord
 from runtime.dispatch.listener import ChangeListener
 from runtime.dispatch.peek import PeekCache, PeekedItem
-from runtime.dispatch.queue import ClaimRequest, QueueOps, QueueView, lease_member
+from runtime.dispatch.queue import ClaimRequest, PoolRead, QueueOps, QueueView, lease_member
 from runtime.dispatch.snapshot import SnapshotPublisher, SnapshotSink, build_snapshot
-from runtime.dispatch.stats import DROP_EXPIRED, DROP_MALFORMED, DROP_PRODUCER_GONE, DispatcherStats
-from runtime.errors import DispatchError, RequestExpired
+from runtime.dispatch.stats import (
+    DROP_DUPLICATE,
+    DROP_EXPIRED,
+    DROP_MALFORMED,
+    DROP_PRODUCER_GONE,
+    DispatcherStats,
+)
+from runtime.errors import DispatchError
 from runtime.policy import scheduler
-from runtime.telemetry.spans import Identity, Outcome, record_span
+from runtime.telemetry.spans import Identity
 from runtime.valkey.client import REDIS_ERRORS
-from runtime.wire import groupconfig
 from runtime.wire.contract import Envelope
 from runtime.wire.groupconfig import GroupConfig
 from runtime.wire.keys import DEFAULT_KEYS, KeySpace
@@ -47,6 +55,9 @@ from runtime.wire.keys import DEFAULT_KEYS, KeySpace
 log = logging.getLogger(__name__)
 CONFIG_POLL_S = 1.0
 HELPER_EXIT_S = 5.0
+# Claim outcomes that take the item off its queue without running it, and the drop reason of each.
+CLAIM_DROPS = {scripts.CLAIM_PRODUCER_GONE: DROP_PRODUCER_GONE, scripts.CLAIM_DUPLICATE: DROP_DUPLICATE}
+LEFT_THE_QUEUE = frozenset({scripts.CLAIMED, *CLAIM_DROPS})
 
 __all__ = ["Dispatcher"]
 
@@ -76,6 +87,7 @@ class Dispatcher:
         self.tracer = tracer or trace.get_tracer("llm_dispatch.dispatcher")
         self.identity = Identity(settings.group_id, settings.gateway_id, settings.dispatcher_id)
         self.stats = DispatcherStats()
+        self.drops = DropRecorder(self.stats, self.tracer, self.identity)
         self.breakers = EndpointBreakers(settings.breaker)
         self.executor = Executor(
             queue=self.queue, settings=settings, backends=self.backends, breakers=self.breakers,
@@ -91,7 +103,9 @@ class Dispatcher:
         self.valkey_ok = True
         self.last_views: dict[str, QueueView] = {}
         self.group_in_flight = 0
-        self.running: dict[str, Running] = {}
+        self.running: dict[str, Running] = {}  # by lease member
+        self._heads_seen: dict[str, tuple[bytes, ...]] = {}
+        self._rejected_config: bytes | str | None = None
         self._policy: scheduler.GroupPolicy | None = None
         self._state = scheduler.SchedulerState()
         self._peek = PeekCache(settings.cost)
@@ -120,9 +134,9 @@ class Dispatcher:
         return self._state.deficit(pool_id)
 
     def peeked_head(self, pool_id: str) -> PeekedItem | None:
-        """The decoded head of a pool as last observed (served from the peek cache)."""
-        view = self.last_views.get(pool_id)
-        return self._peek.get(view.heads[0]) if view and view.heads else None
+        """The decoded head of a pool as last read (served from the peek cache)."""
+        heads = self._heads_seen.get(pool_id)
+        return self._peek.get(heads[0]) if heads else None
 
     # --- lifecycle --------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -185,12 +199,29 @@ class Dispatcher:
                 await asyncio.wait_for(self._stopping.wait(), 1.0)
 
     async def _reload_config(self) -> bool:
-        config = await groupconfig.load(self.client, self.keys, self.settings.group_id)
-        if config is None:
-            return False
-        if self.config is None or config.version != self.config.version or config != self.config:
-            self.apply_config(config)
-        return True
+        """Applies the published configuration if it changed; True once a configuration is in force."""
+        raw = await self.client.get(self.keys.group_config(self.settings.group_id))
+        if raw:
+            self._consider_config(raw)
+        return self.config is not None
+
+    def _consider_config(self, raw: bytes | str) -> None:
+        """Applies a published configuration, or refuses it visibly (logged, counted, in the snapshot)."""
+        try:
+            config = GroupConfig.decode(raw)
+            if self.config is None or config.version != self.config.version or config != self.config:
+                self.apply_config(config)
+        except (DispatchError, ValueError) as exc:
+            if raw != self._rejected_config:  # polled again and again: count each refused value once
+                self._rejected_config = raw
+                self.stats.config_rejected += 1
+                log.error(
+                    "dispatcher %s refused a configuration of fabric group %s and keeps version %s: %s",
+                    self.identity.dispatcher_id,
+                    self.settings.group_id,
+                    self.config.version if self.config else None,
+                    exc,
+                )
 
     def apply_config(self, config: GroupConfig) -> None:
         """Swaps in a new configuration; in-flight calls are untouched, credit of kept pools is kept."""
@@ -219,15 +250,23 @@ class Dispatcher:
                 progressed = await self.schedule_round()
             except REDIS_ERRORS as exc:
                 self._valkey_lost(exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), backoff)
-                backoff = min(backoff * 2, backoff_max)
+            except Exception:  # one bad item or one bug must not end dispatch for the whole group
+                self._internal_error("a scheduling round failed")
+            else:
+                self._valkey_back()
+                backoff = backoff_min
+                if not progressed:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), self.settings.idle_poll_s)
                 continue
-            self._valkey_back()
-            backoff = backoff_min
-            if not progressed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.settings.idle_poll_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), backoff)
+            backoff = min(backoff * 2, backoff_max)
+
+    def _internal_error(self, what: str) -> None:
+        """Logs the exception being handled and counts it; the caller carries on."""
+        self.stats.internal_errors += 1
+        log.exception("dispatcher %s: %s", self.identity.dispatcher_id, what)
 
     def _valkey_lost(self, exc: BaseException) -> None:
         if self.valkey_ok:
@@ -243,52 +282,96 @@ class Dispatcher:
         self.valkey_ok = True
 
     async def schedule_round(self) -> bool:
-        """One observe → decide → claim round; True if anything changed in the queues."""
+        """One observe → decide → claim round; True if a request left a queue (launched or dropped)."""
         assert self._policy is not None and self.config is not None
+        self.stats.rounds += 1
         policy = self._policy
-        pool_ids = [p.pool_id for p in policy.pools]
-        depth = (
-            max(self.settings.peek_depth, *(p.max_burst_per_visit for p in policy.pools)) if pool_ids else 1
-        )
-        views, self.group_in_flight = await self.queue.observe(pool_ids, depth)
-        self.last_views = views
+        local_free = max(0, self.settings.concurrency - len(self.running))
+        refusals, reads = self._plan_reads(policy, local_free)
+        seen = await self.queue.observe(reads, policy.total_concurrency)
+        self.group_in_flight = seen.group_in_flight
+        self.last_views = seen.views
+        if seen.lost:
+            self.drops.lost(seen.lost)
         now = time.time()
-        drops: list[tuple[PeekedItem, str]] = []
+        drops: list[tuple[str, PeekedItem, str]] = []
         peeked: dict[str, list[PeekedItem]] = {}
         observations: dict[str, scheduler.PoolObservation] = {}
-        for pool_id, view in views.items():
-            heads = self._usable_heads(view, now, drops)
+        for pool in policy.pools:
+            pool_id, view = pool.pool_id, seen.views[pool.pool_id]
+            self._remember_heads(pool_id, view)
+            if not view.heads_read and view.backlog > 0:
+                self._count_unread(pool, view, refusals.get(pool_id))
+            heads = self._usable_heads(pool_id, view, now, drops)
             peeked[pool_id] = heads
             observations[pool_id] = scheduler.PoolObservation(
                 pool_id=pool_id,
                 backlog=view.backlog,
                 in_flight=view.in_flight,
-                blocked=self.breakers.blocked(self.config.endpoint_for(pool_id)),
+                blocked=BLOCKED_REASON if refusals.get(pool_id) == BLOCKED_REASON else None,
                 heads=tuple(
                     scheduler.HeadItem(cost=i.cost, enqueued_at=i.envelope.enqueued_at)
                     for i in heads
                     if i.envelope
                 ),
             )
-        if drops:
-            await self._drop(drops)
-        free = self.settings.concurrency - len(self.running)
+        dropped = await self._drop(drops) if drops else False
         decision = scheduler.decide(
             policy,
             self._state,
             observations,
             group_in_flight=self.group_in_flight,
-            local_free_slots=max(0, free),
+            local_free_slots=local_free,
         )
         self._state = decision.state
         self.stats.skips.update(decision.skips)
         launched = await self._claim(policy, decision.launches, peeked)
-        return bool(drops) or launched
+        return dropped or launched
+
+    def _plan_reads(
+        self, policy: scheduler.GroupPolicy, local_free: int
+    ) -> tuple[dict[str, str], list[PoolRead]]:
+        """Which pools cannot launch whatever they hold (their heads are not read), and what to read.
+
+        A half-open breaker offers only as many heads as it has probe slots, so nothing is claimed
+        that it would refuse.
+        """
+        assert self.config is not None
+        depth = max(self.settings.peek_depth, *(p.max_burst_per_visit for p in policy.pools), 1)
+        refusals: dict[str, str] = {}
+        reads: list[PoolRead] = []
+        for pool in policy.pools:
+            limit = self.breakers.allowance(self.config.endpoint_for(pool.pool_id))
+            if pool.paused:
+                refusals[pool.pool_id] = scheduler.SKIP_PAUSED
+            elif limit == 0:
+                refusals[pool.pool_id] = BLOCKED_REASON
+            elif local_free == 0:
+                refusals[pool.pool_id] = scheduler.SKIP_LOCAL_CAPACITY
+            pool_depth = 0 if pool.pool_id in refusals else depth if limit is None else min(depth, limit)
+            reads.append(PoolRead(pool.pool_id, pool_depth, pool.max_concurrent))
+        return refusals, reads
+
+    def _count_unread(self, pool: scheduler.PoolPolicy, view: QueueView, refusal: str | None) -> None:
+        """The skip the scheduler would have counted for a backlogged pool whose heads were not read."""
+        if refusal is None:
+            at_cap = view.in_flight >= pool.max_concurrent
+            refusal = scheduler.SKIP_POOL_CAP if at_cap else scheduler.SKIP_GROUP_CAP
+        self.stats.skips[(pool.pool_id, refusal)] += 1
+
+    def _remember_heads(self, pool_id: str, view: QueueView) -> None:
+        """Heads last read per pool, for the snapshot's oldest-pending age while a pool sits at its cap."""
+        if view.heads_read or view.backlog == 0:
+            self._heads_seen[pool_id] = view.heads
 
     def _usable_heads(
-        self, view: QueueView, now: float, drops: list[tuple[PeekedItem, str]]
+        self, pool_id: str, view: QueueView, now: float, drops: list[tuple[str, PeekedItem, str]]
     ) -> list[PeekedItem]:
-        """Decoded heads up to the first unusable one; an unusable item at the very head is dropped."""
+        """Decoded heads up to the first unusable one; an unusable item at the very head is dropped.
+
+        The list an item sits in is authoritative: a mismatching ``pool_id`` (an item an operator
+        moved between lanes) is served, or dropped, in this pool.
+        """
         heads: list[PeekedItem] = []
         for raw in view.heads:
             item = self._peek.get(raw)
@@ -301,44 +384,26 @@ class Dispatcher:
                 reason = DROP_EXPIRED
             if reason:
                 if not heads:
-                    drops.append((item, reason))
+                    drops.append((pool_id, item, reason))
                 break
             heads.append(item)
         return heads
 
-    async def _drop(self, drops: list[tuple[PeekedItem, str]]) -> None:
-        requests = [ClaimRequest(pool_id=self._pool_of(item), raw=item.raw, mode="drop") for item, _ in drops]
+    async def _drop(self, drops: list[tuple[str, PeekedItem, str]]) -> bool:
+        """Removes unusable heads from the lists they were read from; True if any was removed."""
+        requests = [ClaimRequest(pool_id=pool_id, raw=item.raw, mode="drop") for pool_id, item, _ in drops]
         results = await self.queue.claim(requests, self.settings.lease_s)
-        now = time.time()
-        for (item, reason), (code, _) in zip(drops, results, strict=True):
+        removed = False
+        for (pool_id, item, reason), (code, _) in zip(drops, results, strict=True):
             self._peek.forget(item.raw)
             if code != scripts.CLAIM_DROPPED:
                 continue
-            self.stats.dropped[reason] += 1
+            removed = True
             if item.envelope is None:
-                log.warning("dropped a malformed item from pool %s: %s", self._pool_of(item), item.error)
+                self.drops.malformed(pool_id, item.error)
             else:
-                record_span(
-                    self.tracer,
-                    item.envelope,
-                    self.identity,
-                    Outcome(
-                        "dropped",
-                        now,
-                        now,
-                        drop_reason=reason,
-                        error_type=RequestExpired.error_type,
-                        error_message="deadline passed before the request left its queue",
-                    ),
-                )
-
-    def _pool_of(self, item: PeekedItem) -> str:
-        if item.envelope is not None:
-            return item.envelope.pool_id
-        for pool_id, view in self.last_views.items():
-            if item.raw in view.heads:
-                return pool_id
-        return ""
+                self.drops.dropped(item.envelope, reason)
+        return removed
 
     async def _claim(
         self,
@@ -346,51 +411,72 @@ class Dispatcher:
         launches: tuple[scheduler.Launch, ...],
         peeked: dict[str, list[PeekedItem]],
     ) -> bool:
-        if not launches:
+        """Claims the decided launches; True if any left its queue (started, or dropped by the claim)."""
+        assert self.config is not None
+        if self._stopping.is_set():  # a stop requested during this round takes no more work
             return False
         caps = {p.pool_id: p.max_concurrent for p in policy.pools}
-        chosen: list[tuple[scheduler.Launch, PeekedItem]] = []
-        requests: list[ClaimRequest] = []
+        chosen: list[tuple[scheduler.Launch, PeekedItem, ClaimRequest]] = []
+        claimed_at = time.time()
         for launch in launches:
             item = peeked[launch.pool_id][launch.index]
-            assert item.envelope is not None
-            chosen.append((launch, item))
-            requests.append(
-                ClaimRequest(
-                    pool_id=launch.pool_id,
-                    raw=item.raw,
-                    mode="launch",
-                    lease_member=lease_member(launch.pool_id, item.envelope.request_id),
-                    producer_id=item.envelope.producer_id,
-                    pool_max=caps[launch.pool_id],
-                    group_limit=policy.total_concurrency,
-                )
+            envelope = item.envelope
+            assert envelope is not None
+            if not self.breakers.acquire(self.config.endpoint_for(launch.pool_id)):
+                scheduler.refund(self._state, launch)
+                self.stats.skips[(launch.pool_id, BLOCKED_REASON)] += 1
+                continue
+            record = LeaseRecord.of(
+                envelope,
+                pool_id=launch.pool_id,
+                claimed_at=claimed_at,
+                dispatcher_id=self.identity.dispatcher_id,
+                cost=launch.cost,
             )
-        results = await self.queue.claim(requests, self.settings.lease_s)
-        for (launch, item), request, (code, _) in zip(chosen, requests, results, strict=True):
-            self._after_claim(launch, item, request, code)
-        return True
+            request = ClaimRequest(
+                pool_id=launch.pool_id,
+                raw=item.raw,
+                mode="launch",
+                lease_member=lease_member(launch.pool_id, envelope.request_id),
+                producer_id=envelope.producer_id,
+                pool_max=caps[launch.pool_id],
+                group_limit=policy.total_concurrency,
+                lease_record=record.encode(),
+            )
+            chosen.append((launch, item, request))
+        try:
+            results = await self.queue.claim([request for _, _, request in chosen], self.settings.lease_s)
+        except BaseException:
+            for launch, _, _ in chosen:
+                self.breakers.release(self.config.endpoint_for(launch.pool_id))
+            raise
+        progressed = False
+        for (launch, item, request), (code, _) in zip(chosen, results, strict=True):
+            progressed = progressed or code in LEFT_THE_QUEUE
+            try:
+                self._after_claim(launch, item, request, code)
+            except Exception:  # the other claimed requests of this round still start
+                self._internal_error(f"handling the claim of an item of pool {launch.pool_id} failed")
+                if code == scripts.CLAIMED and request.lease_member not in self.running:
+                    assert item.envelope is not None
+                    refused = DispatchError("internal dispatcher error before the call started")
+                    self._start(item.envelope, launch.pool_id, request.lease_member, launch.cost, refused)
+        return progressed
 
     def _after_claim(
         self, launch: scheduler.Launch, item: PeekedItem, request: ClaimRequest, code: str
     ) -> None:
         envelope = item.envelope
-        assert envelope is not None
+        assert envelope is not None and self.config is not None
         if code == scripts.CLAIMED:
             self._peek.forget(item.raw)
             self._start(envelope, launch.pool_id, request.lease_member, launch.cost)
             return
+        self.breakers.release(self.config.endpoint_for(launch.pool_id))
         scheduler.refund(self._state, launch)
-        if code == scripts.CLAIM_PRODUCER_GONE:
+        if code in CLAIM_DROPS:
             self._peek.forget(item.raw)
-            self.stats.dropped[DROP_PRODUCER_GONE] += 1
-            now = time.time()
-            record_span(
-                self.tracer,
-                envelope,
-                self.identity,
-                Outcome("dropped", now, now, drop_reason=DROP_PRODUCER_GONE, cost=launch.cost),
-            )
+            self.drops.dropped(envelope, CLAIM_DROPS[code], cost=launch.cost)
         elif code in (scheduler.SKIP_POOL_CAP, scheduler.SKIP_GROUP_CAP):
             self.stats.skips[(launch.pool_id, code)] += 1
         else:
@@ -398,12 +484,15 @@ class Dispatcher:
             self.stats.claim_lost += 1
 
     # --- execution --------------------------------------------------------------------------------
-    def _start(self, envelope: Envelope, pool_id: str, member: str, cost: int) -> None:
+    def _start(
+        self, envelope: Envelope, pool_id: str, member: str, cost: int, refused: DispatchError | None = None
+    ) -> None:
+        """Runs a claimed request in its own task (or, with ``refused``, answers it with that error)."""
         running = Running(envelope, pool_id, member, cost, time.time())
-        self.running[envelope.request_id] = running
+        self.running[member] = running
         self.stats.launched_by_pool[pool_id] += 1
         self.stats.cost_by_pool[pool_id] += cost
-        task = asyncio.create_task(self._execute(running), name=f"call:{envelope.request_id}")
+        task = asyncio.create_task(self._execute(running, refused), name=f"call:{envelope.request_id}")
         self._tasks.add(task)
         task.add_done_callback(self._reap)
 
@@ -412,12 +501,12 @@ class Dispatcher:
         if not task.cancelled() and task.exception() is not None:
             log.error("a call task failed unexpectedly", exc_info=task.exception())
 
-    async def _execute(self, run: Running) -> None:
+    async def _execute(self, run: Running, refused: DispatchError | None) -> None:
         assert self.config is not None
         try:
-            await self.executor.execute(run, self.config)
+            await self.executor.execute(run, self.config, refused)
         finally:
-            self.running.pop(run.envelope.request_id, None)
+            self.running.pop(run.member, None)
             self._wake.set()
 
     # --- background helpers -----------------------------------------------------------------------
@@ -436,8 +525,7 @@ class Dispatcher:
     def _on_message(self, channel: str, data: bytes) -> None:
         if channel == self.keys.config_channel(self.settings.group_id):
             if data:
-                with contextlib.suppress(DispatchError):
-                    self.apply_config(GroupConfig.decode(data))
+                self._consider_config(data)
             return
         self._wake.set()
 

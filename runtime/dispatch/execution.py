@@ -1,8 +1,11 @@
 """Running one claimed request to its end: the backend call, the reply, the lease, the span.
 
-The call is bounded by the request's deadline and gated by its endpoint's circuit breaker; the reply
-goes out only if the producer is still alive (one atomic script that also releases the lease); every
-outcome is counted and recorded as a span. Nothing here decides *what* runs: that is the scheduler's.
+The call is bounded by the request's deadline; its endpoint's circuit breaker slot was taken when it
+was claimed, and every path here either reports the call's outcome to the breaker or gives the slot
+back. A call cut short by the caller's deadline ends as ``deadline_exceeded``, which is not the
+backend's failure. The reply goes out only if the producer is still alive (one atomic script that
+also releases the lease); every outcome is counted and recorded as a span. Nothing here decides
+*what* runs: that is the scheduler's.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from runtime.backends.redact import redact_url
 from runtime.config import DispatcherSettings
 from runtime.dispatch.queue import QueueOps
 from runtime.dispatch.stats import DROP_REPLY_PRODUCER_GONE, DROP_REPLY_UNDELIVERED, DispatcherStats
-from runtime.errors import BreakerOpen, DispatchError, Rejected, RequestExpired
+from runtime.errors import BackendTimeout, DeadlineExceeded, DispatchError, Rejected, RequestExpired
 from runtime.telemetry.spans import Identity, Outcome, content_attributes, record_span
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire.contract import STATUS_ERROR, STATUS_OK, Envelope, Reply, Timing
@@ -72,15 +75,22 @@ class Executor:
         self.store_content = store_content
         self.on_valkey_error = on_valkey_error
 
-    async def execute(self, run: Running, config: GroupConfig) -> None:
-        """Calls the backend, replies, releases the lease and records the span; never raises."""
+    async def execute(self, run: Running, config: GroupConfig, refused: DispatchError | None = None) -> None:
+        """Calls the backend, replies, releases the lease and records the span; never raises.
+
+        With ``refused`` the backend is not called: the producer gets that error as its reply (a
+        claimed request the dispatcher could not start still gets an explicit answer).
+        """
         envelope = run.envelope
         endpoint = config.endpoint_for(run.pool_id)
         started = time.time()
         completion: Completion | None = None
-        error: DispatchError | None = None
+        error: DispatchError | None = refused
         try:
-            completion = await self._call_backend(envelope, endpoint, config)
+            if refused is None:
+                completion = await self._call_backend(envelope, endpoint, config)
+            else:
+                self.breakers.release(endpoint)
         except DispatchError as exc:
             error = exc
         except asyncio.CancelledError:
@@ -90,8 +100,8 @@ class Executor:
             error = DispatchError(f"internal dispatcher error: {exc}")
         ended = time.time()
         run.stage = "replying"
-        delivered = await self._finish(run, self._reply(envelope, completion, error, started, ended))
-        self._record(run, endpoint, completion, error, started, ended, delivered)
+        drop_reason = await self._finish(run, self._reply(envelope, completion, error, started, ended))
+        self._record(run, endpoint, completion, error, started, ended, drop_reason)
 
     def _reply(
         self,
@@ -118,27 +128,42 @@ class Executor:
         ).encode()
 
     async def _call_backend(self, envelope: Envelope, endpoint: str, config: GroupConfig) -> Completion:
-        timeout = self.settings.backend_timeout_s
-        if envelope.deadline is not None:
-            timeout = min(timeout, envelope.deadline - time.time())
-            if timeout <= 0:
-                raise RequestExpired(f"request {envelope.request_id} expired before its call started")
-        if not endpoint:
-            raise Rejected(f"fabric group {config.group_id} has no endpoint for pool {envelope.pool_id}")
-        api_key = self.secrets.get(config.api_key_env) if config.api_key_env else None
-        backend = self.backends.get(endpoint, api_key)
-        if not self.breakers.acquire(endpoint):
-            raise BreakerOpen(f"the circuit breaker of {redact_url(endpoint)} is open")
+        reported = False
         try:
-            completion = await backend.complete(envelope.call.to_openai(), timeout_s=timeout)
-        except DispatchError as exc:
-            self.breakers.record(endpoint, exc)
-            raise
-        self.breakers.record(endpoint, None)
-        return completion
+            timeout = self.settings.backend_timeout_s
+            cut_by_deadline = False
+            if envelope.deadline is not None:
+                left = envelope.deadline - time.time()
+                if left <= 0:
+                    raise RequestExpired(f"request {envelope.request_id} expired before its call started")
+                timeout, cut_by_deadline = min(timeout, left), left < timeout
+            if not endpoint:
+                raise Rejected(f"fabric group {config.group_id} has no endpoint for pool {envelope.pool_id}")
+            api_key = self.secrets.get(config.api_key_env) if config.api_key_env else None
+            backend = self.backends.get(endpoint, api_key)
+            try:
+                completion = await backend.complete(envelope.call.to_openai(), timeout_s=timeout)
+            except DispatchError as exc:
+                if cut_by_deadline and isinstance(exc, BackendTimeout):
+                    raise DeadlineExceeded(
+                        f"request {envelope.request_id}: the caller's deadline passed after "
+                        f"{timeout:.3g}s, before {redact_url(endpoint)} answered"
+                    ) from exc
+                self.breakers.record(endpoint, exc)
+                reported = True
+                raise
+            self.breakers.record(endpoint, None)
+            reported = True
+            return completion
+        finally:
+            if not reported:  # no outcome that says anything about the backend: free the breaker slot
+                self.breakers.release(endpoint)
 
-    async def _finish(self, run: Running, reply: bytes) -> bool:
-        """Delivers the reply (if the producer is alive) and releases the lease, retrying Valkey briefly."""
+    async def _finish(self, run: Running, reply: bytes) -> str:
+        """Delivers the reply (if the producer is alive) and releases the lease, retrying Valkey briefly.
+
+        Returns the drop reason of a reply that did not reach its producer, or "" when it did.
+        """
         delay, max_delay = self.settings.reconnect_backoff_s
         for attempt in range(FINISH_ATTEMPTS):
             try:
@@ -152,15 +177,16 @@ class Executor:
             except REDIS_ERRORS as exc:
                 self.on_valkey_error(exc)
                 if attempt == FINISH_ATTEMPTS - 1:
-                    self.stats.dropped[DROP_REPLY_UNDELIVERED] += 1
-                    return False
+                    break
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, max_delay)
                 continue
-            if not delivered:
-                self.stats.dropped[DROP_REPLY_PRODUCER_GONE] += 1
-            return delivered
-        return False
+            if delivered:
+                return ""
+            self.stats.dropped[DROP_REPLY_PRODUCER_GONE] += 1
+            return DROP_REPLY_PRODUCER_GONE
+        self.stats.dropped[DROP_REPLY_UNDELIVERED] += 1
+        return DROP_REPLY_UNDELIVERED
 
     def _record(
         self,
@@ -170,7 +196,7 @@ class Executor:
         error: DispatchError | None,
         started: float,
         ended: float,
-        delivered: bool,
+        drop_reason: str,
     ) -> None:
         usage = completion.usage if completion is not None else None
         outcome = Outcome(
@@ -183,9 +209,9 @@ class Executor:
             input_tokens=usage.input_tokens if usage else None,
             output_tokens=usage.output_tokens if usage else None,
             response_model=completion.model if completion else None,
-            reply_delivered=delivered,
+            reply_delivered=not drop_reason,
             cost=run.cost,
-            drop_reason="" if delivered else DROP_REPLY_PRODUCER_GONE,
+            drop_reason=drop_reason,
         )
         content: dict[str, Any] | None = None
         if self.store_content:

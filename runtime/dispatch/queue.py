@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from runtime.dispatch import scripts
+from runtime.dispatch.leases import LeaseRecord
 from runtime.wire.keys import KeySpace
 
 
@@ -25,6 +30,23 @@ class QueueView:
     backlog: int
     heads: tuple[bytes, ...]
     in_flight: int
+    heads_read: bool = True  # False: the pool could not launch, so its heads were not read
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRead:
+    """What to read of one pool: up to ``depth`` heads, and none while it is at ``pool_max``."""
+
+    pool_id: str
+    depth: int
+    pool_max: int
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    views: dict[str, QueueView]
+    group_in_flight: int
+    lost: tuple[LeaseRecord, ...]  # records of leases that expired unreleased (reaped this time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +58,7 @@ class ClaimRequest:
     producer_id: str = ""
     pool_max: int = 0
     group_limit: int = 0
+    lease_record: bytes = b""
 
 
 # Expired leases (a killed dispatcher's) are reaped at observation at most this often: lease expiry is
@@ -52,6 +75,10 @@ def lease_member(pool_id: str, request_id: str) -> str:
     return f"{pool_id}\x1f{request_id}"
 
 
+def _evalsha(pipe: Pipeline, script: AsyncScript, keys: list[str], args: list[Any]) -> None:
+    pipe.evalsha(script.sha, len(keys), *keys, *args)
+
+
 class QueueOps:
     """The dispatcher's view of Valkey for one fabric group."""
 
@@ -60,63 +87,88 @@ class QueueOps:
         self.keys = keys
         self.group_id = group_id
         self._group_inflight = keys.group_inflight(group_id)
+        self._lease_records = keys.lease_records(group_id)
+        self._observe = client.register_script(scripts.OBSERVE)
         self._claim = client.register_script(scripts.CLAIM)
         self._finish = client.register_script(scripts.FINISH)
         self._renew = client.register_script(scripts.RENEW)
         self._reap = client.register_script(scripts.REAP)
         self._reaped_at = float("-inf")
 
-    async def observe(self, pool_ids: Sequence[str], depth: int) -> tuple[dict[str, QueueView], int]:
-        """Backlog, the first ``depth`` items and global in-flight of each pool, and the group's in-flight."""
+    async def observe(self, reads: Sequence[PoolRead], group_limit: int) -> Observation:
+        """Backlog, global in-flight and (when the pool could launch) the first heads of each pool,
+        the group's in-flight, and the records of leases found expired."""
         reap = time.monotonic() - self._reaped_at >= REAP_INTERVAL_S
-        async with self.client.pipeline(transaction=False) as pipe:
-            if reap:
-                self._reaped_at = time.monotonic()
-                await self._reap(
-                    keys=[self._group_inflight, *(self.keys.pool_inflight(p) for p in pool_ids)],
-                    args=[],
-                    client=pipe,
-                )
-            for pool_id in pool_ids:
-                queue = self.keys.requests(pool_id)
-                pipe.llen(queue)
-                pipe.lrange(queue, 0, depth - 1)
-                pipe.zcard(self.keys.pool_inflight(pool_id))
-            pipe.zcard(self._group_inflight)
-            results = await pipe.execute()
         if reap:
-            results = results[1:]  # the reap count
-        views = {
-            pool_id: QueueView(int(results[3 * i]), tuple(results[3 * i + 1]), int(results[3 * i + 2]))
-            for i, pool_id in enumerate(pool_ids)
-        }
-        return views, int(results[-1])
+            self._reaped_at = time.monotonic()
+
+        def build(pipe: Pipeline) -> None:
+            if reap:
+                pool_leases = [self.keys.pool_inflight(r.pool_id) for r in reads]
+                _evalsha(pipe, self._reap, [self._group_inflight, self._lease_records, *pool_leases], [])
+            for read in reads:
+                keys = [self.keys.requests(read.pool_id), self.keys.pool_inflight(read.pool_id)]
+                args = [read.depth, read.pool_max, group_limit]
+                _evalsha(pipe, self._observe, [*keys, self._group_inflight], args)
+            pipe.zcard(self._group_inflight)
+
+        results = await self._pipeline(build)
+        lost: tuple[LeaseRecord, ...] = ()
+        if reap:
+            records = (LeaseRecord.decode(raw) for raw in results[0])
+            lost = tuple(r for r in records if r is not None)
+            results = results[1:]
+        views = {}
+        for read, (backlog, in_flight, heads_read, heads) in zip(reads, results[:-1], strict=True):
+            views[read.pool_id] = QueueView(int(backlog), tuple(heads), int(in_flight), bool(heads_read))
+        return Observation(views, int(results[-1]), lost)
 
     async def claim(self, requests: Sequence[ClaimRequest], lease_s: float) -> list[tuple[str, int]]:
         """Runs the claim script for each request in order, in one pipeline."""
         if not requests:
             return []
-        async with self.client.pipeline(transaction=False) as pipe:
+
+        def build(pipe: Pipeline) -> None:
             for req in requests:
-                await self._claim(
-                    keys=[
-                        self.keys.requests(req.pool_id),
-                        self._group_inflight,
-                        self.keys.pool_inflight(req.pool_id),
-                        self.keys.producer_alive(req.producer_id),
-                    ],
-                    args=[
-                        item_digest(req.raw),
-                        req.mode,
-                        req.lease_member,
-                        lease_s,
-                        req.pool_max,
-                        req.group_limit,
-                    ],
-                    client=pipe,
-                )
-            results = await pipe.execute()
+                keys = [
+                    self.keys.requests(req.pool_id),
+                    self._group_inflight,
+                    self.keys.pool_inflight(req.pool_id),
+                    self.keys.producer_alive(req.producer_id),
+                    self._lease_records,
+                ]
+                args = [
+                    item_digest(req.raw),
+                    req.mode,
+                    req.lease_member,
+                    lease_s,
+                    req.pool_max,
+                    req.group_limit,
+                    req.lease_record,
+                ]
+                _evalsha(pipe, self._claim, keys, args)
+
+        results = await self._pipeline(build)
         return [(code.decode() if isinstance(code, bytes) else str(code), int(n)) for code, n in results]
+
+    async def _pipeline(self, build: Callable[[Pipeline], None]) -> list[Any]:
+        """Runs a pipeline whose scripts are called by SHA, loading them when the server lacks them.
+
+        redis-py's script objects ask SCRIPT EXISTS before every pipeline: one more round trip per
+        scheduling round. Here a script is loaded only on first use or after a server restart.
+        Retrying is safe: a NOSCRIPT reply means the script did not run.
+        """
+        try:
+            return await self._execute(build)
+        except NoScriptError:
+            for script in (self._observe, self._claim, self._reap):
+                await self.client.script_load(script.script)
+            return await self._execute(build)
+
+    async def _execute(self, build: Callable[[Pipeline], None]) -> list[Any]:
+        async with self.client.pipeline(transaction=False) as pipe:
+            build(pipe)
+            return list(await pipe.execute())
 
     async def finish(
         self, *, pool_id: str, producer_id: str, member: str, reply: bytes, reply_ttl_s: float
@@ -128,6 +180,7 @@ class QueueOps:
                 self.keys.replies(producer_id),
                 self._group_inflight,
                 self.keys.pool_inflight(pool_id),
+                self._lease_records,
             ],
             args=[reply, int(reply_ttl_s * 1000), member],
         )

@@ -1,21 +1,41 @@
 """The Lua scripts that make multi-command queue steps atomic (one round trip each).
 
+OBSERVE reads one pool's backlog and lease count, and its head items only when the pool could launch
+at all: a pool at its cap (or a group at its total) costs a few bytes per round however large its
+queued envelopes are.
+
 CLAIM takes exactly the request the dispatcher peeked: it compares the SHA-1 of the list head with
 the peeked bytes, so a request taken by another dispatcher in between is never run under the wrong
-cost. A launch also checks the producer's liveness and the hard caps and records an in-flight lease
-in the same step; a drop just removes the item.
+cost. A launch refuses a second copy of a request that already holds a lease in the pool (caps count
+running calls, and a copy would share the original's lease), checks the producer's liveness and the
+hard caps, and records an in-flight lease with what it knows of the request in the same step; a drop
+just removes the item.
+
+Expired leases are reaped only by REAP, which hands back their records: a lease that expires
+because its dispatcher died is a lost call, and it is counted, not silently forgotten.
 """
 
 from __future__ import annotations
 
-# KEYS: requests list, group lease zset, pool lease zset, producer alive key
-# ARGV: expected sha1, mode ("launch" | "drop"), lease member, lease seconds, pool max, group limit
+# KEYS: requests list, pool lease zset, group lease zset
+# ARGV: depth, pool max, group limit
+# Returns {backlog, in_flight_of_pool, heads_read (0|1), heads}.
+OBSERVE = """
+local backlog = redis.call('LLEN', KEYS[1])
+local in_pool = redis.call('ZCARD', KEYS[2])
+local depth = tonumber(ARGV[1])
+if backlog == 0 or depth <= 0 or in_pool >= tonumber(ARGV[2])
+    or redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[3]) then
+  return {backlog, in_pool, 0, {}}
+end
+return {backlog, in_pool, 1, redis.call('LRANGE', KEYS[1], 0, depth - 1)}
+"""
+
+# KEYS: requests list, group lease zset, pool lease zset, producer alive key, lease records hash
+# ARGV: expected sha1, mode ("launch" | "drop"), lease member, lease seconds, pool max, group limit,
+#       lease record
 # Returns {code, in_flight_of_pool}; code is one of the CLAIM_* strings below.
 CLAIM = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 local head = redis.call('LINDEX', KEYS[1], 0)
 if not head then return {'moved', 0} end
 if redis.sha1hex(head) ~= ARGV[1] then return {'moved', 0} end
@@ -23,32 +43,40 @@ if ARGV[2] == 'drop' then
   redis.call('LPOP', KEYS[1])
   return {'dropped', 0}
 end
+local in_pool = redis.call('ZCARD', KEYS[3])
+if redis.call('ZSCORE', KEYS[3], ARGV[3]) then
+  redis.call('LPOP', KEYS[1])
+  return {'duplicate', in_pool}
+end
 if redis.call('EXISTS', KEYS[4]) == 0 then
   redis.call('LPOP', KEYS[1])
   return {'producer_gone', 0}
 end
-local in_pool = redis.call('ZCARD', KEYS[3])
 if in_pool >= tonumber(ARGV[5]) then return {'pool_cap', in_pool} end
 if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[6]) then return {'group_cap', in_pool} end
-local expiry = now + tonumber(ARGV[4])
+local t = redis.call('TIME')
+local expiry = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[4])
 redis.call('ZADD', KEYS[2], expiry, ARGV[3])
 redis.call('ZADD', KEYS[3], expiry, ARGV[3])
+redis.call('HSET', KEYS[5], ARGV[3], ARGV[7])
 redis.call('LPOP', KEYS[1])
 return {'claimed', in_pool + 1}
 """
 CLAIMED = "claimed"
 CLAIM_MOVED = "moved"
 CLAIM_DROPPED = "dropped"
+CLAIM_DUPLICATE = "duplicate"
 CLAIM_PRODUCER_GONE = "producer_gone"
 CLAIM_POOL_CAP = "pool_cap"
 CLAIM_GROUP_CAP = "group_cap"
 
-# KEYS: producer alive key, replies list, group lease zset, pool lease zset
+# KEYS: producer alive key, replies list, group lease zset, pool lease zset, lease records hash
 # ARGV: reply bytes (empty: release only), reply list TTL ms, lease member
 # Returns 1 when the reply was delivered, 0 when the producer is gone (reply dropped).
 FINISH = """
 redis.call('ZREM', KEYS[3], ARGV[3])
 redis.call('ZREM', KEYS[4], ARGV[3])
+redis.call('HDEL', KEYS[5], ARGV[3])
 if ARGV[1] == '' then return 1 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('RPUSH', KEYS[2], ARGV[1])
@@ -66,12 +94,21 @@ redis.call('ZADD', KEYS[2], 'XX', expiry, ARGV[2])
 return 1
 """
 
-# KEYS: the group lease zset and every pool lease zset of the group
-# Drops leases past their expiry (a killed dispatcher's), so observation counts only live ones.
+# KEYS: the group lease zset, the lease records hash, then every pool lease zset of the group
+# Drops leases past their expiry (a killed dispatcher's), so observation counts only live ones, and
+# returns the records of the group's expired leases: each is a call lost in flight.
 REAP = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local reaped = 0
-for i = 1, #KEYS do reaped = reaped + redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now) end
-return reaped
+local lost = {}
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
+  local record = redis.call('HGET', KEYS[2], member)
+  if record then
+    lost[#lost + 1] = record
+    redis.call('HDEL', KEYS[2], member)
+  end
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+for i = 3, #KEYS do redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now) end
+return lost
 """

@@ -48,6 +48,10 @@ PARAMETER_TYPES: dict[str, tuple[type, ...]] = {
 }
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
+# Wall-clock times an envelope may carry (seconds since the epoch): 1970 to 2100. Anything else is a
+# bug or an attack, and would overflow nanosecond span timestamps (int64) downstream.
+MIN_WALL_CLOCK_S = 0.0
+MAX_WALL_CLOCK_S = 4_102_444_800.0
 
 
 def _fail(what: str) -> MalformedEnvelope:
@@ -243,10 +247,10 @@ class Envelope:
             name: _non_empty_str(data.get(name), f"envelope.{name}")
             for name in ("request_id", "producer_id", "pool_id")
         }
-        enqueued_at = float(_expect(data.get("enqueued_at"), _NUMBER, "envelope.enqueued_at"))
+        enqueued_at = _wall_clock(data.get("enqueued_at"), "envelope.enqueued_at")
         deadline = data.get("deadline")
         if deadline is not None:
-            deadline = float(_expect(deadline, _NUMBER, "envelope.deadline"))
+            deadline = _wall_clock(deadline, "envelope.deadline")
         trace = _expect(data.get("trace", {}), dict, "envelope.trace")
         for key, value in trace.items():
             _expect(value, str, f"envelope.trace[{key!r}]")
@@ -258,6 +262,16 @@ class Envelope:
             metadata=Metadata.from_json(data.get("metadata")),
             **ids,
         )
+
+
+def _wall_clock(value: Any, what: str) -> float:
+    seconds = float(_expect(value, _NUMBER, what))
+    if not MIN_WALL_CLOCK_S <= seconds <= MAX_WALL_CLOCK_S:  # also refuses NaN
+        raise _fail(
+            f"{what} is out of range: {value!r} is not a time between {MIN_WALL_CLOCK_S:.0f} and "
+            f"{MAX_WALL_CLOCK_S:.0f} seconds since the epoch"
+        )
+    return seconds
 
 
 def _non_empty_str(value: Any, what: str) -> str:
