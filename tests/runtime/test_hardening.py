@@ -6,6 +6,7 @@ Real Valkey over TCP, the real simulator over HTTP, the real dispatcher in this 
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 import uuid
 from typing import Any
@@ -18,6 +19,7 @@ from runtime.backends.breaker import BreakerPolicy
 from runtime.dispatch.stats import (
     DROP_DUPLICATE,
     DROP_EXPIRED,
+    DROP_LOST_IN_FLIGHT,
     DROP_MALFORMED,
     DROP_REPLY_UNDELIVERED,
 )
@@ -26,6 +28,7 @@ from runtime.producer import Producer
 from runtime.telemetry import semconv
 from runtime.wire import groupconfig
 from runtime.wire.contract import ChatCall, Envelope
+from tests.runtime.dispatcher_proc import start_dispatcher
 from tests.runtime.harness import CALL, fail_calls, one_pool_group, running_dispatcher, slow_call, wait_until
 
 
@@ -243,3 +246,59 @@ async def test_refused_configuration_is_logged_counted_and_in_the_snapshot(aredi
         async with Producer(aredis, keys=keys) as producer:
             assert (await producer.submit(CALL, pool_id="default", timeout=10)).completion["choices"]
     assert any("refused" in r.getMessage() for r in caplog.records)
+
+
+# --- 8. a call lost with its dispatcher is counted and written to history -----------------------------
+@pytest.mark.slow
+async def test_calls_lost_with_a_killed_dispatcher_are_counted_and_recorded(
+    aredis, keys, sim, spans, valkey_url
+) -> None:
+    provider, exporter = spans
+    config = one_pool_group(sim.url, max_concurrent=8)
+    await groupconfig.publish(aredis, keys, config)
+    doomed = start_dispatcher(valkey_url, keys.prefix, "g", "doomed", concurrency=8, lease_s=2.0)
+    try:
+        async with Producer(aredis, keys=keys, tracer=provider.get_tracer("p")) as producer:
+            calls = [
+                asyncio.create_task(producer.submit(slow_call(30_000), pool_id="default", timeout=60))
+                for _ in range(3)
+            ]
+            await wait_for_leases(aredis, keys.pool_inflight("default"), 3)
+            doomed.send_signal(signal.SIGKILL)
+            doomed.wait(5)
+            async with running_dispatcher(
+                aredis, keys, config, tracer=provider.get_tracer("d"), dispatcher_id="heir"
+            ) as heir:
+                await wait_until(lambda: heir.stats.dropped[DROP_LOST_IN_FLIGHT] == 3, timeout=10)
+                snap = heir.snapshot()
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+    finally:
+        doomed.kill()
+    assert snap["dropped"][DROP_LOST_IN_FLIGHT] == 3
+    assert [p["lost_in_flight"] for p in snap["pools"]] == [3]
+    assert await aredis.hlen(keys.lease_records("g")) == 0
+    finished = exporter.get_finished_spans()
+    submits = {
+        s.attributes[semconv.REQUEST_ID]: s
+        for s in finished
+        if s.attributes[semconv.SPAN_KIND_ROLE] == "producer"
+    }
+    lost = [s for s in finished if s.attributes.get(semconv.DROP_REASON) == DROP_LOST_IN_FLIGHT]
+    assert len(lost) == 3
+    for span in lost:
+        attrs = span.attributes
+        submit = submits[attrs[semconv.REQUEST_ID]]
+        assert span.context.trace_id == submit.context.trace_id  # the trace context was kept
+        assert attrs[semconv.POOL_ID] == "default" and attrs[semconv.DISPATCHER_ID] == "doomed"
+        assert attrs[semconv.PRODUCER_ID] == producer.producer_id and attrs[semconv.STATUS] == "dropped"
+        assert attrs[semconv.GEN_AI_REQUEST_MODEL] == "sim-model" and attrs[semconv.MESSAGE_COUNT] == 1
+        assert attrs[semconv.QUEUE_WAIT_S] >= 0 and attrs[semconv.EXECUTION_S] >= 1.0  # lease ran out
+
+
+async def wait_for_leases(client: Any, lease_set: str, count: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while await client.zcard(lease_set) != count:
+        assert time.monotonic() < deadline, f"{lease_set} never held {count} leases"
+        await asyncio.sleep(0.01)
