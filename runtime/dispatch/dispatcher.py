@@ -349,7 +349,8 @@ class Dispatcher:
             elif local_free == 0:
                 refusals[pool.pool_id] = scheduler.SKIP_LOCAL_CAPACITY
             pool_depth = 0 if pool.pool_id in refusals else depth if limit is None else min(depth, limit)
-            reads.append(PoolRead(pool.pool_id, pool_depth, pool.max_concurrent))
+            display = not self._heads_seen.get(pool.pool_id)
+            reads.append(PoolRead(pool.pool_id, pool_depth, pool.max_concurrent, display))
         return refusals, reads
 
     def _count_unread(self, pool: scheduler.PoolPolicy, view: QueueView, refusal: str | None) -> None:
@@ -363,6 +364,8 @@ class Dispatcher:
         """Heads last read per pool, for the snapshot's oldest-pending age while a pool sits at its cap."""
         if view.heads_read or view.backlog == 0:
             self._heads_seen[pool_id] = view.heads
+        elif view.display_head is not None:
+            self._heads_seen[pool_id] = (view.display_head,)
 
     def _usable_heads(
         self, pool_id: str, view: QueueView, now: float, drops: list[tuple[str, PeekedItem, str]]

@@ -28,9 +28,10 @@ class QueueView:
     """What one observation saw of one pool."""
 
     backlog: int
-    heads: tuple[bytes, ...]
+    heads: tuple[bytes, ...]  # the first items, read for launching (empty when not read)
     in_flight: int
     heads_read: bool = True  # False: the pool could not launch, so its heads were not read
+    display_head: bytes | None = None  # the first item, read only to show its age (pool can't launch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,7 @@ class PoolRead:
     pool_id: str
     depth: int
     pool_max: int
+    display_head: bool = False  # read the first item even if the pool cannot launch (nothing cached)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,7 @@ class ClaimRequest:
 # Expired leases (a killed dispatcher's) are reaped at observation at most this often: lease expiry is
 # measured in seconds, so reaping on every round would only add work to the hot path.
 REAP_INTERVAL_S = 0.25
+HEADS_FOR_DISPLAY = 2  # OBSERVE read only the first item, to show its age
 
 
 def item_digest(raw: bytes) -> str:
@@ -108,7 +111,7 @@ class QueueOps:
                 _evalsha(pipe, self._reap, [self._group_inflight, self._lease_records, *pool_leases], [])
             for read in reads:
                 keys = [self.keys.requests(read.pool_id), self.keys.pool_inflight(read.pool_id)]
-                args = [read.depth, read.pool_max, group_limit]
+                args = [read.depth, read.pool_max, group_limit, int(read.display_head)]
                 _evalsha(pipe, self._observe, [*keys, self._group_inflight], args)
             pipe.zcard(self._group_inflight)
 
@@ -120,7 +123,10 @@ class QueueOps:
             results = results[1:]
         views = {}
         for read, (backlog, in_flight, heads_read, heads) in zip(reads, results[:-1], strict=True):
-            views[read.pool_id] = QueueView(int(backlog), tuple(heads), int(in_flight), bool(heads_read))
+            if heads_read == HEADS_FOR_DISPLAY:
+                views[read.pool_id] = QueueView(int(backlog), (), int(in_flight), False, heads[0])
+            else:
+                views[read.pool_id] = QueueView(int(backlog), tuple(heads), int(in_flight), bool(heads_read))
         return Observation(views, int(results[-1]), lost)
 
     async def claim(self, requests: Sequence[ClaimRequest], lease_s: float) -> list[tuple[str, int]]:

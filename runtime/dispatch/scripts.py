@@ -2,7 +2,8 @@
 
 OBSERVE reads one pool's backlog and lease count, and its head items only when the pool could launch
 at all: a pool at its cap (or a group at its total) costs a few bytes per round however large its
-queued envelopes are.
+queued envelopes are. Its first item is read for display only when the dispatcher asks (it has
+none cached for the pool), so the oldest pending age stays visible at the cost of one read.
 
 CLAIM takes exactly the request the dispatcher peeked: it compares the SHA-1 of the list head with
 the peeked bytes, so a request taken by another dispatcher in between is never run under the wrong
@@ -18,17 +19,19 @@ because its dispatcher died is a lost call, and it is counted, not silently forg
 from __future__ import annotations
 
 # KEYS: requests list, pool lease zset, group lease zset
-# ARGV: depth, pool max, group limit
-# Returns {backlog, in_flight_of_pool, heads_read (0|1), heads}.
+# ARGV: depth, pool max, group limit, "1" to read the first item even when the pool cannot launch
+# Returns {backlog, in_flight_of_pool, heads_read, heads}: heads_read is 1 when up to depth heads were
+# read for launching, 2 when only the first was read (for display), 0 when none was.
 OBSERVE = """
 local backlog = redis.call('LLEN', KEYS[1])
 local in_pool = redis.call('ZCARD', KEYS[2])
+if backlog == 0 then return {0, in_pool, 0, {}} end
 local depth = tonumber(ARGV[1])
-if backlog == 0 or depth <= 0 or in_pool >= tonumber(ARGV[2])
-    or redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[3]) then
-  return {backlog, in_pool, 0, {}}
+if depth > 0 and in_pool < tonumber(ARGV[2]) and redis.call('ZCARD', KEYS[3]) < tonumber(ARGV[3]) then
+  return {backlog, in_pool, 1, redis.call('LRANGE', KEYS[1], 0, depth - 1)}
 end
-return {backlog, in_pool, 1, redis.call('LRANGE', KEYS[1], 0, depth - 1)}
+if ARGV[4] == '1' then return {backlog, in_pool, 2, redis.call('LRANGE', KEYS[1], 0, 0)} end
+return {backlog, in_pool, 0, {}}
 """
 
 # KEYS: requests list, group lease zset, pool lease zset, producer alive key, lease records hash

@@ -302,3 +302,57 @@ async def wait_for_leases(client: Any, lease_set: str, count: int, timeout: floa
     while await client.zcard(lease_set) != count:
         assert time.monotonic() < deadline, f"{lease_set} never held {count} leases"
         await asyncio.sleep(0.01)
+
+
+# --- 6. a pool that cannot launch costs a few bytes per round, however large its queue --------------
+BIG_CALL = {"model": "sim-model", "messages": [{"role": "user", "content": "x" * (4 * 1024 * 1024)}]}
+
+
+async def net_output_bytes(client: Any) -> int:
+    return int((await client.info("stats"))["total_net_output_bytes"])
+
+
+@pytest.mark.slow
+async def test_pools_at_their_cap_cost_small_reads_per_round_whatever_they_hold(
+    private_valkey, keys, sim
+) -> None:
+    from runtime.valkey.client import connect
+    from runtime.wire.groupconfig import GroupConfig, PoolConfig
+
+    client = connect(private_valkey.url)  # a server of its own: its byte counter sees only this test
+    pools = ("a", "b")
+    config = GroupConfig(
+        group_id="g", policy="drr", total_concurrency=8, default_endpoint_url=sim.url, version=1,
+        pools=tuple(PoolConfig(pool_id=p, max_concurrent=1) for p in pools),
+    )  # fmt: skip
+    try:
+        async with (
+            Producer(client, keys=keys) as producer,
+            running_dispatcher(client, keys, config, shutdown_grace_s=0.5) as dispatcher,
+        ):
+            running = [
+                asyncio.create_task(producer.submit(slow_call(20_000), pool_id=p, timeout=30)) for p in pools
+            ]
+            await wait_until(lambda: len(dispatcher.running) == 2)
+            for pool_id in pools:
+                for _ in range(3):
+                    await client.rpush(
+                        keys.requests(pool_id), envelope(producer.producer_id, pool_id, BIG_CALL)
+                    )
+
+            def heads_shown() -> bool:
+                ages = [p["oldest_pending_age_s"] for p in dispatcher.snapshot()["pools"]]
+                return all(age is not None for age in ages)
+
+            await wait_until(heads_shown)  # the first item of each full pool was read once, to show its age
+            rounds, sent = dispatcher.stats.rounds, await net_output_bytes(client)
+            await wait_until(lambda: dispatcher.stats.rounds >= rounds + 20, timeout=10)
+            per_round = (await net_output_bytes(client) - sent) / (dispatcher.stats.rounds - rounds)
+            assert all(view.backlog == 3 for view in dispatcher.last_views.values())
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+    finally:
+        await client.aclose()
+    # Before: every round read the first 8 items of every list, 24 MB here. Now a few hundred bytes.
+    assert per_round < 16 * 1024, per_round
