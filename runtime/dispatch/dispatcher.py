@@ -28,6 +28,7 @@ from opentelemetry import trace
 from runtime.backends.adapter import BackendPool
 from runtime.backends.breaker import BLOCKED_REASON
 from runtime.backends.health import EndpointBreakers
+from runtime.backoff import Backoff
 from runtime.config import DispatcherSettings
 from runtime.dispatch import scripts
 from runtime.dispatch.drops import DropRecorder
@@ -116,7 +117,7 @@ class Dispatcher:
         self.listener = ChangeListener(
             client, channels=self._channels, on_message=self._on_message, poll=self._reload_config,
             on_error=self._valkey_lost, finished=self._finished, poll_s=CONFIG_POLL_S,
-            retry_s=settings.reconnect_backoff_s[0] * 5,
+            backoff_s=settings.reconnect_backoff_s,
         )  # fmt: skip
 
     def __repr__(self) -> str:
@@ -242,8 +243,7 @@ class Dispatcher:
 
     # --- scheduling -------------------------------------------------------------------------------
     async def _schedule_loop(self) -> None:
-        backoff_min, backoff_max = self.settings.reconnect_backoff_s
-        backoff = backoff_min
+        backoff = Backoff(*self.settings.reconnect_backoff_s)
         while not self._stopping.is_set():
             self._wake.clear()
             try:
@@ -254,14 +254,13 @@ class Dispatcher:
                 self._internal_error("a scheduling round failed")
             else:
                 self._valkey_back()
-                backoff = backoff_min
+                backoff.reset()
                 if not progressed:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), self.settings.idle_poll_s)
                 continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), backoff)
-            backoff = min(backoff * 2, backoff_max)
+                await asyncio.wait_for(self._stopping.wait(), backoff.next())
 
     def _internal_error(self, what: str) -> None:
         """Logs the exception being handled and counts it; the caller carries on."""

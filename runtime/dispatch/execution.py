@@ -22,6 +22,7 @@ from opentelemetry import trace
 from runtime.backends.adapter import BackendPool, Completion
 from runtime.backends.health import EndpointBreakers
 from runtime.backends.redact import redact_url
+from runtime.backoff import Backoff
 from runtime.config import DispatcherSettings
 from runtime.dispatch.queue import QueueOps
 from runtime.dispatch.stats import DROP_REPLY_PRODUCER_GONE, DROP_REPLY_UNDELIVERED, DispatcherStats
@@ -164,7 +165,7 @@ class Executor:
 
         Returns the drop reason of a reply that did not reach its producer, or "" when it did.
         """
-        delay, max_delay = self.settings.reconnect_backoff_s
+        backoff = Backoff(*self.settings.reconnect_backoff_s)
         for attempt in range(FINISH_ATTEMPTS):
             try:
                 delivered = await self.queue.finish(
@@ -178,8 +179,7 @@ class Executor:
                 self.on_valkey_error(exc)
                 if attempt == FINISH_ATTEMPTS - 1:
                     break
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, max_delay)
+                await asyncio.sleep(backoff.next())
                 continue
             if delivered:
                 return ""
