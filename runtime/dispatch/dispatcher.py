@@ -211,8 +211,10 @@ class Dispatcher:
         try:
             config = GroupConfig.decode(raw)
             if self.config is None or config.version != self.config.version or config != self.config:
+                if problems := scheduler.validate_policy(config.scheduler_policy()):
+                    raise ValueError("; ".join(problems))
                 self.apply_config(config)
-        except (DispatchError, ValueError) as exc:
+        except (DispatchError, ValueError, TypeError) as exc:
             if raw != self._rejected_config:  # polled again and again: count each refused value once
                 self._rejected_config = raw
                 self.stats.config_rejected += 1

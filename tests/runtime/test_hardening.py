@@ -236,11 +236,14 @@ async def test_refused_configuration_is_logged_counted_and_in_the_snapshot(aredi
         await wait_until(lambda: keys.config_channel("g") in dispatcher.listener.subscribed)
         await aredis.publish(keys.config_channel("g"), b'{"group_id": "g", "policy": "lottery"}')
         await wait_until(lambda: dispatcher.stats.config_rejected == 1)
+        no_capacity = orjson.loads(one_pool_group(sim.url).encode()) | {"total_concurrency": 0, "version": 2}
+        await aredis.publish(keys.config_channel("g"), orjson.dumps(no_capacity))  # decodes, but invalid
+        await wait_until(lambda: dispatcher.stats.config_rejected == 2)
         await aredis.set(keys.group_config("g"), b"{not json")  # the poll path sees it too
-        await wait_until(lambda: dispatcher.stats.config_rejected == 2, timeout=5)
+        await wait_until(lambda: dispatcher.stats.config_rejected == 3, timeout=5)
         await asyncio.sleep(2.5)  # two more polls of the same bad value: still one rejection
-        assert dispatcher.stats.config_rejected == 2
-        assert dispatcher.snapshot()["config_rejected"] == 2
+        assert dispatcher.stats.config_rejected == 3
+        assert dispatcher.snapshot()["config_rejected"] == 3
         assert dispatcher.config is not None and dispatcher.config.policy == "fifo"  # the old one holds
         await groupconfig.publish(aredis, keys, one_pool_group(sim.url))
         async with Producer(aredis, keys=keys) as producer:
