@@ -317,6 +317,10 @@ class Dispatcher:
                 ),
             )
         dropped = await self._drop(drops) if drops else False
+        if local_free == 0 or self.group_in_flight >= policy.total_concurrency:
+            # Nothing can launch, and no heads were read: a DRR walk over head-less pools would
+            # only advance its round and hand out quanta nobody earned.
+            return dropped
         decision = scheduler.decide(
             policy,
             self._state,
