@@ -35,18 +35,17 @@ from runtime.dispatch.drops import DropRecorder
 from runtime.dispatch.execution import Executor, Running
 from runtime.dispatch.leases import LeaseRecord
 from runtime.dispatch.listener import ChangeListener
-from runtime.dispatch.peek import PeekCache, PeekedItem
-from runtime.dispatch.queue import ClaimRequest, PoolRead, QueueOps, QueueView, lease_member
+from runtime.dispatch.peek import PeekCache, PeekedItem, usable_heads
+from runtime.dispatch.queue import ClaimRequest, QueueOps, QueueView, lease_member
 from runtime.dispatch.snapshot import SnapshotPublisher, SnapshotSink, build_snapshot
 from runtime.dispatch.stats import (
     DROP_DUPLICATE,
-    DROP_EXPIRED,
-    DROP_MALFORMED,
     DROP_PRODUCER_GONE,
     DispatcherStats,
 )
 from runtime.errors import DispatchError
 from runtime.policy import scheduler
+from runtime.policy.reads import plan_reads, unread_skip
 from runtime.telemetry.spans import Identity
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire.contract import Envelope
@@ -288,8 +287,18 @@ class Dispatcher:
         self.stats.rounds += 1
         policy = self._policy
         local_free = max(0, self.settings.concurrency - len(self.running))
-        refusals, reads = self._plan_reads(policy, local_free)
-        seen = await self.queue.observe(reads, policy.total_concurrency)
+        assert self.config is not None
+        plan = plan_reads(
+            policy,
+            peek_depth=self.settings.peek_depth,
+            local_free=local_free,
+            allowances={
+                p.pool_id: self.breakers.allowance(self.config.endpoint_for(p.pool_id)) for p in policy.pools
+            },
+            heads_cached=frozenset(pool_id for pool_id, heads in self._heads_seen.items() if heads),
+        )
+        refusals = plan.refusals
+        seen = await self.queue.observe(plan.reads, policy.total_concurrency)
         self.group_in_flight = seen.group_in_flight
         self.last_views = seen.views
         if seen.lost:
@@ -302,8 +311,12 @@ class Dispatcher:
             pool_id, view = pool.pool_id, seen.views[pool.pool_id]
             self._remember_heads(pool_id, view)
             if not view.heads_read and view.backlog > 0:
-                self._count_unread(pool, view, refusals.get(pool_id))
-            heads = self._usable_heads(pool_id, view, now, drops)
+                self.stats.skips[(pool_id, unread_skip(pool, view.in_flight, refusals.get(pool_id)))] += 1
+            # The list an item sits in is authoritative: an item whose pool_id names another pool
+            # (moved between lanes by an operator) is served, or dropped, in this one.
+            heads, unusable = usable_heads(self._peek, view.heads, now)
+            if unusable is not None:
+                drops.append((pool_id, *unusable))
             peeked[pool_id] = heads
             observations[pool_id] = scheduler.PoolObservation(
                 pool_id=pool_id,
@@ -333,69 +346,12 @@ class Dispatcher:
         launched = await self._claim(policy, decision.launches, peeked)
         return dropped or launched
 
-    def _plan_reads(
-        self, policy: scheduler.GroupPolicy, local_free: int
-    ) -> tuple[dict[str, str], list[PoolRead]]:
-        """Which pools cannot launch whatever they hold (their heads are not read), and what to read.
-
-        A half-open breaker offers only as many heads as it has probe slots, so nothing is claimed
-        that it would refuse.
-        """
-        assert self.config is not None
-        depth = max(self.settings.peek_depth, *(p.max_burst_per_visit for p in policy.pools), 1)
-        refusals: dict[str, str] = {}
-        reads: list[PoolRead] = []
-        for pool in policy.pools:
-            limit = self.breakers.allowance(self.config.endpoint_for(pool.pool_id))
-            if pool.paused:
-                refusals[pool.pool_id] = scheduler.SKIP_PAUSED
-            elif limit == 0:
-                refusals[pool.pool_id] = BLOCKED_REASON
-            elif local_free == 0:
-                refusals[pool.pool_id] = scheduler.SKIP_LOCAL_CAPACITY
-            pool_depth = 0 if pool.pool_id in refusals else depth if limit is None else min(depth, limit)
-            display = not self._heads_seen.get(pool.pool_id)
-            reads.append(PoolRead(pool.pool_id, pool_depth, pool.max_concurrent, display))
-        return refusals, reads
-
-    def _count_unread(self, pool: scheduler.PoolPolicy, view: QueueView, refusal: str | None) -> None:
-        """The skip the scheduler would have counted for a backlogged pool whose heads were not read."""
-        if refusal is None:
-            at_cap = view.in_flight >= pool.max_concurrent
-            refusal = scheduler.SKIP_POOL_CAP if at_cap else scheduler.SKIP_GROUP_CAP
-        self.stats.skips[(pool.pool_id, refusal)] += 1
-
     def _remember_heads(self, pool_id: str, view: QueueView) -> None:
         """Heads last read per pool, for the snapshot's oldest-pending age while a pool sits at its cap."""
         if view.heads_read or view.backlog == 0:
             self._heads_seen[pool_id] = view.heads
         elif view.display_head is not None:
             self._heads_seen[pool_id] = (view.display_head,)
-
-    def _usable_heads(
-        self, pool_id: str, view: QueueView, now: float, drops: list[tuple[str, PeekedItem, str]]
-    ) -> list[PeekedItem]:
-        """Decoded heads up to the first unusable one; an unusable item at the very head is dropped.
-
-        The list an item sits in is authoritative: a mismatching ``pool_id`` (an item an operator
-        moved between lanes) is served, or dropped, in this pool.
-        """
-        heads: list[PeekedItem] = []
-        for raw in view.heads:
-            item = self._peek.get(raw)
-            reason = DROP_MALFORMED if item.envelope is None else ""
-            if (
-                item.envelope is not None
-                and item.envelope.deadline is not None
-                and item.envelope.deadline <= now
-            ):
-                reason = DROP_EXPIRED
-            if reason:
-                if not heads:
-                    drops.append((pool_id, item, reason))
-                break
-            heads.append(item)
-        return heads
 
     async def _drop(self, drops: list[tuple[str, PeekedItem, str]]) -> bool:
         """Removes unusable heads from the lists they were read from; True if any was removed."""

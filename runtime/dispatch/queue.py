@@ -20,6 +20,7 @@ from redis.exceptions import NoScriptError
 
 from runtime.dispatch import scripts
 from runtime.dispatch.leases import LeaseRecord
+from runtime.policy.reads import PoolRead
 from runtime.wire.keys import KeySpace
 
 
@@ -32,16 +33,6 @@ class QueueView:
     in_flight: int
     heads_read: bool = True  # False: the pool could not launch, so its heads were not read
     display_head: bytes | None = None  # the first item, read only to show its age (pool can't launch)
-
-
-@dataclass(frozen=True, slots=True)
-class PoolRead:
-    """What to read of one pool: up to ``depth`` heads, and none while it is at ``pool_max``."""
-
-    pool_id: str
-    depth: int
-    pool_max: int
-    display_head: bool = False  # read the first item even if the pool cannot launch (nothing cached)
 
 
 @dataclass(frozen=True, slots=True)
