@@ -1,15 +1,19 @@
 """The dispatcher engine: one process of a fabric group, started by ``manage.py rundispatcher``.
 
-Each scheduling round observes every pool of the group in one pipeline, decodes the peeked heads,
-asks the pure scheduler (:func:`runtime.policy.scheduler.decide`) which heads may launch, and claims exactly
-those with an atomic script (digest match, producer liveness, hard caps, in-flight lease). Each
-claimed request runs in its own task and frees its slot the moment its own call ends. Nothing is
-popped that cannot launch, so refused work stays visibly queued.
+Each scheduling round observes every pool of the group in one pipeline (reading heads only of pools
+that could launch: :mod:`runtime.policy.reads`), decodes the peeked heads, asks the pure scheduler
+(:func:`runtime.policy.scheduler.decide`) which heads may launch, and claims exactly those with an
+atomic script (digest match, duplicates, producer liveness, hard caps, in-flight lease and its
+record). Each claimed request runs in its own task and frees its slot the moment its own call ends.
+Nothing is popped that cannot launch (a half-open breaker is offered only its probe slots), so
+refused work stays visibly queued.
 
-Failures are explicit and counted (see :mod:`runtime.dispatch.stats`): malformed items, producers gone before
-execution or before the reply, expired deadlines, backend errors by type. Valkey outages are
-survived with capped exponential backoff; SIGTERM/SIGINT stop taking work, let in-flight calls
-finish within the grace period, reply, and return.
+Failures are explicit and counted (see :mod:`runtime.dispatch.stats`): malformed items, producers
+gone before execution or before the reply, expired deadlines, duplicates, calls lost with a dead
+dispatcher, backend errors by type, refused configurations. No exception ends the process: a round
+that fails is logged and counted as ``internal_error`` (a claimed request it could not start gets an
+error reply). Valkey outages are survived with jittered exponential backoff; SIGTERM/SIGINT stop
+taking work, let in-flight calls finish within the grace period, reply, and return.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ HELPER_EXIT_S = 5.0
 # Claim outcomes that take the item off its queue without running it, and the drop reason of each.
 CLAIM_DROPS = {scripts.CLAIM_PRODUCER_GONE: DROP_PRODUCER_GONE, scripts.CLAIM_DUPLICATE: DROP_DUPLICATE}
 LEFT_THE_QUEUE = frozenset({scripts.CLAIMED, *CLAIM_DROPS})
+Drop = tuple[str, PeekedItem, str]  # (the pool whose list holds it, the item, the drop reason)
 
 __all__ = ["Dispatcher"]
 
@@ -285,50 +290,22 @@ class Dispatcher:
         """One observe → decide → claim round; True if a request left a queue (launched or dropped)."""
         assert self._policy is not None and self.config is not None
         self.stats.rounds += 1
-        policy = self._policy
+        policy, config = self._policy, self.config
         local_free = max(0, self.settings.concurrency - len(self.running))
-        assert self.config is not None
         plan = plan_reads(
             policy,
             peek_depth=self.settings.peek_depth,
             local_free=local_free,
             allowances={
-                p.pool_id: self.breakers.allowance(self.config.endpoint_for(p.pool_id)) for p in policy.pools
+                p.pool_id: self.breakers.allowance(config.endpoint_for(p.pool_id)) for p in policy.pools
             },
             heads_cached=frozenset(pool_id for pool_id, heads in self._heads_seen.items() if heads),
         )
-        refusals = plan.refusals
         seen = await self.queue.observe(plan.reads, policy.total_concurrency)
-        self.group_in_flight = seen.group_in_flight
-        self.last_views = seen.views
+        self.group_in_flight, self.last_views = seen.group_in_flight, seen.views
         if seen.lost:
             self.drops.lost(seen.lost)
-        now = time.time()
-        drops: list[tuple[str, PeekedItem, str]] = []
-        peeked: dict[str, list[PeekedItem]] = {}
-        observations: dict[str, scheduler.PoolObservation] = {}
-        for pool in policy.pools:
-            pool_id, view = pool.pool_id, seen.views[pool.pool_id]
-            self._remember_heads(pool_id, view)
-            if not view.heads_read and view.backlog > 0:
-                self.stats.skips[(pool_id, unread_skip(pool, view.in_flight, refusals.get(pool_id)))] += 1
-            # The list an item sits in is authoritative: an item whose pool_id names another pool
-            # (moved between lanes by an operator) is served, or dropped, in this one.
-            heads, unusable = usable_heads(self._peek, view.heads, now)
-            if unusable is not None:
-                drops.append((pool_id, *unusable))
-            peeked[pool_id] = heads
-            observations[pool_id] = scheduler.PoolObservation(
-                pool_id=pool_id,
-                backlog=view.backlog,
-                in_flight=view.in_flight,
-                blocked=BLOCKED_REASON if refusals.get(pool_id) == BLOCKED_REASON else None,
-                heads=tuple(
-                    scheduler.HeadItem(cost=i.cost, enqueued_at=i.envelope.enqueued_at)
-                    for i in heads
-                    if i.envelope
-                ),
-            )
+        observations, peeked, drops = self._screen(policy, seen.views, plan.refusals, time.time())
         dropped = await self._drop(drops) if drops else False
         if local_free == 0 or self.group_in_flight >= policy.total_concurrency:
             # Nothing can launch, and no heads were read: a DRR walk over head-less pools would
@@ -346,6 +323,43 @@ class Dispatcher:
         launched = await self._claim(policy, decision.launches, peeked)
         return dropped or launched
 
+    def _screen(
+        self,
+        policy: scheduler.GroupPolicy,
+        views: Mapping[str, QueueView],
+        refusals: Mapping[str, str],
+        now: float,
+    ) -> tuple[dict[str, scheduler.PoolObservation], dict[str, list[PeekedItem]], list[Drop]]:
+        """What the scheduler sees of each pool, its usable heads, and the unusable heads to drop.
+
+        The list an item sits in is authoritative: an item whose ``pool_id`` names another pool
+        (moved between lanes by an operator) is served, or dropped, in the list it was read from.
+        """
+        observations: dict[str, scheduler.PoolObservation] = {}
+        peeked: dict[str, list[PeekedItem]] = {}
+        drops: list[Drop] = []
+        for pool in policy.pools:
+            pool_id, view = pool.pool_id, views[pool.pool_id]
+            self._remember_heads(pool_id, view)
+            if not view.heads_read and view.backlog > 0:
+                self.stats.skips[(pool_id, unread_skip(pool, view.in_flight, refusals.get(pool_id)))] += 1
+            heads, unusable = usable_heads(self._peek, view.heads, now)
+            if unusable is not None:
+                drops.append((pool_id, *unusable))
+            peeked[pool_id] = heads
+            observations[pool_id] = scheduler.PoolObservation(
+                pool_id=pool_id,
+                backlog=view.backlog,
+                in_flight=view.in_flight,
+                blocked=BLOCKED_REASON if refusals.get(pool_id) == BLOCKED_REASON else None,
+                heads=tuple(
+                    scheduler.HeadItem(cost=i.cost, enqueued_at=i.envelope.enqueued_at)
+                    for i in heads
+                    if i.envelope
+                ),
+            )
+        return observations, peeked, drops
+
     def _remember_heads(self, pool_id: str, view: QueueView) -> None:
         """Heads last read per pool, for the snapshot's oldest-pending age while a pool sits at its cap."""
         if view.heads_read or view.backlog == 0:
@@ -353,7 +367,7 @@ class Dispatcher:
         elif view.display_head is not None:
             self._heads_seen[pool_id] = (view.display_head,)
 
-    async def _drop(self, drops: list[tuple[str, PeekedItem, str]]) -> bool:
+    async def _drop(self, drops: list[Drop]) -> bool:
         """Removes unusable heads from the lists they were read from; True if any was removed."""
         requests = [ClaimRequest(pool_id=pool_id, raw=item.raw, mode="drop") for pool_id, item, _ in drops]
         results = await self.queue.claim(requests, self.settings.lease_s)
