@@ -216,7 +216,11 @@ class Envelope:
     metadata: Metadata = field(default_factory=Metadata)
 
     def encode(self, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -> bytes:
-        """Serializes the envelope; refuses one over ``max_bytes`` with EnvelopeTooLarge."""
+        """Serializes the envelope; refuses one over ``max_bytes`` with EnvelopeTooLarge, and times the
+        dispatcher would refuse (out of range) with MalformedEnvelope."""
+        _wall_clock(self.enqueued_at, "envelope.enqueued_at")
+        if self.deadline is not None:
+            _wall_clock(self.deadline, "envelope.deadline")
         raw = orjson.dumps(
             {
                 "request_id": self.request_id,

@@ -139,3 +139,11 @@ def test_reply_round_trip_ok_and_error() -> None:
 def test_malformed_replies(data: dict) -> None:
     with pytest.raises(MalformedEnvelope):
         Reply.decode(orjson.dumps(data))
+
+
+@pytest.mark.parametrize("fields", [{"enqueued_at": 1e308}, {"deadline": 1e12}, {"deadline": float("nan")}])
+def test_encode_refuses_times_the_dispatcher_would_refuse(fields) -> None:
+    from dataclasses import replace
+
+    with pytest.raises(MalformedEnvelope, match="out of range"):
+        replace(envelope(), **fields).encode()
