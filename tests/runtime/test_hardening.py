@@ -116,7 +116,10 @@ async def test_an_exception_in_a_round_is_counted_and_dispatch_goes_on(aredis, k
             await wait_until(lambda: dispatcher.stats.internal_errors == 1)
             result = await producer.submit(CALL, pool_id="default", timeout=10)
             assert result.completion["choices"]
-            assert await aredis.hget(keys.counters("g"), "internal_error") in (None, b"1")
+            deadline = time.monotonic() + 5  # the group's counter hash gets it with the next snapshot
+            while await aredis.hget(keys.counters("g"), "internal_error") != b"1":
+                assert time.monotonic() < deadline, "internal_error never reached the group's counters"
+                await asyncio.sleep(0.05)
 
 
 # --- 2. the list an item was read from is authoritative ---------------------------------------------
