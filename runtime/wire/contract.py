@@ -210,6 +210,9 @@ class Envelope:
     deadline: float | None = None
     trace: Mapping[str, str] = field(default_factory=dict)
     metadata: Metadata = field(default_factory=Metadata)
+    # Which execution this is (1 = first) and how often an expired lease put it back (durable mode).
+    attempt: int = 1
+    requeues: int = 0
 
     def encode(self, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -> bytes:
         """Serializes the envelope; refuses one over ``max_bytes`` with EnvelopeTooLarge."""
@@ -224,6 +227,8 @@ class Envelope:
                 "enqueued_at": self.enqueued_at,
                 "deadline": self.deadline,
                 "metadata": self.metadata.to_json(),
+                "attempt": self.attempt,
+                "requeues": self.requeues,
             }
         )
         if len(raw) > max_bytes:
@@ -256,8 +261,17 @@ class Envelope:
             deadline=deadline,
             trace=trace,
             metadata=Metadata.from_json(data.get("metadata")),
+            attempt=_count(data.get("attempt", 1), "envelope.attempt", minimum=1),
+            requeues=_count(data.get("requeues", 0), "envelope.requeues", minimum=0),
             **ids,
         )
+
+
+def _count(value: Any, what: str, *, minimum: int) -> int:
+    count: int = _expect(value, int, what)
+    if count < minimum:
+        raise _fail(f"{what} must be at least {minimum}, got {count}")
+    return count
 
 
 def _non_empty_str(value: Any, what: str) -> str:

@@ -38,6 +38,10 @@ class KeySpace:
     def producer_alive(self, producer_id: str) -> str:
         return f"{self.prefix}key:llm:producer:{producer_id}:alive"
 
+    def dead_letters(self, pool_id: str) -> str:
+        """Requests of one pool that exhausted their attempts, oldest first, for an operator."""
+        return f"{self.prefix}list:llm:dead:{pool_id}"
+
     # --- runtime bookkeeping -------------------------------------------------------------------
     def wake_channel(self, pool_id: str) -> str:
         """Pub/sub channel a producer pings after pushing, so idle dispatchers wake at once."""
@@ -50,6 +54,18 @@ class KeySpace:
     def pool_inflight(self, pool_id: str) -> str:
         """Sorted set of in-flight leases of one pool, across all dispatchers."""
         return f"{self.prefix}zset:llm:inflight-pool:{pool_id}"
+
+    def delayed(self, pool_id: str) -> str:
+        """Sorted set of one pool's retries waiting for their due time (member: envelope, score: due)."""
+        return f"{self.prefix}zset:llm:delayed:{pool_id}"
+
+    def durable_leases(self, group_id: str) -> str:
+        """Hash lease member -> fencing token and the envelope to requeue if the lease expires (durable)."""
+        return f"{self.prefix}hash:llm:durable:{group_id}"
+
+    def fencing_counter(self, group_id: str) -> str:
+        """Counter handing out each claim's fencing token."""
+        return f"{self.prefix}key:llm:fence:{group_id}"
 
     def group_config(self, group_id: str) -> str:
         """JSON of the group's published configuration (policy, pools, endpoints)."""

@@ -16,6 +16,10 @@ POOL_DEFAULTS = {
     "enabled": True,
     "paused": False,
     "sort_order": 0,
+    "max_attempts": 1,
+    "retry_backoff_base_s": 0.5,
+    "retry_backoff_cap_s": 30.0,
+    "max_requeues": 3,
 }
 
 
@@ -32,6 +36,7 @@ def group_form(group: dict[str, Any], pools: list[dict[str, Any]], *, initial: i
         "default_endpoint_url": group.get("default_endpoint_url", "http://127.0.0.1:8100/v1"),
         "api_key_env": group.get("api_key_env", ""),
         "total_concurrency": group.get("total_concurrency", 16),
+        "delivery": group.get("delivery", "lists"),
         "pools-TOTAL_FORMS": len(pools),
         "pools-INITIAL_FORMS": initial,
         "pools-MIN_NUM_FORMS": 0,
