@@ -6,7 +6,10 @@ dropped). Producer spans share its trace and appear in the request's detail.
 Percentiles are exact, ClickHouse's ``quantilesExactInclusive``: for the sorted values x[0..n-1] and level
 p, with h = (n - 1) * p, the result is x[floor h] + (h - floor h) * (x[floor h + 1] - x[floor h]) (linear
 interpolation between closest ranks, numpy's default "linear" method). Latency percentiles cover executed
-requests (status ok or error), not drops. Error rate is errors / (ok + errors). Tokens per second is
+requests (status ok or error: a request's final attempt), not drops. Error rate is errors / (ok + errors).
+An attempt that failed and was scheduled again has status ``retry``; a durable request put back after its
+dispatcher's lease expired has status ``requeued``. Retry rate is retry / (ok + errors + retry): the share of
+backend attempts that failed transiently and ran again. Tokens per second is
 output tokens divided by execution seconds, summed over successful executions that reported tokens.
 """
 
@@ -19,9 +22,11 @@ from typing import Any
 
 from history.client import HistoryClient
 from history.schema import table_name
+from runtime.telemetry import semconv
 
 LEVELS = (0.5, 0.95, 0.99)
-STATUSES = ("ok", "error", "dropped")
+STATUSES = ("ok", "error", "dropped", "retry", "requeued")
+DEAD_LETTERED = "dead_lettered"
 
 _FILTER_COLUMNS = {
     "group": "FabricGroup",
@@ -38,7 +43,8 @@ _ROW_COLUMNS = """
     FabricGroup AS group, PoolId AS pool, ProducerId AS producer, GatewayId AS gateway,
     DispatcherId AS dispatcher, Status AS status, ErrorType AS error_type, DropReason AS drop_reason,
     RequestModel AS model, ResponseModel AS response_model, QueueWaitS AS queue_wait_s,
-    ExecutionS AS execution_s, TotalS AS total_s, InputTokens AS input_tokens, OutputTokens AS output_tokens
+    ExecutionS AS execution_s, TotalS AS total_s, InputTokens AS input_tokens, OutputTokens AS output_tokens,
+    Attempt AS attempt
 """
 
 
@@ -83,6 +89,10 @@ class PoolStats:
     total: dict[float, float | None] = field(default_factory=dict)
     tokens_per_s: float | None = None
     timeline: list[int] = field(default_factory=list)
+    retries: int = 0
+    requeues: int = 0
+    dead_letters: int = 0
+    retry_rate: float | None = None
 
 
 def _ns(moment: datetime) -> int:
@@ -156,7 +166,7 @@ def execution_detail(*, client: HistoryClient, request_id: str) -> dict[str, Any
     if not spans:
         return None
     spans = [_row(s) for s in spans]
-    executions = [s for s in spans if s["status"]]
+    executions = attempt_chain([s for s in spans if s["status"]])
     main = executions[-1] if executions else spans[-1]
     trace_spans = client.query(
         "SELECT toUnixTimestamp64Nano(Timestamp) AS ts_ns, SpanId AS span_id, "
@@ -167,6 +177,26 @@ def execution_detail(*, client: HistoryClient, request_id: str) -> dict[str, Any
         {"tid": main["trace_id"]},
     )
     return {"execution": main, "attempts": executions, "trace": [_row(s) for s in trace_spans]}
+
+
+def attempt_chain(executions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A request's dispatcher spans in the order they ran, each with ``wait_s``: how long it waited
+    before it started (in its queue for the first, since the previous attempt ended for a later one).
+
+    Every attempt's span starts at the request's enqueue time, so its own start is enqueue + queue wait.
+    """
+
+    def started(span: dict[str, Any]) -> float:
+        return float(span["timestamp"].timestamp()) + float(span["queue_wait_s"] or 0.0)
+
+    chain = sorted(executions, key=lambda span: (span["attempt"], started(span)))
+    previous_end: float | None = None
+    for span in chain:
+        begin = started(span)
+        span["wait_s"] = span["queue_wait_s"] if previous_end is None else max(0.0, begin - previous_end)
+        span["error_message"] = dict(span.get("attributes") or {}).get(semconv.ERROR_MESSAGE, "")
+        previous_end = begin + float(span["execution_s"] or 0.0)
+    return chain
 
 
 def _quantiles(values: list[float] | None) -> dict[float, float | None]:
@@ -190,7 +220,8 @@ def pool_analytics(
         f"""
         SELECT PoolId AS pool, any(FabricGroup) AS group, count() AS count,
             countIf(Status = 'ok') AS ok, countIf(Status = 'error') AS errors,
-            countIf(Status = 'dropped') AS dropped,
+            countIf(Status = 'dropped') AS dropped, countIf(Status = 'retry') AS retries,
+            countIf(Status = 'requeued') AS requeues, countIf(ErrorType = '{DEAD_LETTERED}') AS dead_letters,
             quantilesExactInclusiveIf({levels})(QueueWaitS, {executed}) AS queue_wait,
             quantilesExactInclusiveIf({levels})(ExecutionS, {executed}) AS execution,
             quantilesExactInclusiveIf({levels})(TotalS, {executed}) AS total,
@@ -209,6 +240,7 @@ def pool_analytics(
         for b in r["bucket_ids"]:
             timeline[min(max(int(b), 0), buckets - 1)] += 1
         executed_n = r["ok"] + r["errors"]
+        attempts_n = executed_n + r["retries"]
         result.append(
             PoolStats(
                 pool=r["pool"],
@@ -223,6 +255,10 @@ def pool_analytics(
                 total=_quantiles(r["total"]),
                 tokens_per_s=(r["out_tokens"] / r["token_seconds"]) if r["token_seconds"] else None,
                 timeline=timeline,
+                retries=r["retries"],
+                requeues=r["requeues"],
+                dead_letters=r["dead_letters"],
+                retry_rate=(r["retries"] / attempts_n) if attempts_n else None,
             )
         )
     return result

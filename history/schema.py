@@ -11,6 +11,9 @@ batch and inserts it again. The engine is a ``ReplacingMergeTree`` whose sorting
 ids), so merges collapse it, and every history query reads the table with ``FINAL`` so no duplicate is
 ever counted even before a merge.
 
+Typed columns added by a later version are added to an existing table by :func:`migrate` (older rows
+compute them on read).
+
 Retention: ``TTL toDateTime(Timestamp) + toIntervalDay(retention_days)``; :func:`migrate` re-applies it,
 so changing ``HISTORY_RETENTION_DAYS`` takes effect on the next start. Creation is idempotent.
 """
@@ -46,6 +49,8 @@ TYPED_COLUMNS: list[tuple[str, str, str]] = [
     ("TotalS", "Nullable(Float64)", f"toFloat64OrNull({_attr(semconv.TOTAL_S)})"),
     ("InputTokens", "Nullable(UInt64)", f"toUInt64OrNull({_attr(semconv.GEN_AI_USAGE_INPUT_TOKENS)})"),
     ("OutputTokens", "Nullable(UInt64)", f"toUInt64OrNull({_attr(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)})"),
+    # Which execution of the request a span is (1 = first); spans written before retries existed say 1.
+    ("Attempt", "UInt32", f"greatest(1, toUInt32OrZero({_attr(semconv.ATTEMPT)}))"),
 ]
 
 # Columns the ingester writes (the collector layout, Events and Links flattened as Nested arrays).
@@ -134,6 +139,12 @@ def migrate(client: HistoryClient, *, retention_days: int) -> None:
         raise ValueError("retention_days must be at least 1")
     client.command(f"CREATE DATABASE IF NOT EXISTS `{client.database}`")
     client.command(create_table_sql(client.database, retention_days))
+    # A table created by an earlier version lacks the typed columns added since.
+    for name, ctype, expr in TYPED_COLUMNS:
+        client.command(
+            f"ALTER TABLE {table_name(client)} ADD COLUMN IF NOT EXISTS `{name}` {ctype} "
+            f"MATERIALIZED {expr} CODEC(ZSTD(1))"
+        )
     rows = client.query(
         "SELECT engine_full FROM system.tables WHERE database = {db:String} AND name = {table:String}",
         {"db": client.database, "table": TABLE},

@@ -106,6 +106,7 @@ def test_spans_arrive_with_every_attribute(provider: TracerProvider, ingester: I
         "TotalS": 1.75,
         "InputTokens": 12,
         "OutputTokens": 34,
+        "Attempt": 1,  # no attempt attribute: a first attempt
     }
     assert chat["Duration"] > 0
 
