@@ -175,3 +175,35 @@ async def test_reasons_a_newer_dispatcher_reports_show_up_explained(stack, aredi
             await page.screenshot(path=LEGEND_SCREENSHOT, full_page=True)
         finally:
             await browser.close()
+
+
+async def test_a_dead_letter_shows_up_live_and_is_replayed_from_the_admin(stack, aredis, keys) -> None:
+    """A dead letter appears on the open dashboard; its link leads to the admin, where Replay queues it."""
+    from playwright.async_api import async_playwright
+
+    from runtime.wire.contract import Envelope
+    from tests.pools.helpers import dead_letter
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = await logged_in_page(browser, stack["url"])
+        try:
+            await page.wait_for_selector("#feed.ok", timeout=15_000)
+            assert await page.locator('[data-v="dead_letters_total"]').inner_text() == "0"
+            # Paused, so the replayed request stays visibly queued instead of running at once.
+            await page.click('tr[data-pool="backfill"] button.pause')
+            await page.wait_for_selector('tr[data-pool="backfill"].paused button.resume', timeout=10_000)
+            await aredis.rpush(keys.dead_letters("backfill"), dead_letter("r-dead", dead_at=time.time() - 30))
+            row = page.locator("#dead-letters tr", has_text="backfill")
+            await row.wait_for(timeout=10_000)
+            assert await page.locator('[data-v="dead_letters_total"]').inner_text() == "1"
+            await row.get_by_role("link", name="replay or discard").click()
+            await page.wait_for_selector("#dead-letters tr.dead-letter")
+            assert "attempts_exhausted" in await page.locator("#dead-letters").inner_text()
+            await page.get_by_role("button", name="Replay").click()
+            await page.wait_for_selector("#no-dead-letters")
+            assert "Replayed dead letter request r-dead" in await page.locator(".messagelist").inner_text()
+            [queued] = await aredis.lrange(keys.requests("backfill"), 0, -1)
+            assert Envelope.decode(queued).request_id == "r-dead"
+        finally:
+            await browser.close()

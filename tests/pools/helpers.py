@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pools.models import FabricGroup, Pool
+from runtime.dispatch import deadletters
+from runtime.wire.contract import ChatCall, Envelope
 
 POOL_DEFAULTS = {
     "display_name": "",
@@ -90,3 +93,23 @@ def changelist_form(pools: list[Pool], **changes: dict[str, Any]) -> dict[str, A
         for name, value in row.items():
             data[f"form-{i}-{name}"] = value
     return data
+
+
+def dead_letter(request_id: str, *, pool_id: str = "backfill", dead_at: float | None = None) -> bytes:
+    """A stored dead letter: a request that failed three attempts with 503."""
+    envelope = Envelope(
+        request_id,
+        "p1",
+        pool_id,
+        ChatCall.from_openai({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+        enqueued_at=time.time() - 60,
+        deadline=time.time() - 1,
+        attempt=3,
+    )
+    return deadletters.DeadLetter.of(
+        envelope,
+        reason=deadletters.ATTEMPTS_EXHAUSTED,
+        error_type="backend_http_error",
+        error_message="backend answered HTTP 503: overloaded",
+        now=time.time() if dead_at is None else dead_at,
+    ).encode()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import redis
 from django.contrib.admin.models import LogEntry
@@ -12,25 +10,13 @@ from django.urls import reverse
 
 from pools import selectors
 from pools.models import FabricGroup, Pool
-from runtime.dispatch import deadletters
-from runtime.wire.contract import ChatCall, Envelope
+from runtime.wire.contract import Envelope
 from runtime.wire.keys import KeySpace
-
-CALL = ChatCall.from_openai({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+from tests.pools.helpers import dead_letter
 
 
 def bury(client: redis.Redis, keys: KeySpace, request_id: str, *, pool_id: str = "backfill") -> None:
-    envelope = Envelope(
-        request_id, "p1", pool_id, CALL, enqueued_at=time.time() - 60, deadline=time.time() - 1, attempt=3
-    )
-    letter = deadletters.DeadLetter.of(
-        envelope,
-        reason=deadletters.ATTEMPTS_EXHAUSTED,
-        error_type="backend_http_error",
-        error_message="backend answered HTTP 503: overloaded",
-        now=time.time(),
-    )
-    client.rpush(keys.dead_letters(pool_id), letter.encode())
+    client.rpush(keys.dead_letters(pool_id), dead_letter(request_id, pool_id=pool_id))
 
 
 def page(group: FabricGroup) -> str:
