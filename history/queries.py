@@ -28,23 +28,27 @@ LEVELS = (0.5, 0.95, 0.99)
 STATUSES = ("ok", "error", "dropped", "retry", "requeued")
 DEAD_LETTERED = "dead_lettered"
 
+_PRODUCER_LABEL = f"SpanAttributes['{semconv.PRODUCER_LABEL}']"
 _FILTER_COLUMNS = {
     "group": "FabricGroup",
     "pool": "PoolId",
-    "producer": "ProducerId",
+    # A producer is its id, or its label (an ingress request's key name).
+    "producer": f"if({_PRODUCER_LABEL} != '', {_PRODUCER_LABEL}, ProducerId)",
     "gateway": "GatewayId",
     "status": "Status",
     "error_type": "ErrorType",
 }
 
-_ROW_COLUMNS = """
+_ROW_COLUMNS = f"""
     toUnixTimestamp64Nano(Timestamp) AS ts_ns, RequestId AS request_id, TraceId AS trace_id,
     SpanId AS span_id,
     FabricGroup AS group, PoolId AS pool, ProducerId AS producer, GatewayId AS gateway,
     DispatcherId AS dispatcher, Status AS status, ErrorType AS error_type, DropReason AS drop_reason,
     RequestModel AS model, ResponseModel AS response_model, QueueWaitS AS queue_wait_s,
     ExecutionS AS execution_s, TotalS AS total_s, InputTokens AS input_tokens, OutputTokens AS output_tokens,
-    Attempt AS attempt
+    SpanAttributes['{semconv.PRODUCER_LABEL}'] AS producer_label,
+    toFloat64OrNull(SpanAttributes['{semconv.TIME_TO_FIRST_TOKEN_S}']) AS time_to_first_token_s,
+    toUInt64OrNull(SpanAttributes['{semconv.CHUNK_COUNT}']) AS chunk_count, Attempt AS attempt
 """
 
 

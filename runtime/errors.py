@@ -20,6 +20,7 @@ a stable ``error_type`` string: replies, counters and ClickHouse rows use that s
     ├── RequestExpired                 the deadline passed before the request left its queue
     ├── DeadLettered                   attempts (or requeues) exhausted: parked for an operator
     ├── ProducerClosed                 submit on a closed producer, or closed while waiting
+    ├── Cancelled                      the producer withdrew the request (its caller went away)
     └── Rejected                       refused by policy (queueing disabled, admission control)
 
 Lower layers' exceptions are translated at the edge with ``raise ... from exc``.
@@ -144,6 +145,12 @@ class ProducerClosed(DispatchError):
     """The producer was closed."""
 
     error_type = "producer_closed"
+
+
+class Cancelled(DispatchError):
+    """The producer withdrew the request: queued ones are never executed, running ones are cut off."""
+
+    error_type = "cancelled"
 
 
 class Rejected(DispatchError):

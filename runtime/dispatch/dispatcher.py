@@ -431,13 +431,17 @@ class Dispatcher:
         """The config channel and one wake-up channel per enabled pool."""
         assert self.config is not None
         pools = [self.keys.wake_channel(p.pool_id) for p in self.config.enabled_pools]
-        return frozenset([self.keys.config_channel(self.settings.group_id), *pools])
+        cancel = self.keys.cancel_channel(self.settings.group_id)
+        return frozenset([self.keys.config_channel(self.settings.group_id), cancel, *pools])
 
     def _on_message(self, channel: str, data: bytes) -> None:
         if channel == self.keys.config_channel(self.settings.group_id):
             if data:
                 with contextlib.suppress(DispatchError):
                     self.apply_config(GroupConfig.decode(data))
+            return
+        if channel == self.keys.cancel_channel(self.settings.group_id):
+            self.executor.cancel(data.decode())
             return
         self._wake.set()
 

@@ -47,6 +47,10 @@ class KeySpace:
         """Pub/sub channel a producer pings after pushing, so idle dispatchers wake at once."""
         return f"{self.prefix}chan:llm:wake:{pool_id}"
 
+    def cancel_channel(self, group_id: str) -> str:
+        """Pub/sub channel carrying request ids whose producer gave up while they run."""
+        return f"{self.prefix}chan:llm:cancel:{group_id}"
+
     def group_inflight(self, group_id: str) -> str:
         """Sorted set of in-flight leases of a group (member: pool + request id, score: expiry)."""
         return f"{self.prefix}zset:llm:inflight:{group_id}"
