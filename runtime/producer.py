@@ -30,6 +30,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from runtime.backends.adapter import BackendPool, OpenAIBackend
 from runtime.config import ProducerSettings
+from runtime.dispatch.wakeup import PUSH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
 from runtime.errors import (
     Cancelled,
     DispatchError,
@@ -140,6 +141,8 @@ class Producer:
         self._closing = asyncio.Event()
         self._alive_key = keys.producer_alive(self.producer_id)
         self._reply_key = keys.replies(self.producer_id)
+        # The request and a wake token for one idle dispatcher, in one script run by SHA.
+        self._push_script = client.register_script(PUSH)
 
     def __repr__(self) -> str:
         mode = "direct" if self.direct_backend else "queued"
@@ -325,10 +328,11 @@ class Producer:
 
     async def _push(self, pool_id: str, request_id: str, raw: bytes) -> None:
         try:
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.rpush(self.keys.requests(pool_id), raw)
-                pipe.publish(self.keys.wake_channel(pool_id), b"1")
-                await pipe.execute()
+            # One script: the push, and a wake-up token only when the list was empty (wake one, not all).
+            await self._push_script(
+                keys=[self.keys.requests(pool_id), self.keys.wake_list(pool_id)],
+                args=[raw, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
+            )
         except REDIS_ERRORS as exc:
             raise QueueUnavailable(f"could not enqueue request {request_id}: {exc}") from exc
 

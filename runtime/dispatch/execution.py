@@ -112,7 +112,8 @@ class Executor:
             error = DispatchError(f"internal dispatcher error: {exc}")
         ended = time.time()
         run.stage = "replying"
-        delivered = await self._finish(run, self._reply(envelope, completion, error, started, ended))
+        reply = self._reply(envelope, completion, error, started, ended)
+        delivered = await self._finish(run, reply, tuple(p.pool_id for p in config.enabled_pools))
         self._record(run, endpoint, completion, error, started, ended, delivered, summary)
 
     def _reply(
@@ -192,7 +193,7 @@ class Executor:
         finally:
             self._calls.pop(request_id, None)
 
-    async def _finish(self, run: Running, reply: bytes) -> bool:
+    async def _finish(self, run: Running, reply: bytes, group_pools: tuple[str, ...]) -> bool:
         """Delivers the reply (if the producer is alive) and releases the lease, retrying Valkey briefly."""
         delay, max_delay = self.settings.reconnect_backoff_s
         for attempt in range(FINISH_ATTEMPTS):
@@ -203,6 +204,7 @@ class Executor:
                     member=run.member,
                     reply=reply,
                     reply_ttl_s=self.settings.reply_ttl_s,
+                    group_pools=group_pools,
                 )
             except REDIS_ERRORS as exc:
                 self.on_valkey_error(exc)
