@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from redis.commands.core import AsyncScript
 
 from runtime.backends.adapter import BackendPool, OpenAIBackend
 from runtime.config import ProducerSettings
@@ -141,8 +142,9 @@ class Producer:
         self._closing = asyncio.Event()
         self._alive_key = keys.producer_alive(self.producer_id)
         self._reply_key = keys.replies(self.producer_id)
-        # The request and a wake token for one idle dispatcher, in one script run by SHA.
-        self._push_script = client.register_script(PUSH)
+        # The request and a wake token for one idle dispatcher, in one script run by SHA; registered on
+        # first use, since a direct-mode producer may have no Valkey client at all.
+        self._push_script: AsyncScript | None = None
 
     def __repr__(self) -> str:
         mode = "direct" if self.direct_backend else "queued"
@@ -329,6 +331,8 @@ class Producer:
     async def _push(self, pool_id: str, request_id: str, raw: bytes) -> None:
         try:
             # One script: the push, and a wake-up token only when the list was empty (wake one, not all).
+            if self._push_script is None:
+                self._push_script = self.client.register_script(PUSH)
             await self._push_script(
                 keys=[self.keys.requests(pool_id), self.keys.wake_list(pool_id)],
                 args=[raw, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
