@@ -28,7 +28,8 @@ from opentelemetry import trace
 from runtime.backends.adapter import BackendPool
 from runtime.backends.health import EndpointBreakers
 from runtime.config import DispatcherSettings
-from runtime.dispatch import scripts
+from runtime.dispatch import redelivery, scripts
+from runtime.dispatch.deadletters import REQUEUES_EXHAUSTED
 from runtime.dispatch.execution import Executor, Running
 from runtime.dispatch.listener import ChangeListener
 from runtime.dispatch.peek import PeekCache, PeekedItem
@@ -36,18 +37,22 @@ from runtime.dispatch.queue import ClaimRequest, QueueOps, QueueView, TurnEnd, l
 from runtime.dispatch.snapshot import SnapshotPublisher, SnapshotSink, build_snapshot
 from runtime.dispatch.stats import DROP_EXPIRED, DROP_MALFORMED, DROP_PRODUCER_GONE, DispatcherStats
 from runtime.dispatch.wakeup import WakeWaiter
-from runtime.errors import DispatchError, RequestExpired
+from runtime.errors import DeadLettered, DispatchError, RequestExpired
 from runtime.policy import scheduler
 from runtime.telemetry.spans import Identity, Outcome, record_span
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire import groupconfig
-from runtime.wire.contract import Envelope
+from runtime.wire.contract import STATUS_ERROR, Envelope, Timing
 from runtime.wire.groupconfig import GroupConfig
 from runtime.wire.keys import DEFAULT_KEYS, KeySpace
 
 log = logging.getLogger(__name__)
 CONFIG_POLL_S = 1.0
 HELPER_EXIT_S = 5.0
+# Due retries are moved back into their lists this often: a retry waits its backoff, plus at most this.
+RETRY_POLL_S = 0.05
+# Screening's reason for a durable request put back by expired leases more often than its pool allows.
+DEAD_LETTER = "dead_letter"
 
 __all__ = ["Dispatcher"]
 
@@ -153,6 +158,7 @@ class Dispatcher:
                     group.create_task(self.waiter.run()),
                     group.create_task(self._renew_leases()),
                     group.create_task(self._publish_snapshots()),
+                    group.create_task(self._promote_retries()),
                 ]
                 await self._schedule_loop()
                 await self._drain()
@@ -294,6 +300,8 @@ class Dispatcher:
             pool_ids, depth, take_turn=holder, local_slots=self.settings.concurrency
         )
         self.last_views = views
+        if self.queue.requeued:
+            self._record_requeued(self.queue.requeued)
         if holder and not self.queue.has_turn:
             self.stats.turn_busy += 1
             return False  # another dispatcher is deciding; the note we left makes it run once more
@@ -361,6 +369,8 @@ class Dispatcher:
                 and item.envelope.deadline <= now
             ):
                 reason = DROP_EXPIRED
+            elif item.envelope is not None and self._requeued_too_often(item.envelope):
+                reason = DEAD_LETTER
             if reason:
                 if not heads:
                     drops.append((item, reason))
@@ -368,11 +378,65 @@ class Dispatcher:
             heads.append(item)
         return heads
 
+    def _requeued_too_often(self, envelope: Envelope) -> bool:
+        pool = self.config.pool(envelope.pool_id) if self.config is not None else None
+        return pool is not None and redelivery.requeues_exhausted(envelope, pool.max_requeues)
+
+    async def _bury(self, item: PeekedItem) -> None:
+        """Dead-letters a durable request its dispatchers' expired leases put back too often."""
+        envelope = item.envelope
+        assert envelope is not None
+        now = time.time()
+        timing = Timing(max(0.0, now - envelope.enqueued_at), 0.0, max(0.0, now - envelope.enqueued_at))
+        settled = redelivery.bury(envelope, reason=REQUEUES_EXHAUSTED, error=None, now=now, timing=timing)
+        buried = await self.queue.bury(
+            item.raw, pool_id=self._pool_of(item), producer_id=envelope.producer_id, letter=settled.payload,
+            reply=settled.reply, reply_ttl_s=self.settings.reply_ttl_s,
+        )  # fmt: skip
+        if not buried:
+            return
+        self.stats.dead_lettered += 1
+        self.stats.failed[DeadLettered.error_type] += 1
+        error = settled.error
+        assert error is not None
+        outcome = Outcome(
+            STATUS_ERROR,
+            now,
+            now,
+            error_type=error.error_type,
+            error_message=str(error),
+            attempt=envelope.attempt,
+        )
+        record_span(self.tracer, envelope, self.identity, outcome)
+
+    def _record_requeued(self, envelopes: tuple[bytes, ...]) -> None:
+        """Spans and counts for durable requests REAP put back after their dispatcher's lease expired."""
+        now = time.time()
+        for raw in envelopes:
+            self.stats.requeued += 1
+            try:
+                envelope = Envelope.decode(raw)
+            except DispatchError:
+                continue
+            record_span(
+                self.tracer, envelope, self.identity,
+                Outcome(redelivery.STATUS_REQUEUED, now, now, drop_reason="lease_expired",
+                        error_message="its dispatcher's lease expired before the call finished: queued again",
+                        attempt=envelope.attempt - 1),
+            )  # fmt: skip
+        self._wake.set()
+
     async def _drop(self, drops: list[tuple[PeekedItem, str]]) -> None:
+        for item, _ in [d for d in drops if d[1] == DEAD_LETTER]:
+            self._peek.forget(item.raw)
+            await self._bury(item)
+        drops = [d for d in drops if d[1] != DEAD_LETTER]
+        if not drops:
+            return
         requests = [ClaimRequest(pool_id=self._pool_of(item), raw=item.raw, mode="drop") for item, _ in drops]
         results = await self.queue.claim(requests, self.settings.lease_s)
         now = time.time()
-        for (item, reason), (code, _) in zip(drops, results, strict=True):
+        for (item, reason), (code, _, _) in zip(drops, results, strict=True):
             self._peek.forget(item.raw)
             if code != scripts.CLAIM_DROPPED:
                 continue
@@ -420,6 +484,7 @@ class Dispatcher:
             return 0
         caps = {p.pool_id: p.max_concurrent for p in policy.pools}
         own = dict(protected)
+        durable = self.config is not None and self.config.durable
         chosen: list[tuple[scheduler.Launch, PeekedItem]] = []
         requests: list[ClaimRequest] = []
         for launch in launches:
@@ -437,21 +502,22 @@ class Dispatcher:
                     group_limit=policy.total_concurrency,
                     protected=own.get(launch.pool_id, 0),
                     reserved_for=tuple(p for p in protected if p[0] != launch.pool_id),
+                    requeue=redelivery.requeued(item.envelope).encode() if durable else b"",
                 )
             )
         results = await self.queue.claim(requests, self.settings.lease_s, end_turn=end_turn)
-        for (launch, item), request, (code, _) in zip(chosen, requests, results, strict=True):
-            self._after_claim(launch, item, request, code)
-        return sum(code == scripts.CLAIMED for code, _ in results)
+        for (launch, item), request, (code, _, token) in zip(chosen, requests, results, strict=True):
+            self._after_claim(launch, item, request, code, token)
+        return sum(code == scripts.CLAIMED for code, _, _ in results)
 
     def _after_claim(
-        self, launch: scheduler.Launch, item: PeekedItem, request: ClaimRequest, code: str
+        self, launch: scheduler.Launch, item: PeekedItem, request: ClaimRequest, code: str, token: str
     ) -> None:
         envelope = item.envelope
         assert envelope is not None
         if code == scripts.CLAIMED:
             self._peek.forget(item.raw)
-            self._start(envelope, launch.pool_id, request.lease_member, launch.cost)
+            self._start(envelope, launch.pool_id, request.lease_member, launch.cost, token)
             return
         scheduler.refund(self._state, launch)
         if code == scripts.CLAIM_PRODUCER_GONE:
@@ -471,8 +537,8 @@ class Dispatcher:
             self.stats.claim_lost += 1
 
     # --- execution --------------------------------------------------------------------------------
-    def _start(self, envelope: Envelope, pool_id: str, member: str, cost: int) -> None:
-        running = Running(envelope, pool_id, member, cost, time.time())
+    def _start(self, envelope: Envelope, pool_id: str, member: str, cost: int, token: str = "") -> None:
+        running = Running(envelope, pool_id, member, cost, time.time(), token=token)
         self.running[envelope.request_id] = running
         self.stats.launched_by_pool[pool_id] += 1
         self.stats.cost_by_pool[pool_id] += cost
@@ -526,6 +592,18 @@ class Dispatcher:
             leases = [(r.pool_id, r.member) for r in list(self.running.values())]
             try:
                 await self.queue.renew(leases, self.settings.lease_s)
+            except REDIS_ERRORS as exc:
+                self._valkey_lost(exc)
+
+    async def _promote_retries(self) -> None:
+        """Moves due retries back into their pools' lists; nothing to do in a group without retries."""
+        while not await self._pause(RETRY_POLL_S):
+            pools = (
+                [p.pool_id for p in self.config.enabled_pools if p.max_attempts > 1] if self.config else []
+            )
+            try:
+                if pools and await self.queue.promote(pools):
+                    self._wake.set()
             except REDIS_ERRORS as exc:
                 self._valkey_lost(exc)
 

@@ -4,13 +4,9 @@
 the pool's delayed set for another attempt, or become a dead letter. It decides nothing itself (the
 pure :func:`runtime.policy.retry.decide` does); it builds what the finish script stores.
 
-The delayed set ``zset:llm:delayed:{pool_id}`` holds each retry's next envelope scored by its due time.
-:data:`PROMOTE` moves the due ones back to the head of the pool's list in one atomic step (earliest due
-first) and wakes a dispatcher, so a retry never sleeps in a running slot and is scheduled like any
-queued request: weights, caps and the breaker apply to it.
-
-:data:`BURY` dead-letters a durable request found at its list's head after too many requeues, and tells
-its producer, in one step, exactly as the claim takes a head (by its digest).
+The delayed set ``zset:llm:delayed:{pool_id}`` holds each retry's next envelope scored by its due time;
+``scripts.PROMOTE`` moves the due ones back to the head of the pool's list, so a retry never sleeps in
+a running slot and is scheduled like any queued request: weights, caps and the breaker apply to it.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ import random
 from dataclasses import dataclass
 
 from runtime.dispatch.deadletters import ATTEMPTS_EXHAUSTED, REQUEUES_EXHAUSTED, DeadLetter
-from runtime.dispatch.wakeup import wake_lua
+from runtime.dispatch.scripts import SETTLE_DEAD, SETTLE_RETRY
 from runtime.errors import DeadLettered, DispatchError
 from runtime.policy import retry
 from runtime.wire.contract import STATUS_ERROR, Envelope, Reply, Timing
@@ -28,45 +24,6 @@ from runtime.wire.contract import STATUS_ERROR, Envelope, Reply, Timing
 # Span statuses of attempts that did not end the request (besides ok, error, dropped).
 STATUS_RETRY = "retry"
 STATUS_REQUEUED = "requeued"
-
-SETTLE_REPLY = "reply"
-SETTLE_RETRY = "retry"
-SETTLE_DEAD = "dead"
-
-# Due retries moved per pool and promotion; the rest follow on the next one.
-PROMOTE_BATCH = 256
-
-# KEYS: delayed zset, requests list, wake list; ARGV: batch size, wake token cap, token TTL ms
-# Returns how many due retries went back to the head of the list.
-PROMOTE = (
-    """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-if #due == 0 then return 0 end
-for i = #due, 1, -1 do redis.call('LPUSH', KEYS[2], due[i]) end
-redis.call('ZREM', KEYS[1], unpack(due))
-"""
-    + wake_lua("KEYS[3]", "ARGV[2]", "ARGV[3]")
-    + """
-return #due
-"""
-)
-
-# KEYS: requests list, dead-letter list, producer alive key, replies list
-# ARGV: expected sha1 of the head, dead letter bytes, reply bytes, reply list TTL ms
-# Returns 1 when the head was dead-lettered, 0 when it had moved (someone else took it).
-BURY = """
-local head = redis.call('LINDEX', KEYS[1], 0)
-if not head or redis.sha1hex(head) ~= ARGV[1] then return 0 end
-redis.call('LPOP', KEYS[1])
-redis.call('RPUSH', KEYS[2], ARGV[2])
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  redis.call('RPUSH', KEYS[4], ARGV[3])
-  redis.call('PEXPIRE', KEYS[4], ARGV[4])
-end
-return 1
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +123,6 @@ def requeues_exhausted(envelope: Envelope, max_requeues: int) -> bool:
 
 
 __all__ = [
-    "BURY",
-    "PROMOTE",
     "REQUEUES_EXHAUSTED",
     "STATUS_REQUEUED",
     "STATUS_RETRY",

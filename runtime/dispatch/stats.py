@@ -11,12 +11,16 @@ DROP_PRODUCER_GONE = "producer_gone"  # liveness key missing before execution: n
 DROP_REPLY_PRODUCER_GONE = "reply_producer_gone"  # executed, but the producer left before the reply
 DROP_EXPIRED = "expired"  # deadline passed while queued: never executed
 DROP_REPLY_UNDELIVERED = "reply_undelivered"  # Valkey failed while publishing the reply
+# A durable request's result from a dispatcher whose lease was taken away (fencing): discarded, since
+# the request went back to its queue and runs (or ran) elsewhere.
+DROP_STALE_ATTEMPT = "stale_attempt"
 DROP_REASONS = (
     DROP_MALFORMED,
     DROP_PRODUCER_GONE,
     DROP_REPLY_PRODUCER_GONE,
     DROP_EXPIRED,
     DROP_REPLY_UNDELIVERED,
+    DROP_STALE_ATTEMPT,
 )
 
 
@@ -31,11 +35,20 @@ class DispatcherStats:
     valkey_outages: int = 0
     claim_lost: int = 0  # peeked item taken by someone else before our claim
     turn_busy: int = 0  # rounds skipped because another dispatcher of the group was deciding
+    retried: int = 0  # failed attempts put in the delayed set for another attempt
+    requeued: int = 0  # durable requests put back at the head of their list after a lease expired
+    dead_lettered: int = 0  # requests moved to their pool's dead-letter list
     _flushed: Counter[str] = field(default_factory=Counter)
 
     def totals(self) -> dict[str, int]:
         """Flat cumulative counters, as stored in the group's Valkey counter hash."""
-        flat: dict[str, int] = {"completed": self.completed, "valkey_outages": self.valkey_outages}
+        flat: dict[str, int] = {
+            "completed": self.completed,
+            "valkey_outages": self.valkey_outages,
+            "retried": self.retried,
+            "requeued": self.requeued,
+            "dead_lettered": self.dead_lettered,
+        }
         flat.update({f"failed:{k}": v for k, v in self.failed.items()})
         flat.update({f"dropped:{k}": v for k, v in self.dropped.items()})
         return flat

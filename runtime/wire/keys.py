@@ -80,8 +80,12 @@ class KeySpace:
         return f"{self.prefix}zset:llm:delayed:{pool_id}"
 
     def durable_leases(self, group_id: str) -> str:
-        """Hash lease member -> fencing token and the envelope to requeue if the lease expires (durable)."""
+        """Hash lease member -> the envelope to requeue if the lease expires (durable mode)."""
         return f"{self.prefix}hash:llm:durable:{group_id}"
+
+    def lease_tokens(self, group_id: str) -> str:
+        """Hash lease member -> the fencing token of the claim that holds it (durable mode)."""
+        return f"{self.prefix}hash:llm:lease-token:{group_id}"
 
     def fencing_counter(self, group_id: str) -> str:
         """Counter handing out each claim's fencing token."""

@@ -8,6 +8,9 @@ Prints "ready" once it has loaded the group's configuration, and on exit one lin
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
 import sys
 
 import orjson
@@ -16,6 +19,45 @@ from runtime.config import DispatcherSettings
 from runtime.dispatch.dispatcher import Dispatcher
 from runtime.valkey.client import connect
 from runtime.wire.keys import KeySpace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def start_dispatcher(
+    valkey_url: str, prefix: str, group_id: str, ident: str, concurrency: int = 8, lease_s: float = 15.0
+) -> subprocess.Popen[str]:
+    """Starts a dispatcher process and returns once it has loaded its configuration."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.runtime.dispatcher_proc",
+            valkey_url,
+            prefix,
+            group_id,
+            ident,
+            str(concurrency),
+            str(lease_s),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def stop_dispatcher(proc: subprocess.Popen[str], timeout: float = 20.0) -> None:
+    """SIGTERM (a graceful stop) and wait; SIGKILL if it does not end in time."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 async def main(

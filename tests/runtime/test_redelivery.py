@@ -8,7 +8,7 @@ import time
 import orjson
 import pytest
 
-from runtime.dispatch import redelivery
+from runtime.dispatch import redelivery, scripts
 from runtime.dispatch.deadletters import DeadLetter
 from runtime.dispatch.queue import item_digest
 from runtime.dispatch.wakeup import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
@@ -28,9 +28,9 @@ def envelope(request_id: str = "r-1", **fields) -> Envelope:
 @pytest.mark.parametrize(
     ("fields", "error", "policy", "kind"),
     [
-        ({}, BackendHTTPError("x", status_code=503), THREE, redelivery.SETTLE_RETRY),
-        ({"attempt": 2}, BackendConnectError(), THREE, redelivery.SETTLE_RETRY),
-        ({"attempt": 3}, BackendTimeout(), THREE, redelivery.SETTLE_DEAD),  # attempts exhausted
+        ({}, BackendHTTPError("x", status_code=503), THREE, scripts.SETTLE_RETRY),
+        ({"attempt": 2}, BackendConnectError(), THREE, scripts.SETTLE_RETRY),
+        ({"attempt": 3}, BackendTimeout(), THREE, scripts.SETTLE_DEAD),  # attempts exhausted
         ({}, BackendHTTPError("x", status_code=400), THREE, None),  # answered, not retried
         ({}, BackendHTTPError("x", status_code=503), RetryPolicy(), None),  # a pool that does not retry
         ({"deadline": NOW + 0.01}, BackendHTTPError("x", status_code=503, retry_after_s=5), THREE, None),
@@ -84,9 +84,9 @@ async def test_promote_moves_due_retries_to_the_head_earliest_first_and_wakes_on
     await aredis.rpush(queue, b"waiting")
     now = time.time()
     await aredis.zadd(delayed, {b"due-second": now - 1, b"due-first": now - 2, b"later": now + 60})
-    promote = aredis.register_script(redelivery.PROMOTE)
+    promote = aredis.register_script(scripts.PROMOTE)
     moved = await promote(
-        keys=[delayed, queue, wake], args=[redelivery.PROMOTE_BATCH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS]
+        keys=[delayed, queue, wake], args=[scripts.PROMOTE_BATCH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS]
     )
     assert moved == 2
     assert await aredis.lrange(queue, 0, -1) == [b"due-first", b"due-second", b"waiting"]
@@ -104,7 +104,7 @@ async def test_bury_takes_exactly_the_peeked_head_and_answers_a_live_producer(ar
     settled = redelivery.bury(
         Envelope.decode(head), reason=redelivery.REQUEUES_EXHAUSTED, error=None, now=NOW, timing=Timing()
     )
-    bury = aredis.register_script(redelivery.BURY)
+    bury = aredis.register_script(scripts.BURY)
     script_keys = [queue, dead, alive, replies]
     assert (
         await bury(keys=script_keys, args=[item_digest(b"other"), settled.payload, settled.reply, 60_000])
