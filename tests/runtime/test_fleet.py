@@ -153,7 +153,7 @@ async def test_claim_refuses_a_slot_protected_for_another_backlogged_pool(aredis
     claims = [_launch("bulk", raw, i, reserved_for=guard) for i, raw in enumerate(bulk[:3])]
     results = await queue.claim(claims, lease_s=30)
     # Two of four slots stay owed to vip (backlogged, nothing running): bulk gets two, then is refused.
-    assert [code for code, _ in results] == [scripts.CLAIMED, scripts.CLAIMED, scripts.CLAIM_RESERVED]
+    assert [code for code, _, _ in results] == [scripts.CLAIMED, scripts.CLAIMED, scripts.CLAIM_RESERVED]
     vip_raw = (await aredis.lrange(keys.requests("vip"), 0, 0))[0]
     results = await queue.claim([_launch("vip", vip_raw, 0, protected=2)], lease_s=30)
     assert results[0][0] == scripts.CLAIMED  # inside its own protected slots
