@@ -238,6 +238,11 @@ DROP_REASON_TEXT: dict[str, Reason] = {
         label="Lost in flight",
         explanation="A running call's lease expired (its dispatcher died or stalled): the call is lost.",
     ),
+    "stale_attempt": Reason(
+        label="Stale attempt (fenced)",
+        explanation="A durable request's result from a dispatcher whose lease had expired meanwhile: the "
+        "request ran again elsewhere, so this result was discarded and its producer got one reply.",
+    ),
     "duplicate": Reason(
         label="Duplicate",
         explanation="A request id that was already handled arrived again; the copy was not executed.",
