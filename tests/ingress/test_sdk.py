@@ -140,6 +140,9 @@ def test_more_than_the_keys_in_flight_limit_is_rate_limited(stack: Stack) -> Non
         first = threads.submit(
             api.chat.completions.create, model="m", messages=HELLO, extra_body={"sim": {"latency_ms": 5000}}
         )
+        # The second call starts once the first is running at the backend: sent earlier, it could be the
+        # one in flight when the first arrives.
+        wait_until_sync(lambda: stack.sim_running() >= 1, timeout=10, what="the first call running")
         with pytest.raises(openai.RateLimitError) as caught:
             wait_until_sync(lambda: _second_call(api), timeout=10, what="the second call refused")
         assert first.result().choices
