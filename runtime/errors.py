@@ -19,6 +19,8 @@ a stable ``error_type`` string: replies, counters and ClickHouse rows use that s
     ├── RequestTimeout                 the producer gave up waiting for its reply
     ├── RequestExpired                 the deadline passed before the request left its queue
     ├── DeadLettered                   attempts (or requeues) exhausted: parked for an operator
+    ├── DeadlineExceeded               the caller's deadline cut the backend call short (not the
+    │                                  backend's fault: never a breaker event)
     ├── ProducerClosed                 submit on a closed producer, or closed while waiting
     ├── Cancelled                      the producer withdrew the request (its caller went away)
     └── Rejected                       refused by policy (queueing disabled, admission control)
@@ -139,6 +141,12 @@ class DeadLettered(DispatchError):
     dead-letter list for an operator to replay or discard it."""
 
     error_type = "dead_lettered"
+
+
+class DeadlineExceeded(DispatchError):
+    """The call ran out of the caller's time: its deadline, shorter than the backend timeout, passed."""
+
+    error_type = "deadline_exceeded"
 
 
 class ProducerClosed(DispatchError):

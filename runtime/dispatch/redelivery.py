@@ -13,13 +13,21 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from opentelemetry import trace
+
 from runtime.dispatch.deadletters import ATTEMPTS_EXHAUSTED, REQUEUES_EXHAUSTED, DeadLetter
+from runtime.dispatch.queue import QueueOps
 from runtime.dispatch.scripts import SETTLE_DEAD, SETTLE_RETRY
+from runtime.dispatch.stats import DispatcherStats
 from runtime.errors import DeadLettered, DispatchError
 from runtime.policy import retry
+from runtime.telemetry.spans import Identity, Outcome, record_span
 from runtime.wire.contract import STATUS_ERROR, Envelope, Reply, Timing
+from runtime.wire.groupconfig import GroupConfig
 
 # Span statuses of attempts that did not end the request (besides ok, error, dropped).
 STATUS_RETRY = "retry"
@@ -122,10 +130,91 @@ def requeues_exhausted(envelope: Envelope, max_requeues: int) -> bool:
     return envelope.requeues > max_requeues
 
 
+class Redeliveries:
+    """The dispatcher's side of durable delivery and retries: it counts and records the requeues its
+    reaps made, buries requests requeued too often, and moves due retries back into their lists."""
+
+    def __init__(
+        self,
+        queue: QueueOps,
+        stats: DispatcherStats,
+        tracer: trace.Tracer,
+        identity: Identity,
+        reply_ttl_s: float,
+    ) -> None:
+        self.queue = queue
+        self.stats = stats
+        self.tracer = tracer
+        self.identity = identity
+        self.reply_ttl_s = reply_ttl_s
+
+    def __repr__(self) -> str:
+        return (
+            f"<Redeliveries retried={self.stats.retried} requeued={self.stats.requeued} "
+            f"dead_lettered={self.stats.dead_lettered}>"
+        )
+
+    def requeued(self, envelopes: Iterable[bytes]) -> None:
+        """Durable requests REAP put back after their dispatcher's lease expired: counted, and a span each."""
+        now = time.time()
+        for raw in envelopes:
+            self.stats.requeued += 1
+            try:
+                envelope = Envelope.decode(raw)
+            except DispatchError:
+                continue  # stored by this code at claim time: only a foreign writer could make this
+            outcome = Outcome(
+                STATUS_REQUEUED, now, now, drop_reason="lease_expired", attempt=envelope.attempt - 1,
+                error_message="its dispatcher's lease expired before the call finished: queued again",
+            )  # fmt: skip
+            record_span(self.tracer, envelope, self.identity, outcome)
+
+    async def bury(self, pool_id: str, raw: bytes, envelope: Envelope) -> bool:
+        """Dead-letters the head ``raw`` of a pool, requeued more often than the pool allows."""
+        now = time.time()
+        waited = max(0.0, now - envelope.enqueued_at)
+        settled = bury(
+            envelope, reason=REQUEUES_EXHAUSTED, error=None, now=now, timing=Timing(waited, 0.0, waited)
+        )
+        buried = await self.queue.bury(
+            raw,
+            pool_id=pool_id,
+            producer_id=envelope.producer_id,
+            letter=settled.payload,
+            reply=settled.reply,
+            reply_ttl_s=self.reply_ttl_s,
+        )
+        if buried:
+            self.stats.dead_lettered += 1
+            self.stats.failed[DeadLettered.error_type] += 1
+            error = settled.error or DeadLettered()
+            outcome = Outcome(
+                STATUS_ERROR,
+                now,
+                now,
+                error_type=error.error_type,
+                error_message=str(error),
+                attempt=envelope.attempt,
+            )
+            record_span(self.tracer, envelope, self.identity, outcome)
+        return buried
+
+    async def promote(self, config: GroupConfig | None) -> int:
+        """Moves due retries of the group's retrying pools back to their lists; none without retries."""
+        pools = [p.pool_id for p in config.enabled_pools if p.max_attempts > 1] if config is not None else []
+        return await self.queue.promote(pools) if pools else 0
+
+    def exhausted(self, config: GroupConfig | None, envelope: Envelope) -> bool:
+        """A durable request put back more often than its pool allows: dead-lettered instead of run."""
+        pool = config.pool(envelope.pool_id) if config is not None else None
+        return pool is not None and requeues_exhausted(envelope, pool.max_requeues)
+
+
 __all__ = [
     "REQUEUES_EXHAUSTED",
     "STATUS_REQUEUED",
     "STATUS_RETRY",
+    "Redeliveries",
     "Settlement",
     "bury",
     "next_attempt",

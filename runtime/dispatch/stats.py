@@ -14,6 +14,8 @@ DROP_REPLY_UNDELIVERED = "reply_undelivered"  # Valkey failed while publishing t
 # A durable request's result from a dispatcher whose lease was taken away (fencing): discarded, since
 # the request went back to its queue and runs (or ran) elsewhere.
 DROP_STALE_ATTEMPT = "stale_attempt"
+DROP_DUPLICATE = "duplicate"  # a copy of a request (same pool and request_id) that is already running
+DROP_LOST_IN_FLIGHT = "lost_in_flight"  # claimed by a dispatcher that died: its lease expired unreleased
 DROP_REASONS = (
     DROP_MALFORMED,
     DROP_PRODUCER_GONE,
@@ -21,6 +23,8 @@ DROP_REASONS = (
     DROP_EXPIRED,
     DROP_REPLY_UNDELIVERED,
     DROP_STALE_ATTEMPT,
+    DROP_DUPLICATE,
+    DROP_LOST_IN_FLIGHT,
 )
 
 
@@ -38,6 +42,10 @@ class DispatcherStats:
     retried: int = 0  # failed attempts put in the delayed set for another attempt
     requeued: int = 0  # durable requests put back at the head of their list after a lease expired
     dead_lettered: int = 0  # requests moved to their pool's dead-letter list
+    lost_by_pool: Counter[str] = field(default_factory=Counter)  # lost_in_flight, per pool
+    internal_errors: int = 0  # unexpected exceptions caught by the scheduling round's guard
+    config_rejected: int = 0  # published configurations this dispatcher refused
+    rounds: int = 0  # scheduling rounds run (a spinning loop shows here)
     _flushed: Counter[str] = field(default_factory=Counter)
 
     def totals(self) -> dict[str, int]:
@@ -48,6 +56,8 @@ class DispatcherStats:
             "retried": self.retried,
             "requeued": self.requeued,
             "dead_lettered": self.dead_lettered,
+            "internal_error": self.internal_errors,
+            "config_rejected": self.config_rejected,
         }
         flat.update({f"failed:{k}": v for k, v in self.failed.items()})
         flat.update({f"dropped:{k}": v for k, v in self.dropped.items()})

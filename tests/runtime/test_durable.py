@@ -30,20 +30,6 @@ async def backend() -> AsyncIterator[SimulatorServer]:
         yield server
 
 
-@pytest.fixture
-def spans():
-    """The OpenTelemetry SDK with an in-memory exporter (core's runtime conftest has the same fixture)."""
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield provider, exporter
-    provider.shutdown()
-
-
 def keyed(key: str, **sim: object) -> dict[str, object]:
     """A call the simulator counts under ``key`` (every attempt of one request carries the same key)."""
     return {"model": "sim-model", "messages": [{"role": "user", "content": key}], "sim": {"key": key, **sim}}

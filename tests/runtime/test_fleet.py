@@ -13,6 +13,7 @@ import pytest
 
 from runtime.dispatch import scripts
 from runtime.dispatch.queue import ClaimRequest, QueueOps, lease_member
+from runtime.policy.reads import PoolRead
 from runtime.producer import Producer
 from runtime.valkey.client import connect
 from runtime.wire import groupconfig
@@ -175,6 +176,6 @@ async def test_claim_batches_run_by_sha_and_survive_a_script_flush(private_valke
         assert stats["cmdstat_evalsha"]["calls"] == 1, stats
         await client.script_flush()
         assert (await queue.claim([_launch("a", raws[2], 2)], lease_s=30))[0][0] == scripts.CLAIMED
-        await queue.observe(["a"], 4)
+        await queue.observe([PoolRead("a", depth=4, pool_max=10)], group_limit=10)
     finally:
         await client.aclose()
