@@ -237,7 +237,7 @@ async def test_a_400_and_a_callers_deadline_never_retry(aredis, keys, backend) -
             await producer.submit(keyed("bad", status=400), pool_id="default", timeout=20)
         with pytest.raises(RequestTimeout):
             await producer.submit(keyed("slow", latency_ms=3000), pool_id="default", timeout=0.6)
-        await wait_until(lambda: dispatcher.stats.failed["backend_timeout"] == 1, timeout=10)
+        await wait_until(lambda: dispatcher.stats.failed["deadline_exceeded"] == 1, timeout=10)
     assert backend.calls_by_key == {"bad": 1, "slow": 1}
     assert dispatcher.stats.retried == 0 and dispatcher.stats.dead_lettered == 0
     assert await aredis.zcard(keys.delayed("default")) == 0
