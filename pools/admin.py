@@ -165,7 +165,6 @@ class PoolAdmin(admin.ModelAdmin):
         "max_burst_per_visit",
         "state",
         "queued",
-        "dead",
         "sort_order",
     )
     list_editable = ("quantum", "min_concurrent", "max_concurrent", "max_burst_per_visit")
@@ -209,16 +208,14 @@ class PoolAdmin(admin.ModelAdmin):
 
     @admin.display(description="queued")
     def queued(self, obj: Pool) -> str:
+        """Queued requests, and under them a link to the pool's dead letters when it has any."""
         count = getattr(obj, "queued_count", None)
-        return "?" if count is None else str(count)
-
-    @admin.display(description="dead letters")
-    def dead(self, obj: Pool) -> str:
-        count = getattr(obj, "dead_count", None)
-        if not count:
-            return "?" if count is None else "0"
+        queued = "?" if count is None else str(count)
+        dead = getattr(obj, "dead_count", None)
+        if not dead:
+            return queued
         url = reverse("admin:pools_pool_dead_letters", args=[obj.pk])
-        return format_html('<a href="{}" class="dead-letters-link">{}</a>', url, count)
+        return format_html('{}<br><a href="{}" class="dead-letters-link">{} dead</a>', queued, url, dead)
 
     def get_urls(self) -> list[URLPattern]:
         view = self.admin_site.admin_view(self.dead_letters_view)

@@ -81,3 +81,19 @@ def test_migrate_adds_the_attempt_column_to_an_older_table(history: HistoryClien
     schema.migrate(history, retention_days=30)
     detail = queries.execution_detail(client=history, request_id="before")
     assert detail is not None and detail["execution"]["attempt"] == 2
+
+
+@pytest.mark.django_db
+def test_pool_analytics_page_shows_retry_rate_requeues_and_dead_letters(
+    history: HistoryClient, ch_url: str, admin_client: Client, settings, monkeypatch
+) -> None:
+    from pools import connections
+
+    settings.CLICKHOUSE_URL = ch_url
+    monkeypatch.setattr(connections, "valkey_url", lambda: "redis://127.0.0.1:1/0")  # no stream box
+    docs = [*chain_docs(), execution_doc(pool="p", status="requeued", attempt=1)]
+    docs += [execution_doc(pool="p", status="error", error_type="dead_lettered", attempt=2)]
+    store(history, docs)
+    html = admin_client.get("/history/pools/?window=1h").content.decode()
+    # 2 retries of 4 backend attempts (1 ok, 1 error, 2 retries).
+    assert "retries 50.0%<br>1 requeued<br>1 dead" in html

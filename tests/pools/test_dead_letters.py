@@ -38,7 +38,7 @@ def test_page_lists_dead_letters_with_reason_and_last_error(
     assert "r-1" in html and "attempts_exhausted" in html and "HTTP 503: overloaded" in html
     assert "unreadable item (8 bytes)" in html
     changelist = superuser_client.get(reverse("admin:pools_pool_changelist")).content.decode()
-    assert 'class="dead-letters-link">2</a>' in changelist
+    assert 'class="dead-letters-link">2 dead</a>' in changelist
 
 
 def test_replay_queues_a_fresh_attempt_and_is_logged(
