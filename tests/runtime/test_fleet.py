@@ -197,7 +197,7 @@ async def test_one_claim_checks_protected_slots_and_stores_lease_records_for_the
         for i, raw in enumerate(bulk)
     ]
     results = await queue.claim(claims, lease_s=30)
-    assert [code for code, _ in results] == [scripts.CLAIMED, scripts.CLAIMED, scripts.CLAIM_RESERVED]
+    assert [code for code, _, _ in results] == [scripts.CLAIMED, scripts.CLAIMED, scripts.CLAIM_RESERVED]
     held = {c.lease_member.encode() for c in claims[:2]}
     assert set(await aredis.hkeys(keys.lease_records("g"))) == held
     for member in held:  # the dispatcher died: its leases run out
