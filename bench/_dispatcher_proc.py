@@ -1,8 +1,9 @@
 """One dispatcher process for the benchmarks, stopped by SIGTERM.
 
 Usage: ``python -m bench._dispatcher_proc VALKEY_URL KEY_PREFIX GROUP_ID CONCURRENCY DISPATCHER_ID``.
-Prints ``ready`` once it runs. With ``BENCH_PROFILE=path`` it writes a cProfile (CPU time) of its
-whole run there; with ``BENCH_STATS=path`` it writes its CPU seconds and completions there on exit.
+Prints ``ready`` once it runs. ``BENCH_LEASE_S`` sets its in-flight lease (default: the setting's).
+With ``BENCH_PROFILE=path`` it writes a cProfile (CPU time) of its whole run there; with
+``BENCH_STATS=path`` it writes its CPU seconds and completions there on exit.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from runtime.wire.keys import KeySpace
 
 async def main(url: str, prefix: str, group_id: str, concurrency: int, dispatcher_id: str) -> None:
     conn = connect(url)
+    lease = {"lease_s": float(os.environ["BENCH_LEASE_S"])} if os.environ.get("BENCH_LEASE_S") else {}
     settings = DispatcherSettings(
-        group_id=group_id, dispatcher_id=dispatcher_id, concurrency=concurrency, shutdown_grace_s=5.0
+        group_id=group_id, dispatcher_id=dispatcher_id, concurrency=concurrency, shutdown_grace_s=5.0, **lease
     )
     dispatcher = Dispatcher(conn, settings, keys=KeySpace(prefix))
     print("ready", flush=True)

@@ -17,6 +17,7 @@ import orjson
 import redis
 
 from pools.connections import VALKEY_ERRORS, key_space, sync_client
+from runtime.dispatch import deadletters
 from runtime.dispatch.stats import (
     DROP_DUPLICATE,
     DROP_EXPIRED,
@@ -253,6 +254,11 @@ DROP_REASON_TEXT: dict[str, Reason] = {
         label="Lost in flight",
         explanation="A running call's lease expired (its dispatcher died or stalled): the call is lost.",
     ),
+    "stale_attempt": Reason(
+        label="Stale attempt (fenced)",
+        explanation="A durable request's result from a dispatcher whose lease had expired meanwhile: the "
+        "request ran again elsewhere, so this result was discarded and its producer got one reply.",
+    ),
     DROP_DUPLICATE: Reason(
         label="Duplicate of a running request",
         explanation="A copy of a request already running in its pool arrived: removed, not executed.",
@@ -451,6 +457,7 @@ def configured_pools(*, group_id: str) -> list[dict[str, Any]]:
             "enabled": p.enabled,
             "paused": p.paused,
             "admin_url": reverse("admin:pools_pool_change", args=[p.pk]),
+            "dead_letters_url": reverse("admin:pools_pool_dead_letters", args=[p.pk]),
         }
         for p in pool_selectors.group_pools(group=group)
     ]
@@ -472,11 +479,35 @@ def finish_view(
     view["group_id"] = group_id
     view["totals"] = totals
     view["live_queue_depth"] = dict(queue_lengths)
+    view["dead_letters"] = dead_letter_rows(totals.get("dead_letters", {}), configured, now=time.time())
+    view["dead_letters_total"] = sum(row["count"] for row in view["dead_letters"])
     return view
 
 
+def dead_letter_rows(
+    summaries: Mapping[str, Mapping[str, Any]], configured: list[dict[str, Any]], *, now: float
+) -> list[dict[str, Any]]:
+    """Pools with dead letters: how many, how old the oldest is, and where an operator acts on them."""
+    links = {p["pool_id"]: p.get("dead_letters_url", "") for p in configured}
+    rows = []
+    for pool_id, summary in summaries.items():
+        if not summary["count"]:
+            continue
+        oldest = summary["oldest_dead_at"]
+        rows.append(
+            {
+                "pool_id": pool_id,
+                "count": summary["count"],
+                "oldest_age_s": None if oldest is None else max(0.0, now - oldest),
+                "url": links.get(pool_id, ""),
+            }
+        )
+    return rows
+
+
 def fabric_read(*, group_id: str, pool_ids: list[str]) -> tuple[list[dict[str, Any]], dict[str, int], dict]:
-    """Snapshots, live queue lengths of ``pool_ids`` and the counter totals, in one connection.
+    """Snapshots, live queue lengths of ``pool_ids`` and the counter totals (with each pool's dead
+    letters under ``dead_letters``), in one connection.
 
     Raises redis errors (see VALKEY_ERRORS).
     """
@@ -485,6 +516,10 @@ def fabric_read(*, group_id: str, pool_ids: list[str]) -> tuple[list[dict[str, A
         snapshots = snapshots_read(group_id=group_id, client=client)
         lengths = queue_lengths_read(pool_ids=pool_ids, client=client)
         totals = counters_read(group_id=group_id, client=client)
+        totals["dead_letters"] = {
+            summary.pool_id: {"count": summary.count, "oldest_dead_at": summary.oldest_dead_at}
+            for summary in deadletters.summaries(client, key_space(), pool_ids)
+        }
     finally:
         client.close()
     return snapshots, lengths, totals

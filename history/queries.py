@@ -10,9 +10,14 @@ Percentiles, approximate (the default): DDSketch states per pool and minute (per
 within 2 % (``schema.STATED_ACCURACY``) of the value at that rank. Exact (``exact=True``, for short
 windows): ClickHouse's ``quantilesExactInclusive``: for the sorted values x[0..n-1] and level p, with
 h = (n - 1) * p, the result is x[floor h] + (h - floor h) * (x[floor h + 1] - x[floor h]) (numpy's
-default "linear" method). Latency percentiles cover executed requests (status ok or error), not drops.
-Error rate is errors / (ok + errors). Tokens per second is output tokens divided by execution seconds,
-summed over successful executions that reported tokens.
+default "linear" method). Latency percentiles cover executed requests (status ok or error: a request's
+final attempt), not drops. Error rate is errors / (ok + errors). Tokens per second is output tokens
+divided by execution seconds, summed over successful executions that reported tokens.
+
+An attempt that failed and was scheduled again has status ``retry``; a durable request put back after
+its dispatcher's lease expired has status ``requeued``; a dead letter's final span has error type
+``dead_lettered``. Retry rate is retry / (ok + errors + retry): the share of backend attempts that
+failed transiently and ran again. These three counts are read from the executions table (exact).
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ from typing import Any
 from history import schema
 from history.client import HistoryClient
 from history.schema import table_name
+from runtime.telemetry import semconv
 
 LEVELS = schema.QUANTILE_LEVELS
-STATUSES = ("ok", "error", "dropped")
+STATUSES = ("ok", "error", "dropped", "retry", "requeued")
+DEAD_LETTERED = "dead_lettered"
 # Exact percentiles read every execution of the window: offered for windows up to this long.
 EXACT_MAX_WINDOW = timedelta(hours=1)
 # Approximate analytics over longer windows read the hourly roll-up (window widened to whole hours).
@@ -89,6 +96,10 @@ class PoolStats:
     total: dict[float, float | None] = field(default_factory=dict)
     tokens_per_s: float | None = None
     timeline: list[int] = field(default_factory=list)
+    retries: int = 0
+    requeues: int = 0
+    dead_letters: int = 0
+    retry_rate: float | None = None
 
 
 def _ns(moment: datetime) -> int:
@@ -180,7 +191,7 @@ def execution_detail(*, client: HistoryClient, request_id: str) -> dict[str, Any
         return None
     trace_ids = [t["trace_id"] for t in traces]
     spans = client.query(
-        f"SELECT {_ROW_COLUMNS}, {_SPAN_COLUMNS} FROM {table_name(client)} "
+        f"SELECT {_ROW_COLUMNS}, Attempt AS attempt, {_SPAN_COLUMNS} FROM {table_name(client)} "
         "WHERE TraceId IN {tids:Array(String)} "
         "AND toDateTime(Timestamp) BETWEEN toDateTime({start:Int64}) AND toDateTime({end:Int64}) "
         "ORDER BY Timestamp",
@@ -191,13 +202,59 @@ def execution_detail(*, client: HistoryClient, request_id: str) -> dict[str, Any
         },
     )
     spans = [_row(s) for s in spans]
-    executions = [s for s in spans if s["status"] and s["request_id"] == request_id]
+    executions = attempt_chain([s for s in spans if s["status"] and s["request_id"] == request_id])
     mine = [s for s in spans if s["request_id"] == request_id]
     if not mine:
         return None
     main = executions[-1] if executions else mine[-1]
     trace = [s for s in spans if s["trace_id"] == main["trace_id"]]
     return {"execution": main, "attempts": executions, "trace": trace}
+
+
+def attempt_chain(executions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A request's dispatcher spans in the order they ran, each with ``wait_s``: how long it waited
+    before it started (in its queue for the first, since the previous attempt ended for a later one).
+
+    Every attempt's span starts at the request's enqueue time, so its own start is enqueue + queue wait.
+    """
+
+    def started(span: dict[str, Any]) -> float:
+        return float(span["timestamp"].timestamp()) + float(span["queue_wait_s"] or 0.0)
+
+    chain = sorted(executions, key=lambda span: (span["attempt"], started(span)))
+    previous_end: float | None = None
+    for span in chain:
+        begin = started(span)
+        span["wait_s"] = span["queue_wait_s"] if previous_end is None else max(0.0, begin - previous_end)
+        span["error_message"] = dict(span.get("attributes") or {}).get(semconv.ERROR_MESSAGE, "")
+        previous_end = begin + float(span["execution_s"] or 0.0)
+    return chain
+
+
+def _redelivery(
+    client: HistoryClient, since: datetime, until: datetime, group: str, stats: list[PoolStats]
+) -> list[PoolStats]:
+    """Fills in each pool's retries, requeues, dead letters and retry rate over the window."""
+    where, params = _where(ExecutionFilter(group=group, since=since, until=until))
+    rows = client.query(
+        "SELECT PoolId AS pool, countIf(Status = 'retry') AS retries, "
+        f"countIf(Status = 'requeued') AS requeues, countIf(ErrorType = '{DEAD_LETTERED}') AS dead_letters "
+        f"FROM {table_name(client, schema.EXECUTIONS)} WHERE {where} GROUP BY PoolId",
+        params,
+    )
+    counts = {r["pool"]: r for r in rows}
+    for pool in stats:
+        found = counts.get(pool.pool)
+        if found is None:
+            continue
+        pool.retries, pool.requeues, pool.dead_letters = (
+            found["retries"],
+            found["requeues"],
+            found["dead_letters"],
+        )
+        attempts = pool.ok + pool.errors + pool.retries
+        pool.retry_rate = pool.retries / attempts if attempts else None
+    return stats
 
 
 def _quantiles(values: list[float] | None) -> dict[float, float | None]:
@@ -249,7 +306,9 @@ def pool_analytics(
     reads every execution of the window (see the module docstring for both definitions).
     """
     if exact:
-        return _exact_analytics(client, since, until, group, buckets)
+        return _redelivery(
+            client, since, until, group, _exact_analytics(client, since, until, group, buckets)
+        )
     hourly = until - since > HOURLY_FROM
     grain, table, period = (
         (3600, schema.POOL_HOURS, "Hour") if hourly else (60, schema.POOL_MINUTES, "Minute")
@@ -286,7 +345,8 @@ def pool_analytics(
         params,
     )
     lines = _timelines(points, buckets)
-    return [_stats(r, lines.get(r["pool"], [0] * buckets)) for r in rows]
+    stats = [_stats(r, lines.get(r["pool"], [0] * buckets)) for r in rows]
+    return _redelivery(client, since, until, group, stats)
 
 
 def _exact_analytics(

@@ -78,6 +78,8 @@ TYPED_COLUMNS: list[tuple[str, str, str]] = [
     ("ProducerLabel", "LowCardinality(String)", _attr(semconv.PRODUCER_LABEL)),
     ("TimeToFirstTokenS", "Nullable(Float64)", f"toFloat64OrNull({_attr(semconv.TIME_TO_FIRST_TOKEN_S)})"),
     ("ChunkCount", "Nullable(UInt64)", f"toUInt64OrNull({_attr(semconv.CHUNK_COUNT)})"),
+    # Which execution of the request a span is (1 = first); spans written before retries existed say 1.
+    ("Attempt", "UInt32", f"greatest(1, toUInt32OrZero({_attr(semconv.ATTEMPT)}))"),
 ]
 
 # Columns the ingester writes (the collector layout, Events and Links flattened as Nested arrays).

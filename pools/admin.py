@@ -4,15 +4,21 @@ publication is shown as a warning (the database write stands)."""
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from pools import selectors, services
+from pools.connections import VALKEY_ERRORS
 from pools.forms import FabricGroupForm, PoolChangelistFormSet, PoolInlineFormSet, PoolRowForm
 from pools.models import FabricGroup, Pool
 from runtime.backends.redact import redact_url
@@ -50,6 +56,10 @@ def _report_results(request: HttpRequest, results: list[services.PublishResult])
                 f"{result.error}. "
                 f"{REPUBLISH_HINT}",
             )
+
+
+def _when(timestamp: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(timestamp, tz=datetime.UTC)
 
 
 class PoolInlineRowForm(PoolRowForm):
@@ -97,9 +107,10 @@ class FabricGroupAdmin(admin.ModelAdmin):
         "total_concurrency",
         "pool_count",
         "queueing_enabled",
+        "delivery",
         "endpoint",
     )
-    list_filter = ("policy", "queueing_enabled")
+    list_filter = ("policy", "queueing_enabled", "delivery")
     search_fields = ("group_id", "name")
     actions = ("publish_groups",)
 
@@ -176,8 +187,10 @@ class PoolAdmin(admin.ModelAdmin):
         changelist = super().get_changelist_instance(request)
         rows = list(changelist.result_list)  # evaluated once; the page renders these same objects
         lengths = selectors.pool_queue_lengths(pool_ids=[p.pool_id for p in rows])
+        dead = selectors.pool_dead_letter_counts(pool_ids=[p.pool_id for p in rows])
         for pool in rows:
             pool.queued_count = lengths.get(pool.pool_id)
+            pool.dead_count = dead.get(pool.pool_id)
         return changelist
 
     @admin.display(description="state")
@@ -195,8 +208,68 @@ class PoolAdmin(admin.ModelAdmin):
 
     @admin.display(description="queued")
     def queued(self, obj: Pool) -> str:
+        """Queued requests, and under them a link to the pool's dead letters when it has any."""
         count = getattr(obj, "queued_count", None)
-        return "?" if count is None else str(count)
+        queued = "?" if count is None else str(count)
+        dead = getattr(obj, "dead_count", None)
+        if not dead:
+            return queued
+        url = reverse("admin:pools_pool_dead_letters", args=[obj.pk])
+        return format_html('{}<br><a href="{}" class="dead-letters-link">{} dead</a>', queued, url, dead)
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view(self.dead_letters_view)
+        return [
+            path("<int:object_id>/dead-letters/", view, name="pools_pool_dead_letters"),
+            *super().get_urls(),
+        ]
+
+    def dead_letters_view(self, request: HttpRequest, object_id: int) -> HttpResponse:
+        """Lists a pool's dead letters; a POST replays or discards one and records it in the log."""
+        pool = get_object_or_404(Pool, pk=object_id)
+        if not self.has_view_permission(request, pool):
+            raise PermissionDenied
+        if request.method == "POST":
+            if not self.has_change_permission(request, pool):
+                raise PermissionDenied
+            self._act_on_dead_letter(request, pool)
+            return redirect(request.path)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Dead letters of {pool.pool_id}",
+            "pool": pool,
+            "opts": self.opts,
+        }
+        try:
+            context["letters"] = [
+                {
+                    "letter": stored.letter,
+                    "digest": stored.digest,
+                    "raw_size": len(stored.raw),
+                    "dead_at": _when(stored.letter.dead_at) if stored.letter else None,
+                }
+                for stored in selectors.pool_dead_letters(pool=pool)
+            ]
+        except VALKEY_ERRORS as exc:
+            context["unavailable"] = str(exc) or exc.__class__.__name__
+        return TemplateResponse(request, "admin/pools/pool/dead_letters.html", context)
+
+    def _act_on_dead_letter(self, request: HttpRequest, pool: Pool) -> None:
+        action, digest = request.POST.get("action"), request.POST.get("letter", "")
+        if action == "replay":
+            result = services.dead_letter_replay(pool=pool, digest=digest)
+        elif action == "discard":
+            result = services.dead_letter_discard(pool=pool, digest=digest)
+        else:
+            messages.error(request, f"Unknown dead-letter action {action!r}.")
+            return
+        what = f"request {result.request_id}" if result.request_id else "an unreadable item"
+        if not result.done:
+            messages.warning(request, f"Nothing to {action}: {result.error}.")
+            return
+        done = "Replayed" if action == "replay" else "Discarded"
+        self.log_change(request, pool, f"{done} dead letter {what}")
+        messages.success(request, f"{done} dead letter {what} of pool {pool.pool_id}.")
 
     def save_model(self, request: HttpRequest, obj: Pool, form: Any, change: bool) -> None:
         report_publication(request, services.pool_save(pool=obj))

@@ -25,6 +25,10 @@ class FabricGroup(models.Model):
         DRR = "drr", "Deficit Round Robin (weighted)"
         FIFO = "fifo", "FIFO (arrival order)"
 
+    class Delivery(models.TextChoices):
+        LISTS = "lists", "lists: at most once (a claimed request whose dispatcher dies is lost, and counted)"
+        DURABLE = "durable", "durable: at least once (a dead dispatcher's requests run again)"
+
     group_id = models.CharField(
         "group id",
         primary_key=True,
@@ -54,6 +58,14 @@ class FabricGroup(models.Model):
         validators=[validate_env_name],
         help_text="NAME of the environment variable holding the backend API key (e.g. OPENAI_API_KEY), "
         "never the key itself.",
+    )
+    delivery = models.CharField(
+        max_length=8,
+        choices=Delivery.choices,
+        default=Delivery.LISTS,
+        help_text="durable: the claim keeps the request with its lease; when the lease expires the "
+        "request goes back to the head of its pool. A backend may then see it twice; its producer gets "
+        "one reply.",
     )
     total_concurrency = models.PositiveIntegerField(
         default=16,
@@ -120,6 +132,29 @@ class Pool(models.Model):
     paused = models.BooleanField(
         default=False, help_text="Paused pools keep their queued work; nothing is dispatched until resumed."
     )
+    max_attempts = models.PositiveIntegerField(
+        "max attempts",
+        default=1,
+        validators=[MinValueValidator(1, "A request gets at least one attempt.")],
+        help_text="Attempts per request (1 = no retry); only connection errors, timeouts, 429, 5xx retry.",
+    )
+    retry_backoff_base_s = models.FloatField(
+        "retry backoff base (s)",
+        default=0.5,
+        validators=[MinValueValidator(0.0)],
+        help_text="First retry waits up to this long (full jitter), doubling per attempt to the cap.",
+    )
+    retry_backoff_cap_s = models.FloatField(
+        "retry backoff cap (s)",
+        default=30.0,
+        validators=[MinValueValidator(0.0)],
+        help_text="Longest pause between attempts (a backend's Retry-After may ask for more).",
+    )
+    max_requeues = models.PositiveIntegerField(
+        "max requeues",
+        default=3,
+        help_text="Durable groups: times an expired lease puts a request back before it is a dead letter.",
+    )
     sort_order = models.IntegerField(default=0, help_text="Position in the DRR ring.")
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -135,6 +170,9 @@ class Pool(models.Model):
     def clean(self) -> None:
         super().clean()
         errors = pool_value_errors(pool_values(self))
+        base, cap = self.retry_backoff_base_s, self.retry_backoff_cap_s
+        if base is not None and cap is not None and base > cap:
+            errors["retry_backoff_cap_s"] = "The backoff cap must not be below its base."
         if errors:
             raise ValidationError(errors)
         if self.skip_group_check or self.group_id is None:

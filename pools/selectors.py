@@ -8,6 +8,7 @@ from django.db.models import QuerySet
 
 from pools.connections import VALKEY_ERRORS, key_space, sync_client
 from pools.models import FabricGroup, Pool
+from runtime.dispatch import deadletters
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,10 @@ def group_config(*, group: FabricGroup, version: int = 0) -> GroupConfig:
             endpoint_url=p.endpoint_url,
             enabled=p.enabled,
             paused=p.paused,
+            max_attempts=p.max_attempts,
+            retry_backoff_base_s=p.retry_backoff_base_s,
+            retry_backoff_cap_s=p.retry_backoff_cap_s,
+            max_requeues=p.max_requeues,
         )
         for p in group_pools(group=group)
     )
@@ -60,6 +65,7 @@ def group_config(*, group: FabricGroup, version: int = 0) -> GroupConfig:
         default_endpoint_url=group.default_endpoint_url,
         api_key_env=group.api_key_env,
         queueing_enabled=group.queueing_enabled,
+        delivery=group.delivery,
         name=group.name,
         pools=pools,
         version=version,
@@ -88,3 +94,17 @@ def pool_queue_lengths(*, pool_ids: list[str]) -> dict[str, int]:
     except VALKEY_ERRORS as exc:
         log.warning("could not read queue lengths from Valkey: %s", exc)
         return {}
+
+
+def pool_dead_letters(*, pool: Pool, limit: int = 200) -> list[deadletters.StoredLetter]:
+    """The pool's oldest dead letters as stored in Valkey (raises a VALKEY_ERRORS member when down)."""
+    return deadletters.dead_letters(sync_client(), key_space(), pool.pool_id, limit=limit)
+
+
+def pool_dead_letter_counts(*, pool_ids: list[str]) -> dict[str, int]:
+    """Dead letters per pool; empty when Valkey cannot be reached (the caller shows "?")."""
+    try:
+        found = deadletters.summaries(sync_client(), key_space(), pool_ids)
+    except VALKEY_ERRORS:
+        return {}
+    return {summary.pool_id: summary.count for summary in found}

@@ -24,6 +24,7 @@ from pools import selectors
 from pools.connections import VALKEY_ERRORS, key_space, sync_client
 from pools.models import FabricGroup, Pool
 from pools.validation import group_problems, pool_values
+from runtime.dispatch import deadletters
 from runtime.errors import DispatchError
 from runtime.wire.groupconfig import (
     PUBLISH_SCRIPT,
@@ -188,3 +189,41 @@ def group_publish_many(*, group_ids: Iterable[str]) -> list[PublishResult]:
         else:
             results.append(group_publish(group=group))
     return results
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterResult:
+    """What an operator's replay or discard did: ``done`` False when the letter was already gone."""
+
+    request_id: str  # "" for an unreadable letter
+    done: bool
+    error: str = ""
+
+
+GONE = "it is no longer in the dead-letter list (replayed or discarded meanwhile)"
+
+
+def dead_letter_replay(*, pool: Pool, digest: str) -> DeadLetterResult:
+    """Queues a dead letter again at the tail of its pool, as a fresh first attempt without deadline."""
+    return _take_dead_letter(pool=pool, digest=digest, replay=True)
+
+
+def dead_letter_discard(*, pool: Pool, digest: str) -> DeadLetterResult:
+    """Removes a dead letter for good."""
+    return _take_dead_letter(pool=pool, digest=digest, replay=False)
+
+
+def _take_dead_letter(*, pool: Pool, digest: str, replay: bool) -> DeadLetterResult:
+    client, keys = sync_client(), key_space()
+    try:
+        stored = deadletters.find(client, keys, pool.pool_id, digest)
+        if stored is None:
+            return DeadLetterResult("", False, GONE)
+        request_id = stored.letter.request_id if stored.letter else ""
+        if replay:
+            done = deadletters.replay(client, keys, stored)
+        else:
+            done = deadletters.discard(client, keys, pool.pool_id, stored)
+    except VALKEY_ERRORS as exc:
+        return DeadLetterResult("", False, str(exc) or exc.__class__.__name__)
+    return DeadLetterResult(request_id, done, "" if done else GONE)

@@ -18,6 +18,7 @@ a stable ``error_type`` string: replies, counters and ClickHouse rows use that s
     ├── QueueUnavailable               retryable: Valkey cannot be reached
     ├── RequestTimeout                 the producer gave up waiting for its reply
     ├── RequestExpired                 the deadline passed before the request left its queue
+    ├── DeadLettered                   attempts (or requeues) exhausted: parked for an operator
     ├── DeadlineExceeded               the caller's deadline cut the backend call short (not the
     │                                  backend's fault: never a breaker event)
     ├── ProducerClosed                 submit on a closed producer, or closed while waiting
@@ -93,9 +94,13 @@ class BackendHTTPError(BackendError):
 
     error_type = "backend_http_error"
 
-    def __init__(self, message: str = "", *, status_code: int = 0) -> None:
+    def __init__(
+        self, message: str = "", *, status_code: int = 0, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(message)
         self.status_code = status_code
+        # The backend's Retry-After in seconds (429/503), honoured by the retry decision.
+        self.retry_after_s = retry_after_s
         self.retryable = status_code in (408, 409, 429) or status_code >= 500
 
 
@@ -129,6 +134,13 @@ class RequestExpired(DispatchError):
     """The request's deadline passed before it left its queue; it was not executed."""
 
     error_type = "expired"
+
+
+class DeadLettered(DispatchError):
+    """The request used up its attempts (or its requeues in durable mode) and waits in its pool's
+    dead-letter list for an operator to replay or discard it."""
+
+    error_type = "dead_lettered"
 
 
 class DeadlineExceeded(DispatchError):

@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -61,6 +62,9 @@ log = logging.getLogger(__name__)
 _propagator = TraceContextTextMapPropagator()
 _T = TypeVar("_T")
 _WAKE_SENTINEL = b"\x00wake"
+# How many answered request ids a producer remembers to recognise a duplicate reply: far more than the
+# replies that can arrive within a lease (when a requeued request's second execution could answer).
+ANSWERED_MEMORY = 100_000
 PUMP_BACKOFF_S = (0.1, 5.0)  # the reply pump's pause after losing Valkey: first and longest
 
 
@@ -82,6 +86,7 @@ class ProducerStats:
     timed_out: int = 0
     cancelled: int = 0  # withdrawn by the caller (e.g. an ingress client that disconnected)
     late_replies: int = 0
+    duplicate_replies: int = 0  # a second reply for a request already answered (discarded)
     malformed_replies: int = 0
     pump_reconnects: int = 0
 
@@ -128,6 +133,9 @@ class Producer:
         self.stats = ProducerStats()
         self._tracer = tracer or trace.get_tracer("llm_dispatch.producer")
         self._waiters: dict[str, _Waiter] = {}
+        # Recently answered request ids: a producer keeps the first reply per request_id (at least once
+        # may deliver another) and counts and discards any later one.
+        self._answered: OrderedDict[str, None] = OrderedDict()
         self._streams: dict[str, asyncio.Queue[Reply | StreamChunk]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._registry = _PoolRegistry()
@@ -530,9 +538,14 @@ class Producer:
             self.stats.malformed_replies += 1
             log.warning("producer %s dropped a malformed reply: %s", self.producer_id, exc)
             return
+        if reply.request_id in self._answered:
+            self.stats.duplicate_replies += 1
+            return
         inbox = self._streams.get(reply.request_id)
         if inbox is not None:
             inbox.put_nowait(reply)
+            if isinstance(reply, Reply):
+                self._remember_answered(reply.request_id)
             return
         if isinstance(reply, StreamChunk):
             self.stats.late_replies += 1
@@ -542,6 +555,12 @@ class Producer:
             self.stats.late_replies += 1
             return
         waiter.future.set_result(reply)
+        self._remember_answered(reply.request_id)
+
+    def _remember_answered(self, request_id: str) -> None:
+        self._answered[request_id] = None
+        if len(self._answered) > ANSWERED_MEMORY:
+            self._answered.popitem(last=False)
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,14 +34,20 @@ class Behaviour:
     def __init__(self, config: SimulatorConfig, rng: random.Random) -> None:
         self.config = config
         self.rng = rng
+        # Calls seen per ``sim.key``: retries and redeliveries of one request carry the same key.
+        self.calls_by_key: Counter[str] = Counter()
 
     def rate_limited(self) -> bool:
         """Whether the next call is refused at the door with 429."""
         return self._draw(self.config.rate_limit_rate)
 
     def plan(self, request: dict[str, Any], sim: dict[str, Any]) -> Plan:
+        seen = 0
+        if "key" in sim:
+            self.calls_by_key[str(sim["key"])] += 1
+            seen = self.calls_by_key[str(sim["key"])]
         latency = self._latency_s(sim)
-        status, message = self._outcome(sim)
+        status, message = self._outcome(sim, seen)
         hang = bool(sim.get("hang")) or self._draw(self.config.hang_rate)
         tokens, finish = self._completion_tokens(request, sim)
         ttft_s = float(sim.get("ttft_ms", self.config.ttft_ms)) / 1000.0
@@ -64,9 +71,16 @@ class Behaviour:
         sigma = self.config.latency_sigma
         return base * (math.exp(self.rng.gauss(0.0, sigma)) if sigma > 0 else 1.0) / 1000.0
 
-    def _outcome(self, sim: dict[str, Any]) -> tuple[int, str]:
-        """(status, message) of an injected error, or (0, "") for success."""
+    def _outcome(self, sim: dict[str, Any], seen: int) -> tuple[int, str]:
+        """(status, message) of an injected error, or (0, "") for success.
+
+        ``fail_times`` limits a forced ``status`` to the first calls of its ``key``: a backend that
+        fails a request twice and then serves it.
+        """
         status = sim.get("status")
+        fail_times = sim.get("fail_times")
+        if status is not None and fail_times is not None and seen > int(fail_times):
+            return 0, ""
         if status is not None and status >= 400:
             return status, str(sim.get("message") or f"simulated error {status}")
         if status is None and self._draw(self.config.error_rate):

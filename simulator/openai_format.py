@@ -13,7 +13,18 @@ import orjson
 
 # Keys of the per-request ``"sim"`` test hook.
 SIM_KEYS = frozenset(
-    {"latency_ms", "status", "message", "invalid_body", "completion_tokens", "ttft_ms", "itl_ms", "hang"}
+    {
+        "latency_ms",
+        "status",
+        "message",
+        "invalid_body",
+        "completion_tokens",
+        "ttft_ms",
+        "itl_ms",
+        "hang",
+        "fail_times",
+        "key",
+    }
 )
 _SIM_MILLISECONDS = ("latency_ms", "ttft_ms", "itl_ms")
 _REPLY_PADDING = " and so on"

@@ -198,6 +198,11 @@ class SimulatorServer:
     def errors_by_status(self) -> dict[int, int]:
         return dict(self._counters.errors_by_status)
 
+    @property
+    def calls_by_key(self) -> dict[str, int]:
+        """Chat calls received per ``sim.key`` (how often the backend saw each keyed request)."""
+        return dict(self._behaviour.calls_by_key)
+
     def metrics_text(self) -> str:
         """Prometheus text exposition (format 0.0.4)."""
         return exposition(self._registry).decode()

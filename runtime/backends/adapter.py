@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
+import math
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -95,6 +98,22 @@ def provider_message(content: bytes) -> str:
                 return candidate
     text = content[:_SNIPPET].decode("utf-8", "replace").strip()
     return f"{text!r}" if text else "(empty body)"
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait (delta-seconds or an HTTP date); None if unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def _chat_url(base_url: str) -> str:
@@ -229,6 +248,7 @@ class OpenAIBackend:
             raise BackendHTTPError(
                 f"backend {self.display_url} answered HTTP {status}: {provider_message(response.content)}",
                 status_code=status,
+                retry_after_s=parse_retry_after(response.headers.get("retry-after")),
             )
         try:
             body = orjson.loads(response.content)

@@ -39,7 +39,7 @@ from runtime.backends.breaker import BLOCKED_REASON
 from runtime.backends.health import EndpointBreakers
 from runtime.backoff import Backoff
 from runtime.config import DispatcherSettings
-from runtime.dispatch import scripts
+from runtime.dispatch import redelivery, scripts
 from runtime.dispatch.drops import DropRecorder
 from runtime.dispatch.execution import Executor, Running
 from runtime.dispatch.leases import LeaseRecord
@@ -65,6 +65,10 @@ from runtime.wire.keys import DEFAULT_KEYS, KeySpace
 log = logging.getLogger(__name__)
 CONFIG_POLL_S = 1.0
 HELPER_EXIT_S = 5.0
+# Due retries are moved back into their lists this often: a retry waits its backoff, plus at most this.
+RETRY_POLL_S = 0.05
+# Screening's reason for a durable request put back by expired leases more often than its pool allows.
+DEAD_LETTER = "dead_letter"
 # Claim outcomes that take the item off its queue without running it, and the drop reason of each.
 CLAIM_DROPS = {scripts.CLAIM_PRODUCER_GONE: DROP_PRODUCER_GONE, scripts.CLAIM_DUPLICATE: DROP_DUPLICATE}
 LEFT_THE_QUEUE = frozenset({scripts.CLAIMED, *CLAIM_DROPS})
@@ -99,6 +103,9 @@ class Dispatcher:
         self.identity = Identity(settings.group_id, settings.gateway_id, settings.dispatcher_id)
         self.stats = DispatcherStats()
         self.drops = DropRecorder(self.stats, self.tracer, self.identity)
+        self.redeliveries = redelivery.Redeliveries(
+            self.queue, self.stats, self.tracer, self.identity, reply_ttl_s=settings.reply_ttl_s
+        )
         self.breakers = EndpointBreakers(settings.breaker)
         self.executor = Executor(
             queue=self.queue, settings=settings, backends=self.backends, breakers=self.breakers,
@@ -177,6 +184,7 @@ class Dispatcher:
                     group.create_task(self.waiter.run()),
                     group.create_task(self._renew_leases()),
                     group.create_task(self._publish_snapshots()),
+                    group.create_task(self._promote_retries()),
                 ]
                 await self._schedule_loop()
                 await self._drain()
@@ -355,6 +363,8 @@ class Dispatcher:
         self.group_in_flight, self.last_views = seen.group_in_flight, seen.views
         if seen.lost:  # reaped by this observe, whether or not the turn is ours: counted here or nowhere
             self.drops.lost(seen.lost)
+        if seen.requeued:  # likewise for durable requests the reap put back
+            self.redeliveries.requeued(seen.requeued)
         for pool_id, view in seen.views.items():
             self._remember_heads(pool_id, view)
         if holder and not self.queue.has_turn:
@@ -425,6 +435,7 @@ class Dispatcher:
             heads, unusable = usable_heads(self._peek, view.heads, now)
             if unusable is not None:
                 drops.append((pool_id, *unusable))
+            heads = self._below_requeue_limit(pool_id, heads, drops)
             peeked[pool_id] = heads
             observations[pool_id] = scheduler.PoolObservation(
                 pool_id=pool_id,
@@ -439,6 +450,17 @@ class Dispatcher:
             )
         return observations, peeked, drops
 
+    def _below_requeue_limit(
+        self, pool_id: str, heads: list[PeekedItem], drops: list[Drop]
+    ) -> list[PeekedItem]:
+        """Heads up to the first durable request requeued too often; that one, at the very head, is buried."""
+        for i, item in enumerate(heads):
+            if item.envelope is not None and self.redeliveries.exhausted(self.config, item.envelope):
+                if i == 0:
+                    drops.append((pool_id, item, DEAD_LETTER))
+                return heads[:i]
+        return heads
+
     def _remember_heads(self, pool_id: str, view: QueueView) -> None:
         """Heads last read per pool, for the snapshot's oldest-pending age while a pool sits at its cap."""
         if view.heads_read or view.backlog == 0:
@@ -448,10 +470,15 @@ class Dispatcher:
 
     async def _drop(self, drops: list[Drop]) -> bool:
         """Removes unusable heads from the lists they were read from; True if any was removed."""
-        requests = [ClaimRequest(pool_id=pool_id, raw=item.raw, mode="drop") for pool_id, item, _ in drops]
-        results = await self.queue.claim(requests, self.settings.lease_s)
         removed = False
-        for (pool_id, item, reason), (code, _) in zip(drops, results, strict=True):
+        for pool_id, item, _ in (d for d in drops if d[2] == DEAD_LETTER):
+            self._peek.forget(item.raw)
+            assert item.envelope is not None
+            removed = await self.redeliveries.bury(pool_id, item.raw, item.envelope) or removed
+        drops = [d for d in drops if d[2] != DEAD_LETTER]
+        requests = [ClaimRequest(pool_id=pool_id, raw=item.raw, mode="drop") for pool_id, item, _ in drops]
+        results = await self.queue.claim(requests, self.settings.lease_s) if requests else []
+        for (pool_id, item, reason), (code, _, _) in zip(drops, results, strict=True):
             self._peek.forget(item.raw)
             if code != scripts.CLAIM_DROPPED:
                 continue
@@ -508,6 +535,7 @@ class Dispatcher:
                 lease_record=record.encode(),
                 protected=own.get(launch.pool_id, 0),
                 reserved_for=tuple(p for p in protected if p[0] != launch.pool_id),
+                requeue=redelivery.requeued(envelope).encode() if self.config.durable else b"",
             )
             chosen.append((launch, item, request))
         if not chosen and end_turn is None:
@@ -521,11 +549,11 @@ class Dispatcher:
                 self.breakers.release(self.config.endpoint_for(launch.pool_id))
             raise
         claimed, dropped = 0, False
-        for (launch, item, request), (code, _) in zip(chosen, results, strict=True):
+        for (launch, item, request), (code, _, token) in zip(chosen, results, strict=True):
             claimed += code == scripts.CLAIMED
             dropped = dropped or code in CLAIM_DROPS
             try:
-                self._after_claim(launch, item, request, code)
+                self._after_claim(launch, item, request, code, token)
             except Exception:  # the other claimed requests of this round still start
                 self._internal_error(f"handling the claim of an item of pool {launch.pool_id} failed")
                 if code == scripts.CLAIMED and request.lease_member not in self.running:
@@ -535,13 +563,13 @@ class Dispatcher:
         return claimed, dropped
 
     def _after_claim(
-        self, launch: scheduler.Launch, item: PeekedItem, request: ClaimRequest, code: str
+        self, launch: scheduler.Launch, item: PeekedItem, request: ClaimRequest, code: str, token: str = ""
     ) -> None:
         envelope = item.envelope
         assert envelope is not None and self.config is not None
         if code == scripts.CLAIMED:
             self._peek.forget(item.raw)
-            self._start(envelope, launch.pool_id, request.lease_member, launch.cost)
+            self._start(envelope, launch.pool_id, request.lease_member, launch.cost, token=token)
             return
         self.breakers.release(self.config.endpoint_for(launch.pool_id))
         scheduler.refund(self._state, launch)
@@ -556,10 +584,17 @@ class Dispatcher:
 
     # --- execution --------------------------------------------------------------------------------
     def _start(
-        self, envelope: Envelope, pool_id: str, member: str, cost: int, refused: DispatchError | None = None
+        self,
+        envelope: Envelope,
+        pool_id: str,
+        member: str,
+        cost: int,
+        refused: DispatchError | None = None,
+        *,
+        token: str = "",
     ) -> None:
         """Runs a claimed request in its own task (or, with ``refused``, answers it with that error)."""
-        running = Running(envelope, pool_id, member, cost, time.time())
+        running = Running(envelope, pool_id, member, cost, time.time(), token=token)
         self.running[member] = running
         self.stats.launched_by_pool[pool_id] += 1
         self.stats.cost_by_pool[pool_id] += cost
@@ -612,6 +647,15 @@ class Dispatcher:
             leases = [(r.pool_id, r.member) for r in list(self.running.values())]
             try:
                 await self.queue.renew(leases, self.settings.lease_s)
+            except REDIS_ERRORS as exc:
+                self._valkey_lost(exc)
+
+    async def _promote_retries(self) -> None:
+        """Moves due retries back into their pools' lists (nothing to do in a group without retries)."""
+        while not await self._pause(RETRY_POLL_S):
+            try:
+                if await self.redeliveries.promote(self.config):
+                    self._wake.set()
             except REDIS_ERRORS as exc:
                 self._valkey_lost(exc)
 

@@ -24,12 +24,19 @@ from runtime.backends.health import EndpointBreakers
 from runtime.backends.redact import redact_url
 from runtime.backoff import Backoff
 from runtime.config import DispatcherSettings
+from runtime.dispatch import redelivery, scripts
 from runtime.dispatch.queue import QueueOps
-from runtime.dispatch.stats import DROP_REPLY_PRODUCER_GONE, DROP_REPLY_UNDELIVERED, DispatcherStats
+from runtime.dispatch.stats import (
+    DROP_REPLY_PRODUCER_GONE,
+    DROP_REPLY_UNDELIVERED,
+    DROP_STALE_ATTEMPT,
+    DispatcherStats,
+)
 from runtime.dispatch.streaming import StreamRelay, StreamSummary, stream_timeout
 from runtime.errors import (
     BackendTimeout,
     Cancelled,
+    DeadLettered,
     DeadlineExceeded,
     DispatchError,
     Rejected,
@@ -42,6 +49,9 @@ from runtime.wire.groupconfig import GroupConfig
 
 log = logging.getLogger(__name__)
 FINISH_ATTEMPTS = 5
+FINISH_UNDELIVERED = -2  # Valkey failed on every try: the reply (or retry) is lost, and counted
+# A failure this close to the request's deadline was cut short by it: never retried.
+DEADLINE_SLACK_S = 0.05
 # A cancel can beat its call (claimed, call not started yet): such ids are kept this long, this many.
 EARLY_CANCEL_S = 30.0
 EARLY_CANCELS_MAX = 1024
@@ -58,6 +68,7 @@ class Running:
     cost: int
     started_at: float
     stage: str = "executing"
+    token: str = ""  # the claim's fencing token (durable mode); "" when unfenced
 
 
 class Executor:
@@ -130,26 +141,53 @@ class Executor:
             error = DispatchError(f"internal dispatcher error: {exc}")
         ended = time.time()
         run.stage = "replying"
-        reply = self._reply(envelope, completion, error, started, ended)
-        drop_reason = await self._finish(run, reply, tuple(p.pool_id for p in config.enabled_pools))
-        self._record(run, endpoint, completion, error, started, ended, drop_reason, summary)
-
-    def _reply(
-        self,
-        envelope: Envelope,
-        completion: Completion | None,
-        error: DispatchError | None,
-        started: float,
-        ended: float,
-    ) -> bytes:
         timing = Timing(
             max(0.0, started - envelope.enqueued_at), ended - started, max(0.0, ended - envelope.enqueued_at)
         )
-        if error is None and completion is not None:
+        settled = self._settle(run, config, error, ended, timing) if refused is None else None
+        reply = settled.reply if settled is not None else self._reply(envelope, completion, error, timing)
+        code = await self._finish(run, reply, tuple(p.pool_id for p in config.enabled_pools), settled)
+        self._count(code, error, settled)
+        self._record(run, endpoint, completion, error, started, ended, code, summary, settled)
+
+    def _settle(
+        self, run: Running, config: GroupConfig, error: DispatchError | None, ended: float, timing: Timing
+    ) -> redelivery.Settlement | None:
+        """A retry or a dead letter for a transient failure in a pool that retries; None to just reply."""
+        pool = config.pool(run.pool_id)
+        if error is None or pool is None:
+            return None
+        deadline = run.envelope.deadline
+        # A call that ran into the caller's deadline was cut short by it, whatever the error says.
+        cut = deadline is not None and ended >= deadline - DEADLINE_SLACK_S
+        return redelivery.settle_failure(
+            run.envelope, error, pool.retry_policy(), now=ended, timing=timing, cut_by_deadline=cut
+        )
+
+    def _count(self, code: int, error: DispatchError | None, settled: redelivery.Settlement | None) -> None:
+        if code == scripts.FINISH_STALE:
+            self.stats.dropped[DROP_STALE_ATTEMPT] += 1
+            return
+        if code == scripts.FINISH_PRODUCER_GONE:
+            self.stats.dropped[DROP_REPLY_PRODUCER_GONE] += 1
+        if code == FINISH_UNDELIVERED:
+            self.stats.dropped[DROP_REPLY_UNDELIVERED] += 1
+        if settled is not None and settled.kind == scripts.SETTLE_RETRY:
+            self.stats.retried += 1
+        elif settled is not None:
+            self.stats.dead_lettered += 1
+            self.stats.failed[DeadLettered.error_type] += 1
+        elif error is None:
             self.stats.completed += 1
+        else:
+            self.stats.failed[error.error_type] += 1
+
+    def _reply(
+        self, envelope: Envelope, completion: Completion | None, error: DispatchError | None, timing: Timing
+    ) -> bytes:
+        if error is None and completion is not None:
             return Reply(envelope.request_id, STATUS_OK, completion=completion.body, timing=timing).encode()
         assert error is not None
-        self.stats.failed[error.error_type] += 1
         return Reply(
             envelope.request_id,
             STATUS_ERROR,
@@ -225,34 +263,36 @@ class Executor:
         finally:
             self._calls.pop(request_id, None)
 
-    async def _finish(self, run: Running, reply: bytes, group_pools: tuple[str, ...]) -> str:
-        """Delivers the reply (if the producer is alive) and releases the lease, retrying Valkey briefly.
-
-        Returns the drop reason of a reply that did not reach its producer, or "" when it did.
-        """
+    async def _finish(
+        self,
+        run: Running,
+        reply: bytes,
+        group_pools: tuple[str, ...],
+        settled: redelivery.Settlement | None = None,
+    ) -> int:
+        """Delivers the reply (if the producer is alive) or stores the retry or dead letter, and releases
+        the lease, retrying Valkey briefly; a ``scripts.FINISH_*`` code, or FINISH_UNDELIVERED."""
         backoff = Backoff(*self.settings.reconnect_backoff_s)
         for attempt in range(FINISH_ATTEMPTS):
             try:
-                delivered = await self.queue.finish(
+                return await self.queue.finish(
                     pool_id=run.pool_id,
                     producer_id=run.envelope.producer_id,
                     member=run.member,
                     reply=reply,
                     reply_ttl_s=self.settings.reply_ttl_s,
                     group_pools=group_pools,
+                    token=run.token,
+                    settlement=settled.kind if settled is not None else scripts.SETTLE_REPLY,
+                    payload=settled.payload if settled is not None else b"",
+                    due_at=settled.due_at if settled is not None else 0.0,
                 )
             except REDIS_ERRORS as exc:
                 self.on_valkey_error(exc)
                 if attempt == FINISH_ATTEMPTS - 1:
                     break
                 await asyncio.sleep(backoff.next())
-                continue
-            if delivered:
-                return ""
-            self.stats.dropped[DROP_REPLY_PRODUCER_GONE] += 1
-            return DROP_REPLY_PRODUCER_GONE
-        self.stats.dropped[DROP_REPLY_UNDELIVERED] += 1
-        return DROP_REPLY_UNDELIVERED
+        return FINISH_UNDELIVERED
 
     def _record(
         self,
@@ -262,26 +302,38 @@ class Executor:
         error: DispatchError | None,
         started: float,
         ended: float,
-        drop_reason: str,
+        code: int,
         summary: StreamSummary | None = None,
+        settled: redelivery.Settlement | None = None,
     ) -> None:
         usage = completion.usage if completion is not None else None
         first_chunk_at = summary.first_chunk_at if summary is not None else None
+        status, drop_reason = STATUS_OK if error is None else STATUS_ERROR, ""
+        if code == scripts.FINISH_STALE:
+            status, drop_reason = "dropped", DROP_STALE_ATTEMPT
+        elif settled is not None and settled.kind == scripts.SETTLE_RETRY:
+            status = redelivery.STATUS_RETRY
+        elif code == scripts.FINISH_PRODUCER_GONE:
+            drop_reason = DROP_REPLY_PRODUCER_GONE
+        elif code == FINISH_UNDELIVERED:
+            drop_reason = DROP_REPLY_UNDELIVERED
+        shown = settled.error if settled is not None and settled.kind == scripts.SETTLE_DEAD else error
         outcome = Outcome(
-            STATUS_OK if error is None else STATUS_ERROR,
+            status,
             started,
             ended,
             backend_url=redact_url(endpoint),
-            error_type=error.error_type if error else "",
-            error_message=str(error) if error else "",
+            error_type=shown.error_type if shown else "",
+            error_message=str(shown) if shown else "",
             input_tokens=usage.input_tokens if usage else None,
             output_tokens=usage.output_tokens if usage else None,
             response_model=completion.model if completion else None,
-            reply_delivered=not drop_reason,
+            reply_delivered=code == scripts.FINISH_DELIVERED,
             cost=run.cost,
             drop_reason=drop_reason,
             time_to_first_token_s=first_chunk_at - started if first_chunk_at is not None else None,
             chunk_count=summary.chunks if summary is not None else None,
+            attempt=run.envelope.attempt,
         )
         content: dict[str, Any] | None = None
         if self.store_content:

@@ -40,6 +40,7 @@ class Observation:
     views: dict[str, QueueView]
     group_in_flight: int
     lost: tuple[LeaseRecord, ...]  # records of leases that expired unreleased (reaped this time)
+    requeued: tuple[bytes, ...] = ()  # durable envelopes the reap put back at the head of their list
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,7 @@ class ClaimRequest:
     group_limit: int = 0
     lease_record: bytes = b""
     protected: int = 0  # this pool's protected slots (min concurrent)
+    requeue: bytes = b""  # durable mode: the envelope REAP puts back if the lease expires
     # The group's other protected pools that may claim their slots: (pool id, protected slots).
     reserved_for: tuple[tuple[str, int], ...] = ()
 
@@ -104,6 +106,11 @@ class QueueOps:
         self.fleet_slots: tuple[int, ...] = ()  # local slots of each dispatcher of the group, as last seen
         self._reaped_at = float("-inf")
         self.has_turn = False  # whether the last observe took the group's scheduling turn
+        self._durable = keys.durable_leases(group_id)
+        self._tokens = keys.lease_tokens(group_id)
+        self._fence = keys.fencing_counter(group_id)
+        self._promote = LuaScript(scripts.PROMOTE)
+        self._bury = LuaScript(scripts.BURY)
 
     async def observe(
         self,
@@ -133,7 +140,11 @@ class QueueOps:
                 )
             if reap:
                 pool_leases = [self.keys.pool_inflight(r.pool_id) for r in reads]
-                self._reap.queue(pipe, [self._group_inflight, self._lease_records, *pool_leases], [])
+                self._reap.queue(
+                    pipe,
+                    [self._group_inflight, self._lease_records, self._durable, self._tokens, *pool_leases],
+                    [self.keys.requests("")],
+                )
             for read in reads:
                 keys = [self.keys.requests(read.pool_id), self.keys.pool_inflight(read.pool_id)]
                 args = [read.depth, read.pool_max, group_limit, int(read.display_head)]
@@ -147,9 +158,12 @@ class QueueOps:
             self.fleet_slots = tuple(int(member.rsplit(b" ", 1)[-1]) for member in fleet)
             results = results[1:]
         lost: tuple[LeaseRecord, ...] = ()
+        requeued: tuple[bytes, ...] = ()
         if reap:
-            records = (LeaseRecord.decode(raw) for raw in results[0])
+            lost_raw, requeued_raw = results[0]
+            records = (LeaseRecord.decode(raw) for raw in lost_raw)
             lost = tuple(r for r in records if r is not None)
+            requeued = tuple(requeued_raw)
             results = results[1:]
         views = {}
         for read, (backlog, in_flight, heads_read, heads) in zip(reads, results[:-1], strict=True):
@@ -157,7 +171,7 @@ class QueueOps:
                 views[read.pool_id] = QueueView(int(backlog), (), int(in_flight), False, heads[0])
             else:
                 views[read.pool_id] = QueueView(int(backlog), tuple(heads), int(in_flight), bool(heads_read))
-        return Observation(views, int(results[-1]), lost)
+        return Observation(views, int(results[-1]), lost, requeued)
 
     async def take_poll(self, interval_s: float) -> bool:
         """True when this dispatcher's idle poll is the group's next one (one SET NX per attempt)."""
@@ -165,8 +179,9 @@ class QueueOps:
 
     async def claim(
         self, requests: Sequence[ClaimRequest], lease_s: float, *, end_turn: TurnEnd | None = None
-    ) -> list[tuple[str, int]]:
-        """Runs the claim script for each request in order, in one pipeline.
+    ) -> list[tuple[str, int, str]]:
+        """Runs the claim script for each request in order, in one pipeline: (code, in flight, fencing
+        token; "" when unfenced).
 
         With ``end_turn`` the same pipeline then gives the scheduling turn back (waking another
         dispatcher if one asked for a round meanwhile or work was left).
@@ -182,6 +197,9 @@ class QueueOps:
                     self.keys.pool_inflight(req.pool_id),
                     self.keys.producer_alive(req.producer_id),
                     self._lease_records,
+                    self._tokens,
+                    self._durable,
+                    self._fence,
                 ]
                 args: list[object] = [
                     item_digest(req.raw),
@@ -192,6 +210,7 @@ class QueueOps:
                     req.group_limit,
                     req.lease_record,
                     req.protected,
+                    req.requeue,
                 ]
                 for other, slots in req.reserved_for:
                     keys += [self.keys.requests(other), self.keys.pool_inflight(other)]
@@ -208,7 +227,14 @@ class QueueOps:
         if end_turn is not None:
             results.pop()  # whether someone asked for a round: the release already woke one
             self.has_turn = False
-        return [(code.decode() if isinstance(code, bytes) else str(code), int(n)) for code, n in results]
+        return [
+            (
+                code.decode() if isinstance(code, bytes) else str(code),
+                int(n),
+                str(int(token)) if int(token) else "",
+            )
+            for code, n, token in results
+        ]
 
     async def finish(
         self,
@@ -219,12 +245,19 @@ class QueueOps:
         reply: bytes,
         reply_ttl_s: float,
         group_pools: Sequence[str] = (),
-    ) -> bool:
-        """Releases the lease and delivers the reply if the producer is alive; False if it was dropped.
+        token: str = "",
+        settlement: str = scripts.SETTLE_REPLY,
+        payload: bytes = b"",
+        due_at: float = 0.0,
+    ) -> int:
+        """Releases the lease and delivers the reply if the producer is alive, or stores the retry or
+        dead letter ``settlement`` names; one of the ``scripts.FINISH_*`` codes.
 
-        While one of ``group_pools`` has backlog, the freed slot wakes one idle dispatcher of the group.
+        With a fencing ``token`` nothing happens unless the lease is still this claim's
+        (``FINISH_STALE``). While one of ``group_pools`` has backlog, the freed slot wakes one idle
+        dispatcher of the group.
         """
-        delivered = await self._finish(
+        code = await self._finish(
             keys=[
                 self.keys.producer_alive(producer_id),
                 self.keys.replies(producer_id),
@@ -232,11 +265,52 @@ class QueueOps:
                 self.keys.pool_inflight(pool_id),
                 self._lease_records,
                 self.keys.wake_list(pool_id),
+                self._tokens,
+                self._durable,
+                self.keys.delayed(pool_id),
+                self.keys.dead_letters(pool_id),
                 *map(self.keys.requests, group_pools),
             ],
-            args=[reply, int(reply_ttl_s * 1000), member, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
-        )
-        return bool(int(delivered))
+            args=[
+                reply, int(reply_ttl_s * 1000), member, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, token, settlement,
+                payload, due_at,
+            ],
+        )  # fmt: skip
+        return int(code)
+
+    async def promote(self, pool_ids: Sequence[str]) -> int:
+        """Moves due retries of ``pool_ids`` back to the head of their lists; how many moved."""
+        if not pool_ids:
+            return 0
+
+        def build(pipe: Any) -> None:
+            for pool_id in pool_ids:
+                self._promote.queue(
+                    pipe,
+                    [self.keys.delayed(pool_id), self.keys.requests(pool_id), self.keys.wake_list(pool_id)],
+                    [scripts.PROMOTE_BATCH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
+                )
+
+        return sum(int(n) for n in await run_pipeline(self.client, [self._promote], build))
+
+    async def bury(
+        self, raw: bytes, *, pool_id: str, producer_id: str, letter: bytes, reply: bytes, reply_ttl_s: float
+    ) -> bool:
+        """Dead-letters the head ``raw`` of a pool as ``letter`` and answers its producer with ``reply``
+        if it is alive; False if the head moved."""
+
+        def build(pipe: Any) -> None:
+            self._bury.queue(
+                pipe,
+                [
+                    self.keys.requests(pool_id), self.keys.dead_letters(pool_id),
+                    self.keys.producer_alive(producer_id), self.keys.replies(producer_id),
+                ],
+                [item_digest(raw), letter, reply, int(reply_ttl_s * 1000)],
+            )  # fmt: skip
+
+        [buried] = await run_pipeline(self.client, [self._bury], build)
+        return bool(int(buried))
 
     async def renew(self, leases: Sequence[tuple[str, str]], lease_s: float) -> None:
         """Extends the leases (pool id, member) this dispatcher still holds."""

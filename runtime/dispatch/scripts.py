@@ -15,6 +15,11 @@ just removes the item.
 
 Expired leases are reaped only by REAP, which hands back their records: a lease that expires
 because its dispatcher died is a lost call, and it is counted, not silently forgotten.
+
+In ``durable`` mode the claim also stores the envelope to requeue (its next attempt) and a fencing
+token beside the lease: REAP puts an expired durable lease's request back at the head of its list
+instead of losing it, and FINISH refuses a dispatcher whose token is no longer the lease's (its lease
+expired and the request went back), so a stale dispatcher cannot reply, retry or dead-letter it.
 """
 
 from __future__ import annotations
@@ -38,42 +43,45 @@ return {backlog, in_pool, 0, {}}
 """
 
 # KEYS: requests list, group lease zset, pool lease zset, producer alive key, lease records hash,
+#       fencing tokens hash, durable envelopes hash, fencing counter,
 #       then per other protected pool: its requests list, its pool lease zset
 # ARGV: expected sha1, mode ("launch" | "drop"), lease member, lease seconds, pool max, group limit,
-#       lease record, this pool's protected slots, then per other protected pool: its protected slots
-# Returns {code, in_flight_of_pool}; code is one of the CLAIM_* strings below.
+#       lease record, this pool's protected slots, the envelope to requeue if the lease expires ('' in
+#       lists mode), then per other protected pool: its protected slots
+# Returns {code, in_flight_of_pool, fencing token}; code is one of the CLAIM_* strings below; the token
+# is 0 in lists mode.
 # Protected slots as in the scheduler: outside its own protected slots a pool may take a group slot
 # only if the slots still owed to the other backlogged protected pools stay free.
 CLAIM = """
 local head = redis.call('LINDEX', KEYS[1], 0)
-if not head then return {'moved', 0} end
-if redis.sha1hex(head) ~= ARGV[1] then return {'moved', 0} end
+if not head then return {'moved', 0, 0} end
+if redis.sha1hex(head) ~= ARGV[1] then return {'moved', 0, 0} end
 if ARGV[2] == 'drop' then
   redis.call('LPOP', KEYS[1])
-  return {'dropped', 0}
+  return {'dropped', 0, 0}
 end
 local in_pool = redis.call('ZCARD', KEYS[3])
 if redis.call('ZSCORE', KEYS[3], ARGV[3]) then
   redis.call('LPOP', KEYS[1])
-  return {'duplicate', in_pool}
+  return {'duplicate', in_pool, 0}
 end
 if redis.call('EXISTS', KEYS[4]) == 0 then
   redis.call('LPOP', KEYS[1])
-  return {'producer_gone', 0}
+  return {'producer_gone', 0, 0}
 end
-if in_pool >= tonumber(ARGV[5]) then return {'pool_cap', in_pool} end
+if in_pool >= tonumber(ARGV[5]) then return {'pool_cap', in_pool, 0} end
 local in_group = redis.call('ZCARD', KEYS[2])
 local limit = tonumber(ARGV[6])
-if in_group >= limit then return {'group_cap', in_pool} end
-if #KEYS > 5 and in_pool >= tonumber(ARGV[8]) then
+if in_group >= limit then return {'group_cap', in_pool, 0} end
+if #KEYS > 8 and in_pool >= tonumber(ARGV[8]) then
   local reserved = 0
-  for i = 6, #KEYS, 2 do
+  for i = 9, #KEYS, 2 do
     if redis.call('LLEN', KEYS[i]) > 0 then
-      local owed = tonumber(ARGV[9 + (i - 6) / 2]) - redis.call('ZCARD', KEYS[i + 1])
+      local owed = tonumber(ARGV[10 + (i - 9) / 2]) - redis.call('ZCARD', KEYS[i + 1])
       if owed > 0 then reserved = reserved + owed end
     end
   end
-  if in_group >= limit - reserved then return {'reserved', in_pool} end
+  if in_group >= limit - reserved then return {'reserved', in_pool, 0} end
 end
 local t = redis.call('TIME')
 local expiry = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[4])
@@ -81,7 +89,13 @@ redis.call('ZADD', KEYS[2], expiry, ARGV[3])
 redis.call('ZADD', KEYS[3], expiry, ARGV[3])
 redis.call('HSET', KEYS[5], ARGV[3], ARGV[7])
 redis.call('LPOP', KEYS[1])
-return {'claimed', in_pool + 1}
+local token = 0
+if ARGV[9] ~= '' then
+  token = redis.call('INCR', KEYS[8])
+  redis.call('HSET', KEYS[6], ARGV[3], token)
+  redis.call('HSET', KEYS[7], ARGV[3], ARGV[9])
+end
+return {'claimed', in_pool + 1, token}
 """
 CLAIMED = "claimed"
 CLAIM_MOVED = "moved"
@@ -93,17 +107,24 @@ CLAIM_GROUP_CAP = "group_cap"
 CLAIM_RESERVED = "reserved"
 
 # KEYS: producer alive key, replies list, group lease zset, pool lease zset, lease records hash,
-#       pool wake list, then the requests list of every pool of the group
-# ARGV: reply bytes (empty: release only), reply list TTL ms, lease member, wake token cap, token TTL ms
-# Returns 1 when the reply was delivered, 0 when the producer is gone (reply dropped).
+#       pool wake list, fencing tokens hash, durable envelopes hash, delayed zset, dead-letter list,
+#       then the requests list of every pool of the group
+# ARGV: reply bytes (empty: release only), reply list TTL ms, lease member, wake token cap, token TTL ms,
+#       fencing token ('' unfenced: lists mode), settlement (SETTLE_*), the retry's next envelope or the
+#       dead letter, the retry's due time
+# Returns FINISH_DELIVERED, FINISH_PRODUCER_GONE, FINISH_STALE (the lease was taken away: nothing
+# done) or FINISH_DELAYED (the retry waits in the delayed set).
 # While the group has backlog, the freed slot wakes one idle dispatcher of the group (the one
 # waiting longest), not necessarily the finisher, so the work spreads over the fleet.
 FINISH = (
     """
+if ARGV[6] ~= '' and redis.call('HGET', KEYS[7], ARGV[3]) ~= ARGV[6] then return -1 end
 redis.call('ZREM', KEYS[3], ARGV[3])
 redis.call('ZREM', KEYS[4], ARGV[3])
 redis.call('HDEL', KEYS[5], ARGV[3])
-for i = 7, #KEYS do
+redis.call('HDEL', KEYS[7], ARGV[3])
+redis.call('HDEL', KEYS[8], ARGV[3])
+for i = 11, #KEYS do
   if redis.call('LLEN', KEYS[i]) > 0 then
 """
     + wake_lua("KEYS[6]", "ARGV[4]", "ARGV[5]")
@@ -111,6 +132,11 @@ for i = 7, #KEYS do
     break
   end
 end
+if ARGV[7] == 'retry' then
+  redis.call('ZADD', KEYS[9], ARGV[9], ARGV[8])
+  return 2
+end
+if ARGV[7] == 'dead' then redis.call('RPUSH', KEYS[10], ARGV[8]) end
 if ARGV[1] == '' then return 1 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('RPUSH', KEYS[2], ARGV[1])
@@ -118,6 +144,10 @@ redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return 1
 """
 )
+FINISH_DELIVERED = 1
+FINISH_PRODUCER_GONE = 0
+FINISH_STALE = -1
+FINISH_DELAYED = 2
 
 # KEYS: group lease zset, pool lease zset; ARGV: new expiry offset seconds, member
 # Extends a lease only if it still exists (XX), so a lease reaped after expiry is not revived.
@@ -129,21 +159,80 @@ redis.call('ZADD', KEYS[2], 'XX', expiry, ARGV[2])
 return 1
 """
 
-# KEYS: the group lease zset, the lease records hash, then every pool lease zset of the group
-# Drops leases past their expiry (a killed dispatcher's), so observation counts only live ones, and
-# returns the records of the group's expired leases: each is a call lost in flight.
+# KEYS: the group lease zset, the lease records hash, the durable envelopes hash, the fencing tokens
+#       hash, then every pool lease zset of the group
+# ARGV: the requests-list key of a pool without its pool id (the key prefix up to it)
+# Drops leases past their expiry (a killed or frozen dispatcher's), so observation counts only live
+# ones. A durable lease's envelope goes back to the head of its pool's list (earliest claim first):
+# a requeue. Any other expired lease with a record is a call lost in flight.
+# Returns {records of the lost calls, requeued envelopes}.
 REAP = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 local lost = {}
-for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
-  local record = redis.call('HGET', KEYS[2], member)
-  if record then
-    lost[#lost + 1] = record
-    redis.call('HDEL', KEYS[2], member)
+local requeued = {}
+for i = #expired, 1, -1 do
+  local member = expired[i]
+  local envelope = redis.call('HGET', KEYS[3], member)
+  if envelope then
+    local pool = string.match(member, '^(.-)\\031')
+    redis.call('LPUSH', ARGV[1] .. pool, envelope)
+    redis.call('HDEL', KEYS[3], member)
+    redis.call('HDEL', KEYS[4], member)
+    requeued[#requeued + 1] = envelope
+  else
+    local record = redis.call('HGET', KEYS[2], member)
+    if record then lost[#lost + 1] = record end
   end
+  redis.call('HDEL', KEYS[2], member)
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-for i = 3, #KEYS do redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now) end
-return lost
+for i = 5, #KEYS do redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now) end
+return {lost, requeued}
+"""
+
+
+# How FINISH settles an attempt: reply to the producer, store its retry, or store its dead letter.
+SETTLE_REPLY = "reply"
+SETTLE_RETRY = "retry"
+SETTLE_DEAD = "dead"
+
+# Due retries moved per pool and promotion; the rest follow on the next one.
+PROMOTE_BATCH = 256
+
+# PROMOTE moves due retries from the pool's delayed set back to the head of its list (earliest due first)
+# and wakes one dispatcher of the group.
+# KEYS: delayed zset, requests list, wake list; ARGV: batch size, wake token cap, token TTL ms
+# Returns how many due retries went back to the head of the list.
+PROMOTE = (
+    """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+if #due == 0 then return 0 end
+for i = #due, 1, -1 do redis.call('LPUSH', KEYS[2], due[i]) end
+redis.call('ZREM', KEYS[1], unpack(due))
+"""
+    + wake_lua("KEYS[3]", "ARGV[2]", "ARGV[3]")
+    + """
+return #due
+"""
+)
+
+# KEYS: requests list, dead-letter list, producer alive key, replies list
+# ARGV: expected sha1 of the head, dead letter bytes, reply bytes, reply list TTL ms
+# Returns 1 when the head was dead-lettered, 0 when it had moved (someone else took it).
+# BURY dead-letters a durable request found at its list's head after too many requeues, and tells its
+# producer, in one step, taking the head exactly as the claim does (by its digest).
+BURY = """
+local head = redis.call('LINDEX', KEYS[1], 0)
+if not head or redis.sha1hex(head) ~= ARGV[1] then return 0 end
+redis.call('LPOP', KEYS[1])
+redis.call('RPUSH', KEYS[2], ARGV[2])
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('RPUSH', KEYS[4], ARGV[3])
+  redis.call('PEXPIRE', KEYS[4], ARGV[4])
+end
+return 1
 """

@@ -11,6 +11,9 @@ DROP_PRODUCER_GONE = "producer_gone"  # liveness key missing before execution: n
 DROP_REPLY_PRODUCER_GONE = "reply_producer_gone"  # executed, but the producer left before the reply
 DROP_EXPIRED = "expired"  # deadline passed while queued: never executed
 DROP_REPLY_UNDELIVERED = "reply_undelivered"  # Valkey failed while publishing the reply
+# A durable request's result from a dispatcher whose lease was taken away (fencing): discarded, since
+# the request went back to its queue and runs (or ran) elsewhere.
+DROP_STALE_ATTEMPT = "stale_attempt"
 DROP_DUPLICATE = "duplicate"  # a copy of a request (same pool and request_id) that is already running
 DROP_LOST_IN_FLIGHT = "lost_in_flight"  # claimed by a dispatcher that died: its lease expired unreleased
 DROP_REASONS = (
@@ -19,6 +22,7 @@ DROP_REASONS = (
     DROP_REPLY_PRODUCER_GONE,
     DROP_EXPIRED,
     DROP_REPLY_UNDELIVERED,
+    DROP_STALE_ATTEMPT,
     DROP_DUPLICATE,
     DROP_LOST_IN_FLIGHT,
 )
@@ -35,6 +39,9 @@ class DispatcherStats:
     valkey_outages: int = 0
     claim_lost: int = 0  # peeked item taken by someone else before our claim
     turn_busy: int = 0  # rounds skipped because another dispatcher of the group was deciding
+    retried: int = 0  # failed attempts put in the delayed set for another attempt
+    requeued: int = 0  # durable requests put back at the head of their list after a lease expired
+    dead_lettered: int = 0  # requests moved to their pool's dead-letter list
     lost_by_pool: Counter[str] = field(default_factory=Counter)  # lost_in_flight, per pool
     internal_errors: int = 0  # unexpected exceptions caught by the scheduling round's guard
     config_rejected: int = 0  # published configurations this dispatcher refused
@@ -46,6 +53,9 @@ class DispatcherStats:
         flat: dict[str, int] = {
             "completed": self.completed,
             "valkey_outages": self.valkey_outages,
+            "retried": self.retried,
+            "requeued": self.requeued,
+            "dead_lettered": self.dead_lettered,
             "internal_error": self.internal_errors,
             "config_rejected": self.config_rejected,
         }

@@ -72,6 +72,7 @@ class Outcome:
     response_model: str | None = None
     reply_delivered: bool = False
     cost: int = 0
+    attempt: int = 1  # which execution of the request this span is (1 = first)
     time_to_first_token_s: float | None = None  # streamed calls only
     chunk_count: int | None = None  # streamed calls only
 
@@ -113,6 +114,7 @@ def record_span(
         semconv.STATUS: outcome.status,
         semconv.REPLY_DELIVERED: outcome.reply_delivered,
         semconv.COST_UNITS: outcome.cost,
+        semconv.ATTEMPT: outcome.attempt,
         semconv.SPAN_KIND_ROLE: "dispatcher",
     }
     if outcome.backend_url:

@@ -217,6 +217,9 @@ class Envelope:
     trace: Mapping[str, str] = field(default_factory=dict)
     metadata: Metadata = field(default_factory=Metadata)
     stream: StreamOptions | None = None  # set: the dispatcher relays the backend's chunks as they come
+    # Which execution this is (1 = first) and how often an expired lease put it back (durable mode).
+    attempt: int = 1
+    requeues: int = 0
 
     def encode(self, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -> bytes:
         """Serializes the envelope; refuses one over ``max_bytes`` with EnvelopeTooLarge, and times the
@@ -224,7 +227,9 @@ class Envelope:
         _wall_clock(self.enqueued_at, "envelope.enqueued_at")
         if self.deadline is not None:
             _wall_clock(self.deadline, "envelope.deadline")
-        optional = {"stream": self.stream.to_json()} if self.stream is not None else {}
+        optional: dict[str, Any] = {"stream": self.stream.to_json()} if self.stream is not None else {}
+        if self.attempt != 1 or self.requeues:
+            optional.update(attempt=self.attempt, requeues=self.requeues)
         raw = orjson.dumps(
             {
                 "request_id": self.request_id,
@@ -270,8 +275,17 @@ class Envelope:
             trace=trace,
             metadata=Metadata.from_json(data.get("metadata")),
             stream=StreamOptions.from_json(data["stream"]) if data.get("stream") is not None else None,
+            attempt=_count(data.get("attempt", 1), "envelope.attempt", minimum=1),
+            requeues=_count(data.get("requeues", 0), "envelope.requeues", minimum=0),
             **ids,
         )
+
+
+def _count(value: Any, what: str, *, minimum: int) -> int:
+    count: int = _expect(value, int, what)
+    if count < minimum:
+        raise _fail(f"{what} must be at least {minimum}, got {count}")
+    return count
 
 
 def _wall_clock(value: Any, what: str) -> float:

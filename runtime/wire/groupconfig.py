@@ -15,10 +15,14 @@ from typing import Any
 import orjson
 
 from runtime.errors import MalformedEnvelope
+from runtime.policy.retry import RetryPolicy
 from runtime.policy.scheduler import GroupPolicy, PoolPolicy
 from runtime.wire.keys import KeySpace
 
 POLICIES = ("fifo", "drr")
+LISTS = "lists"
+DURABLE = "durable"
+DELIVERIES = (LISTS, DURABLE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +36,13 @@ class PoolConfig:
     endpoint_url: str = ""
     enabled: bool = True
     paused: bool = False
+    max_attempts: int = 1
+    retry_backoff_base_s: float = 0.5
+    retry_backoff_cap_s: float = 30.0
+    max_requeues: int = 3
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(self.max_attempts, self.retry_backoff_base_s, self.retry_backoff_cap_s)
 
     def policy(self) -> PoolPolicy:
         return PoolPolicy(
@@ -52,6 +63,7 @@ class GroupConfig:
     default_endpoint_url: str = ""
     api_key_env: str = ""
     queueing_enabled: bool = True
+    delivery: str = LISTS
     name: str = ""
     pools: tuple[PoolConfig, ...] = field(default_factory=tuple)
     version: int = 0
@@ -73,6 +85,10 @@ class GroupConfig:
                 return pool.endpoint_url
         return self.default_endpoint_url
 
+    @property
+    def durable(self) -> bool:
+        return self.delivery == DURABLE
+
     def pool(self, pool_id: str) -> PoolConfig | None:
         return next((p for p in self.pools if p.pool_id == pool_id), None)
 
@@ -89,6 +105,13 @@ class GroupConfig:
             raise MalformedEnvelope(f"published group configuration is unreadable: {exc}") from exc
         if config.policy not in POLICIES:
             raise MalformedEnvelope(f"group {config.group_id}: unknown policy {config.policy!r}")
+        if config.delivery not in DELIVERIES:
+            raise MalformedEnvelope(f"group {config.group_id}: unknown delivery {config.delivery!r}")
+        try:
+            for pool in config.pools:
+                pool.retry_policy()
+        except ValueError as exc:
+            raise MalformedEnvelope(f"group {config.group_id}: {exc}") from exc
         return config
 
 

@@ -38,6 +38,10 @@ class KeySpace:
     def producer_alive(self, producer_id: str) -> str:
         return f"{self.prefix}key:llm:producer:{producer_id}:alive"
 
+    def dead_letters(self, pool_id: str) -> str:
+        """Requests of one pool that exhausted their attempts, oldest first, for an operator."""
+        return f"{self.prefix}list:llm:dead:{pool_id}"
+
     # --- runtime bookkeeping -------------------------------------------------------------------
     def wake_list(self, pool_id: str) -> str:
         """Wake-up tokens of a pool: pushed with a request or a freed slot, BLPOPed by one idle dispatcher."""
@@ -70,6 +74,22 @@ class KeySpace:
     def pool_inflight(self, pool_id: str) -> str:
         """Sorted set of in-flight leases of one pool, across all dispatchers."""
         return f"{self.prefix}zset:llm:inflight-pool:{pool_id}"
+
+    def delayed(self, pool_id: str) -> str:
+        """Sorted set of one pool's retries waiting for their due time (member: envelope, score: due)."""
+        return f"{self.prefix}zset:llm:delayed:{pool_id}"
+
+    def durable_leases(self, group_id: str) -> str:
+        """Hash lease member -> the envelope to requeue if the lease expires (durable mode)."""
+        return f"{self.prefix}hash:llm:durable:{group_id}"
+
+    def lease_tokens(self, group_id: str) -> str:
+        """Hash lease member -> the fencing token of the claim that holds it (durable mode)."""
+        return f"{self.prefix}hash:llm:lease-token:{group_id}"
+
+    def fencing_counter(self, group_id: str) -> str:
+        """Counter handing out each claim's fencing token."""
+        return f"{self.prefix}key:llm:fence:{group_id}"
 
     def lease_records(self, group_id: str) -> str:
         """Hash lease member -> what a claim knew of its request, so a lease that expires because

@@ -14,8 +14,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,3 +102,18 @@ async def logged_in_page(browser, base: str, *, width: int = 1440, height: int =
     await page.click("input[type=submit]")
     await page.wait_for_url(f"{base}/fabric/demo/")
     return page
+
+
+@contextlib.asynccontextmanager
+async def live_dashboard(base: str) -> AsyncIterator[Any]:
+    """Chromium on the demo group's dashboard, logged in, once its dispatcher feed is live."""
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await logged_in_page(browser, base)
+            await page.wait_for_selector("#feed.ok", timeout=15_000)
+            yield page
+        finally:
+            await browser.close()

@@ -6,7 +6,14 @@ import asyncio
 import time
 
 from runtime.producer import Producer
-from tests.dashboard.browser import BROWSER_MARKS, CHROMIUM, CHROMIUM_ARGS, SCREENSHOT, logged_in_page
+from tests.dashboard.browser import (
+    BROWSER_MARKS,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    SCREENSHOT,
+    live_dashboard,
+    logged_in_page,
+)
 from tests.runtime.harness import slow_call
 
 pytestmark = BROWSER_MARKS
@@ -148,33 +155,50 @@ async def test_pause_and_resume_take_one_plain_click_each_while_the_feed_is_busy
 async def test_reasons_a_newer_dispatcher_reports_show_up_explained(stack, aredis, keys) -> None:
     """A drop reason and a skip reason the dashboard has no words for yet still show, with a legend entry."""
     import orjson
-    from playwright.async_api import async_playwright
 
     from tests.dashboard.test_merge import pool, snap
 
-    async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = await logged_in_page(browser, stack["url"])
-        try:
-            await page.wait_for_selector("#feed.ok", timeout=15_000)
-            newer = snap(
-                "newer-d2", time.time(), [pool("backfill", skips={"tenant_quota": 3})],
-                group_id="demo", dropped={"lost_in_flight": 2, "shed_by_operator": 1},
-            )  # fmt: skip
-            await aredis.set(keys.snapshot("demo", "newer-d2"), orjson.dumps(newer), px=10_000)
+    async with live_dashboard(stack["url"]) as page:
+        newer = snap(
+            "newer-d2", time.time(), [pool("backfill", skips={"tenant_quota": 3})],
+            group_id="demo", dropped={"lost_in_flight": 2, "shed_by_operator": 1},
+        )  # fmt: skip
+        await aredis.set(keys.snapshot("demo", "newer-d2"), orjson.dumps(newer), px=10_000)
 
-            known_new = page.locator('#counters tr[data-key="drop:lost_in_flight"]')
-            await known_new.wait_for(timeout=10_000)
-            assert (await known_new.inner_text()).split("\t")[0] == "Dropped: Lost in flight"
-            assert "lease expired" in (await known_new.locator("td").first.get_attribute("title") or "")
-            unknown = page.locator('#counters tr[data-key="drop:shed_by_operator"] td').first
-            assert await unknown.inner_text() == "Dropped: shed by operator"
-            chip = page.locator('tr[data-pool="backfill"] .chip[title^="tenant_quota: "]')
-            assert await chip.inner_text() == "tenant quota 3"
-            await page.click("#legend summary")  # the legend opens on demand
-            for kind, reason in (("drop", "shed_by_operator"), ("skip", "tenant_quota")):
-                entry = page.locator(f'#legend-{kind} dt[data-reason="{reason}"]')
-                assert await entry.is_visible(), reason
-            await page.screenshot(path=LEGEND_SCREENSHOT, full_page=True)
-        finally:
-            await browser.close()
+        known_new = page.locator('#counters tr[data-key="drop:lost_in_flight"]')
+        await known_new.wait_for(timeout=10_000)
+        assert (await known_new.inner_text()).split("\t")[0] == "Dropped: Lost in flight"
+        assert "lease expired" in (await known_new.locator("td").first.get_attribute("title") or "")
+        unknown = page.locator('#counters tr[data-key="drop:shed_by_operator"] td').first
+        assert await unknown.inner_text() == "Dropped: shed by operator"
+        chip = page.locator('tr[data-pool="backfill"] .chip[title^="tenant_quota: "]')
+        assert await chip.inner_text() == "tenant quota 3"
+        await page.click("#legend summary")  # the legend opens on demand
+        for kind, reason in (("drop", "shed_by_operator"), ("skip", "tenant_quota")):
+            entry = page.locator(f'#legend-{kind} dt[data-reason="{reason}"]')
+            assert await entry.is_visible(), reason
+        await page.screenshot(path=LEGEND_SCREENSHOT, full_page=True)
+
+
+async def test_a_dead_letter_shows_up_live_and_is_replayed_from_the_admin(stack, aredis, keys) -> None:
+    """A dead letter appears on the open dashboard; its link leads to the admin, where Replay queues it."""
+    from runtime.wire.contract import Envelope
+    from tests.pools.helpers import dead_letter
+
+    async with live_dashboard(stack["url"]) as page:
+        assert await page.locator('[data-v="dead_letters_total"]').inner_text() == "0"
+        # Paused, so the replayed request stays visibly queued instead of running at once.
+        await page.click('tr[data-pool="backfill"] button.pause')
+        await page.wait_for_selector('tr[data-pool="backfill"].paused button.resume', timeout=10_000)
+        await aredis.rpush(keys.dead_letters("backfill"), dead_letter("r-dead", dead_at=time.time() - 30))
+        row = page.locator("#dead-letters tr", has_text="backfill")
+        await row.wait_for(timeout=10_000)
+        assert await page.locator('[data-v="dead_letters_total"]').inner_text() == "1"
+        await row.get_by_role("link", name="replay or discard").click()
+        await page.wait_for_selector("#dead-letters tr.dead-letter")
+        assert "attempts_exhausted" in await page.locator("#dead-letters").inner_text()
+        await page.get_by_role("button", name="Replay").click()
+        await page.wait_for_selector("#no-dead-letters")
+        assert "Replayed dead letter request r-dead" in await page.locator(".messagelist").inner_text()
+        [queued] = await aredis.lrange(keys.requests("backfill"), 0, -1)
+        assert Envelope.decode(queued).request_id == "r-dead"

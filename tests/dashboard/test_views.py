@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pools.models import Pool
 from runtime.wire.groupconfig import GroupConfig
 from tests.dashboard.test_merge import pool, snap
+from tests.pools.helpers import dead_letter
 
 
 @pytest.fixture
@@ -190,3 +191,20 @@ def test_every_page_has_the_same_navigation_favicon_and_logout(fabric, django_us
             assert f'<a href="{href}"' in page and f">{label}</a>" in page, (url, label)
         assert 'action="/admin/logout/"' in page and ">Log out</button>" in page, url
         assert 'rel="icon" type="image/svg+xml" href="/static/dashboard/favicon.svg"' in page, url
+
+
+def test_dead_letters_per_pool_with_their_oldest_and_a_link_to_act(
+    staff_client, fabric, sredis, keys
+) -> None:
+    sredis.rpush(
+        keys.dead_letters("backfill"), dead_letter("r-1", dead_at=time.time() - 90), dead_letter("r-2")
+    )
+    page = staff_client.get("/fabric/g/").content.decode()
+    assert '<span class="value" data-v="dead_letters_total">2</span>' in page
+    row = page[page.index('<tbody id="dead-letters">') :]
+    row = row[: row.index("</tbody>")]
+    assert "backfill" in row and '<td class="num">2</td>' in row and "interactive" not in row
+    oldest = int(row.split('<td class="num">')[2].split(" s<")[0])
+    assert 89 <= oldest <= 120
+    pk = fabric.pools.get(pool_id="backfill").pk
+    assert f'href="/admin/pools/pool/{pk}/dead-letters/"' in row

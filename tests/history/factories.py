@@ -29,9 +29,11 @@ def execution_doc(
     output_tokens: int | None = 100,
     ago_s: float = 60.0,
     trace_id: str | None = None,
+    attempt: int | None = None,
+    start_ns: int | None = None,
 ) -> dict[str, Any]:
     n = next(_ids)
-    start = time.time_ns() - int(ago_s * 1e9)
+    start = start_ns if start_ns is not None else time.time_ns() - int(ago_s * 1e9)
     attrs: dict[str, Any] = {
         semconv.REQUEST_ID: request_id or f"req-{n}",
         semconv.POOL_ID: pool,
@@ -47,6 +49,8 @@ def execution_doc(
     }
     if status != "dropped":
         attrs[semconv.EXECUTION_S] = execution
+    if attempt is not None:
+        attrs[semconv.ATTEMPT] = attempt
     if error_type:
         attrs[semconv.ERROR_TYPE] = error_type
         attrs[semconv.ERROR_MESSAGE] = f"{error_type} happened"

@@ -114,6 +114,7 @@ def test_spans_arrive_with_every_attribute(provider: TracerProvider, ingester: I
         "ProducerLabel": "",
         "TimeToFirstTokenS": None,
         "ChunkCount": None,
+        "Attempt": 1,  # no attempt attribute: a first attempt
     }
     assert chat["Duration"] > 0
 

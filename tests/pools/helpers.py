@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pools.models import FabricGroup, Pool
+from runtime.dispatch import deadletters
+from runtime.wire.contract import ChatCall, Envelope
 
 POOL_DEFAULTS = {
     "display_name": "",
@@ -16,6 +19,10 @@ POOL_DEFAULTS = {
     "enabled": True,
     "paused": False,
     "sort_order": 0,
+    "max_attempts": 1,
+    "retry_backoff_base_s": 0.5,
+    "retry_backoff_cap_s": 30.0,
+    "max_requeues": 3,
 }
 
 
@@ -32,6 +39,7 @@ def group_form(group: dict[str, Any], pools: list[dict[str, Any]], *, initial: i
         "default_endpoint_url": group.get("default_endpoint_url", "http://127.0.0.1:8100/v1"),
         "api_key_env": group.get("api_key_env", ""),
         "total_concurrency": group.get("total_concurrency", 16),
+        "delivery": group.get("delivery", "lists"),
         "pools-TOTAL_FORMS": len(pools),
         "pools-INITIAL_FORMS": initial,
         "pools-MIN_NUM_FORMS": 0,
@@ -85,3 +93,23 @@ def changelist_form(pools: list[Pool], **changes: dict[str, Any]) -> dict[str, A
         for name, value in row.items():
             data[f"form-{i}-{name}"] = value
     return data
+
+
+def dead_letter(request_id: str, *, pool_id: str = "backfill", dead_at: float | None = None) -> bytes:
+    """A stored dead letter: a request that failed three attempts with 503."""
+    envelope = Envelope(
+        request_id,
+        "p1",
+        pool_id,
+        ChatCall.from_openai({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+        enqueued_at=time.time() - 60,
+        deadline=time.time() - 1,
+        attempt=3,
+    )
+    return deadletters.DeadLetter.of(
+        envelope,
+        reason=deadletters.ATTEMPTS_EXHAUSTED,
+        error_type="backend_http_error",
+        error_message="backend answered HTTP 503: overloaded",
+        now=time.time() if dead_at is None else dead_at,
+    ).encode()

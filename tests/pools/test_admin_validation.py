@@ -62,6 +62,9 @@ def pool_post(group: FabricGroup, **values: Any) -> dict[str, Any]:
         ({"endpoint_url": "not a url"}, "Enter a valid http:// or https:// URL"),
         ({"endpoint_url": "https://user:s3cret@llm.example.com/v1"}, "This URL embeds credentials"),
         ({"endpoint_url": "https://llm.example.com/v1?api_key=sk-123"}, "This URL embeds credentials"),
+        ({"max_attempts": 0}, "A request gets at least one attempt"),
+        ({"retry_backoff_base_s": 5, "retry_backoff_cap_s": 1}, "The backoff cap must not be below its base"),
+        ({"retry_backoff_base_s": -1}, "greater than or equal to 0"),
         (
             {"min_concurrent": 13, "max_concurrent": 13},
             "protected slots of enabled pools (sum of min concurrent = 17) exceed "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 
@@ -44,6 +45,19 @@ def start_dispatcher(
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
+
+
+def stop_dispatcher(proc: subprocess.Popen[str], timeout: float = 20.0) -> None:
+    """SIGTERM (a graceful stop) and wait; SIGKILL if it does not end in time."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 async def main(

@@ -155,7 +155,7 @@ async def test_claim_refuses_a_slot_protected_for_another_backlogged_pool(aredis
     claims = [_launch("bulk", raw, i, reserved_for=guard) for i, raw in enumerate(bulk[:3])]
     results = await queue.claim(claims, lease_s=30)
     # Two of four slots stay owed to vip (backlogged, nothing running): bulk gets two, then is refused.
-    assert [code for code, _ in results] == [scripts.CLAIMED, scripts.CLAIMED, scripts.CLAIM_RESERVED]
+    assert [code for code, _, _ in results] == [scripts.CLAIMED, scripts.CLAIMED, scripts.CLAIM_RESERVED]
     vip_raw = (await aredis.lrange(keys.requests("vip"), 0, 0))[0]
     results = await queue.claim([_launch("vip", vip_raw, 0, protected=2)], lease_s=30)
     assert results[0][0] == scripts.CLAIMED  # inside its own protected slots
@@ -197,7 +197,7 @@ async def test_one_claim_checks_protected_slots_and_stores_lease_records_for_the
         for i, raw in enumerate(bulk)
     ]
     results = await queue.claim(claims, lease_s=30)
-    assert [code for code, _ in results] == [scripts.CLAIMED, scripts.CLAIMED, scripts.CLAIM_RESERVED]
+    assert [code for code, _, _ in results] == [scripts.CLAIMED, scripts.CLAIMED, scripts.CLAIM_RESERVED]
     held = {c.lease_member.encode() for c in claims[:2]}
     assert set(await aredis.hkeys(keys.lease_records("g"))) == held
     for member in held:  # the dispatcher died: its leases run out

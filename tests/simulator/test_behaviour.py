@@ -73,3 +73,11 @@ def test_rate_limit_share_follows_the_rate() -> None:
     share = sum(limiter.rate_limited() for _ in range(4000)) / 4000
     assert 0.2 < share < 0.3
     assert not any(behaviour().rate_limited() for _ in range(100))
+
+
+def test_fail_times_fails_only_the_first_calls_of_a_key() -> None:
+    sim = {"status": 503, "fail_times": 2, "key": "r-1"}
+    fates = behaviour()
+    assert [fates.plan(REQUEST, sim).status for _ in range(4)] == [503, 503, 0, 0]
+    assert fates.plan(REQUEST, {**sim, "key": "r-2"}).status == 503  # each key has its own count
+    assert fates.calls_by_key == {"r-1": 4, "r-2": 1}

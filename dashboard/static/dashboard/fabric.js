@@ -108,6 +108,15 @@
     });
   }
 
+  function deadLetterCells(d) {
+    return [
+      { html: esc(d.pool_id) },
+      { html: esc(d.count), cls: "num" },
+      { html: d.oldest_age_s === null || d.oldest_age_s === undefined ? "–" : esc(Math.round(d.oldest_age_s) + " s"), cls: "num" },
+      { html: d.url ? '<a href="' + esc(d.url) + '">replay or discard</a>' : "" },
+    ];
+  }
+
   // --- pools ------------------------------------------------------------------------------------
   function isPaused(p) {
     var want = wanted[p.pool_id];
@@ -302,6 +311,7 @@
     setTile("completed", totals.completed || 0);
     setTile("failed_total", totals.failed_total || 0);
     setTile("dropped_total", totals.dropped_total || 0);
+    setTile("dead_letters_total", view.dead_letters_total || 0);
     if (view.policy) setTile("policy", view.policy);
     setTile("active_count", view.active.length);
     var maxQueue = Math.max.apply(null, [1].concat(view.pools.map(function (p) { return p.queue_depth || 0; })));
@@ -316,6 +326,9 @@
       '<td colspan="10" class="muted">No dispatcher is running.</td>');
     syncRows(document.getElementById("counters"), counterItems(view), function (c) { return c.key; },
       cellsRow(3), updateCounterRow, "");
+    syncRows(document.getElementById("dead-letters"), view.dead_letters || [], function (d) { return d.pool_id; },
+      cellsRow(4), function (tr, d) { setCells(tr, deadLetterCells(d)); },
+      '<td colspan="4" class="muted">No dead letters.</td>');
     updateLegend(view);
     banner(view);
   }
@@ -382,7 +395,7 @@
   setInterval(function () { banner(lastView); }, 1000);
   lastMessage = Date.now();
   // The server painted the first frame; from here the script owns the rows (built once, then updated).
-  ["pools", "active", "dispatchers", "counters"].forEach(function (id) {
+  ["pools", "active", "dispatchers", "counters", "dead-letters"].forEach(function (id) {
     document.getElementById(id).innerHTML = "";
   });
   render(lastView);
