@@ -65,10 +65,10 @@ async def fill(
 
 
 async def wait_queued(client, keys, pool_id: str, n: int) -> None:
-    deadline = time.monotonic() + 20
-    while await client.llen(keys.requests(pool_id)) < n:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.02)
+    async def enough() -> bool:
+        return await client.llen(keys.requests(pool_id)) >= n
+
+    await wait_until(enough, timeout=20, what=f"{n} calls queued in {pool_id}")
 
 
 @pytest.fixture
@@ -118,7 +118,10 @@ async def test_paused_pool_keeps_its_queue_until_resumed(aredis, keys, sim) -> N
         async with running_dispatcher(aredis, keys, config) as dispatcher:
             interactive = await fill(producer, "interactive", 20)
             await asyncio.gather(*interactive)
-            await asyncio.sleep(0.3)
+            rounds = dispatcher.stats.rounds
+            await wait_until(
+                lambda: dispatcher.stats.rounds >= rounds + 5, what="more rounds after interactive"
+            )
             assert await aredis.llen(keys.requests("backfill")) == 20
             assert dispatcher.stats.skips[("backfill", "paused")] > 0
             assert dispatcher.snapshot()["pools"][1]["paused"] is True
