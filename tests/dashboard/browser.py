@@ -30,6 +30,7 @@ SCREENSHOT = "/tmp/dashboard.png"
 
 BROWSER_MARKS = [
     pytest.mark.browser,
+    pytest.mark.slow,  # each test starts a whole stack and a browser
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="system Chromium not installed"),
 ]
 
