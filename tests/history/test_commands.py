@@ -85,6 +85,7 @@ def test_runhistory_killed_mid_stream_loses_and_duplicates_nothing(
         close_all()
 
 
+@pytest.mark.slow
 def test_history_migrate_command(settings, ch_url: str) -> None:  # type: ignore[no-untyped-def]
     settings.CLICKHOUSE_URL = ch_url
     settings.HISTORY_RETENTION_DAYS = 9

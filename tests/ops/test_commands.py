@@ -28,6 +28,7 @@ from tests.waiting import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 async def test_sigterm_lets_in_flight_calls_finish_and_reply_then_exits_zero(
     aredis, keys, valkey_url
 ) -> None:

@@ -35,6 +35,7 @@ def launched(sredis: redis.Redis, keys: KeySpace) -> tuple[int, dict[str, int]]:
     return snap["config_version"], {p["pool_id"]: p["launched"] for p in snap["pools"]}
 
 
+@pytest.mark.slow
 def test_weight_edited_in_the_admin_changes_the_live_ratio(
     superuser_client: Client, sredis: redis.Redis, keys: KeySpace, valkey_url: str
 ) -> None:

@@ -42,6 +42,7 @@ async def test_round_trip(aredis, keys, sim) -> None:
     assert sim.completions_total == 1
 
 
+@pytest.mark.slow
 async def test_thousand_concurrent_submits_reach_their_own_callers(aredis, keys, sim) -> None:
     config = one_pool_group(sim.url, total=64, max_concurrent=64)
     async with running_dispatcher(aredis, keys, config), Producer(aredis, keys=keys) as producer:
@@ -84,6 +85,7 @@ async def test_producer_gone_before_execution_is_dropped_and_backend_never_calle
     assert await aredis.hget(keys.counters("g"), f"dropped:{DROP_PRODUCER_GONE}") == b"1"
 
 
+@pytest.mark.slow
 async def test_producer_gone_after_execution_drops_the_reply(aredis, keys, sim, valkey_url) -> None:
     async with running_dispatcher(aredis, keys, one_pool_group(sim.url)) as dispatcher:
         proc = subprocess.Popen(
@@ -154,6 +156,7 @@ async def test_connection_refused_becomes_typed_error(aredis, keys) -> None:
             await producer.submit(CALL, pool_id="default", timeout=10)
 
 
+@pytest.mark.slow
 async def test_one_slow_call_never_holds_other_slots(aredis, keys, sim) -> None:
     config = one_pool_group(sim.url, total=4, max_concurrent=4)
     async with (

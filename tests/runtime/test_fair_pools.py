@@ -77,6 +77,7 @@ async def sim():
         yield server
 
 
+@pytest.mark.slow
 async def test_four_to_one_backlog_dispatches_about_four_to_one(aredis, keys, sim) -> None:
     config = two_pools(sim.url)
     await groupconfig.publish(aredis, keys, config)
@@ -91,6 +92,7 @@ async def test_four_to_one_backlog_dispatches_about_four_to_one(aredis, keys, si
     assert 3.3 <= ratio <= 4.8, f"interactive:backfill was {ratio:.2f}, expected about 4"
 
 
+@pytest.mark.slow
 async def test_costs_are_charged_against_weight(aredis, keys, sim) -> None:
     # Equal weights, but every backfill request costs 4 units: interactive should get ~4x the requests.
     config = two_pools(sim.url, interactive=4, backfill=4)
@@ -134,6 +136,7 @@ async def test_paused_pool_keeps_its_queue_until_resumed(aredis, keys, sim) -> N
     assert await aredis.llen(keys.requests("backfill")) == 0
 
 
+@pytest.mark.slow
 async def test_weight_change_reaches_a_running_dispatcher_and_changes_the_ratio(aredis, keys, sim) -> None:
     config = two_pools(sim.url, interactive=1, backfill=1)
     await groupconfig.publish(aredis, keys, config)
@@ -169,6 +172,7 @@ def stop(procs: list[subprocess.Popen]) -> list[int]:
     return [proc.wait(20) for proc in procs]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("processes", [2, 3])
 async def test_several_dispatcher_processes_share_caps_and_never_run_a_request_twice(
     aredis, keys, valkey_url, processes
@@ -205,6 +209,7 @@ async def test_several_dispatcher_processes_share_caps_and_never_run_a_request_t
     assert snapshots == []  # each stopped dispatcher removed its live snapshot
 
 
+@pytest.mark.slow
 async def test_killed_dispatcher_frees_its_slots_after_its_lease(aredis, keys, valkey_url) -> None:
     lease_s = 2.0
     async with SimulatorServer(SimulatorConfig()) as sim:

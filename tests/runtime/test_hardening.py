@@ -231,6 +231,7 @@ async def test_reply_lost_to_valkey_is_recorded_as_undelivered(private_valkey, k
 
 
 # --- 9. a refused configuration is visible -----------------------------------------------------------
+@pytest.mark.slow
 async def test_refused_configuration_is_logged_counted_and_in_the_snapshot(aredis, keys, sim, caplog) -> None:
     async with running_dispatcher(aredis, keys, one_pool_group(sim.url)) as dispatcher:
         await wait_until(lambda: keys.config_channel("g") in dispatcher.listener.subscribed)
