@@ -1,16 +1,20 @@
 """The one way tests wait for something to happen: poll a condition until it holds or a timeout passes.
 
-Tests never sleep a fixed time to let something happen; they wait for the condition they need.
+Tests never sleep a fixed time to let something happen; they wait for the condition they need. The
+few sleeps left in tests are the scenario itself (a server that stays down, a clock that must move on)
+and say so in a comment.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import socket
+import subprocess
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -20,15 +24,41 @@ def _expired(what: str) -> AssertionError:
 
 
 async def wait_until(
-    predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.01, what: str = "condition"
+    predicate: Callable[[], T | Awaitable[T]],
+    timeout: float = 10.0,
+    interval: float = 0.01,
+    what: str = "condition",
 ) -> T:
-    """Polls ``predicate`` on the event loop; returns its first truthy value."""
+    """Polls ``predicate`` on the event loop; returns its first truthy value.
+
+    ``predicate`` may be a coroutine function (one that reads Valkey, a page, a /metrics scrape).
+    """
     deadline = time.monotonic() + timeout
-    while not (value := predicate()):
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value  # type: ignore[return-value]
         if time.monotonic() > deadline:
             raise _expired(what)
         await asyncio.sleep(interval)
-    return value
+
+
+async def wait_until_equal(
+    read: Callable[[], Awaitable[Any]], expected: Any, timeout: float = 10.0, what: str = "value"
+) -> None:
+    """Polls an async ``read`` (e.g. ``lambda: client.llen(queue)``) until it returns ``expected``."""
+    seen: list[Any] = []
+
+    async def reached() -> bool:
+        seen[:] = [await read()]
+        return bool(seen[0] == expected)
+
+    try:
+        await wait_until(reached, timeout, what=what)
+    except AssertionError:
+        raise AssertionError(f"{what} never became {expected!r} (last: {seen[0]!r})") from None
 
 
 def wait_until_sync(
@@ -47,3 +77,13 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
         return True
     return False
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """Waits until ``proc`` listens on ``port``; fails at once, with its exit code, if it exits first."""
+
+    def listening() -> bool:
+        assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
+        return port_open(port)
+
+    wait_until_sync(listening, timeout, interval=0.1, what=f"a listener on port {port}")

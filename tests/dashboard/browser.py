@@ -10,10 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from typing import Any
 import pytest
 
 from runtime.valkey.embedded import free_port
+from tests.waiting import wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -33,18 +32,9 @@ SCREENSHOT = "/tmp/dashboard.png"
 
 BROWSER_MARKS = [
     pytest.mark.browser,
+    pytest.mark.slow,  # each test starts a whole stack and a browser
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="system Chromium not installed"),
 ]
-
-
-def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"nothing listens on port {port}")
 
 
 @pytest.fixture

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+
+import orjson
 
 from runtime.producer import Producer
 from tests.dashboard.browser import (
@@ -15,6 +18,7 @@ from tests.dashboard.browser import (
     logged_in_page,
 )
 from tests.runtime.harness import slow_call
+from tests.waiting import wait_until
 
 pytestmark = BROWSER_MARKS
 
@@ -25,10 +29,7 @@ async def figure(page, pool_id: str, field: str) -> int:
 
 
 async def until(check, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, f"the dashboard did not show {what} in time"
-        await asyncio.sleep(0.2)
+    await wait_until(check, timeout, interval=0.2, what=f"the dashboard showing {what}")
 
 
 async def test_dashboard_updates_live_and_pauses_a_pool(stack, aredis, keys) -> None:
@@ -36,6 +37,12 @@ async def test_dashboard_updates_live_and_pauses_a_pool(stack, aredis, keys) -> 
 
     base = stack["url"]
     calls: list[asyncio.Task] = []
+
+    async def dispatcher_paused_backfill() -> bool:
+        raw = await aredis.get(keys.snapshot("demo", "browser-d1"))
+        pools = orjson.loads(raw)["pools"] if raw else []
+        return any(p["pool_id"] == "backfill" and p["paused"] for p in pools)
+
     async with (
         async_playwright() as pw,
         Producer(aredis, keys=keys, producer_id="browser-load") as producer,
@@ -61,14 +68,23 @@ async def test_dashboard_updates_live_and_pauses_a_pool(stack, aredis, keys) -> 
 
             await page.click('tr[data-pool="backfill"] button.pause')
             await page.wait_for_selector('tr[data-pool="backfill"].paused button.resume', timeout=10_000)
-            await asyncio.sleep(1.0)  # the dispatcher has the new configuration; backfill drains no more
+            await until(dispatcher_paused_backfill, "the dispatcher applying the pause")
+
+            async def page_shows_the_queue() -> bool:  # a frame from after the pause: backfill drains no more
+                return await figure(page, "backfill", "queue_depth") == await aredis.llen(
+                    keys.requests("backfill")
+                )
+
+            await until(page_shows_the_queue, "the paused queue's length")
             before = await figure(page, "backfill", "queue_depth")
             load("backfill", 15, 10)
             await until(lambda: _ge(page, "backfill", "queue_depth", before + 15), "the paused queue growing")
             await until(
                 lambda: _tile_gt(page, "completed", 0), "completions"
             )  # the group's counters refresh while busy
-            await page.wait_for_timeout(1000)  # a few more live frames so the screenshot shows steady state
+            # Steady state for the screenshot: the row says "paused", no longer "pausing…".
+            paused_pill = page.locator('tr[data-pool="backfill"] .pill', has_text=re.compile(r"^paused$"))
+            await paused_pill.wait_for(timeout=10_000)
             assert await page.evaluate("window.__notReloaded === true")
             await page.screenshot(path=SCREENSHOT, full_page=True)
         finally:
@@ -154,7 +170,6 @@ async def test_pause_and_resume_take_one_plain_click_each_while_the_feed_is_busy
 
 async def test_reasons_a_newer_dispatcher_reports_show_up_explained(stack, aredis, keys) -> None:
     """A drop reason and a skip reason the dashboard has no words for yet still show, with a legend entry."""
-    import orjson
 
     from tests.dashboard.test_merge import pool, snap
 

@@ -6,13 +6,12 @@ import asyncio
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from runtime.producer import Producer
 from tests.dashboard.browser import BROWSER_MARKS, CHROMIUM, CHROMIUM_ARGS, logged_in_page
 from tests.runtime.harness import slow_call
+from tests.waiting import wait_until
 
-pytestmark = [*BROWSER_MARKS, pytest.mark.slow]
+pytestmark = BROWSER_MARKS
 
 WIDTH = 1280
 SHOTS = Path("/tmp/ui-layout")
@@ -74,11 +73,12 @@ async def test_every_page_fits_1280_px_wide(stack, aredis, keys) -> None:
             page = await logged_in_page(browser, base, width=WIDTH, height=900)
             await page.wait_for_selector("#active tr[data-request]", timeout=15_000)
             link = page.locator('a[href^="/history/request/"]').first
-            for _ in range(100):  # the history ingester stores spans within a second or two
+
+            async def history_lists_a_request() -> bool:  # the ingester stores spans within a second or two
                 await page.goto(f"{base}/history/")
-                if await link.count():
-                    break
-                await page.wait_for_timeout(300)
+                return bool(await link.count())
+
+            await wait_until(history_lists_a_request, timeout=60, interval=0.3, what="a request in history")
             request = (await link.get_attribute("href") or "").rstrip("/").rsplit("/", 1)[-1]
             assert request, "no history row appeared"
             pool_pk = await pool_change_pk(page, base)

@@ -46,7 +46,17 @@ async def test_snapshot_reports_backlog_caps_pause_and_active_requests(aredis, k
             )
 
         await wait_until(settled)
-        await asyncio.sleep(0.3)  # a few more rounds: skips counted, snapshot stored
+
+        async def skips_counted_and_snapshot_stored() -> bool:
+            pools = {p["pool_id"]: p for p in dispatcher.snapshot()["pools"]}
+            return (
+                pools["interactive"]["skips"].get("pool_cap", 0) > 0
+                and pools["backfill"]["skips"].get("paused", 0) > 0
+                and (pools["interactive"]["oldest_pending_age_s"] or 0) > 0.2
+                and bool(await aredis.exists(keys.snapshot("g", "d1")))
+            )
+
+        await wait_until(skips_counted_and_snapshot_stored, what="skips counted and the snapshot stored")
         snap = dispatcher.snapshot()
         stored = orjson.loads(await aredis.get(keys.snapshot("g", "d1")))
         ttl_ms = await aredis.pttl(keys.snapshot("g", "d1"))

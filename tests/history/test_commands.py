@@ -16,8 +16,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from history import ingester as ingester_mod
 from history import schema
 from history.client import client_for, close_all
-from history.ingester import GROUP, wait_for
+from history.ingester import GROUP
 from runtime.wire.keys import KeySpace
+from tests.waiting import wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,21 +58,21 @@ def test_runhistory_killed_mid_stream_loses_and_duplicates_nothing(
     provider.force_flush()
     first = _runhistory(valkey_url, keys, ch_url)
     try:
-        assert wait_for(lambda: _entries_read(sredis, keys) > 0, 30), "ingester never read"
+        wait_until_sync(lambda: _entries_read(sredis, keys) > 0, 30, what="the first ingester reading")
         first.send_signal(signal.SIGKILL)
         first.wait(10)
     finally:
         first.kill()
     second = _runhistory(valkey_url, keys, ch_url)
     try:
-        done = wait_for(
+        wait_until_sync(
             lambda: (
                 sredis.xlen(keys.span_stream()) == 0
                 and sredis.xpending(keys.span_stream(), GROUP)["pending"] == 0
             ),
             30,
+            what="the second ingester draining the stream",
         )
-        assert done, "ingester did not drain the stream"
         second.send_signal(signal.SIGTERM)
         assert second.wait(10) == 0  # clean stop on SIGTERM
     finally:
@@ -84,6 +85,7 @@ def test_runhistory_killed_mid_stream_loses_and_duplicates_nothing(
         close_all()
 
 
+@pytest.mark.slow
 def test_history_migrate_command(settings, ch_url: str) -> None:  # type: ignore[no-untyped-def]
     settings.CLICKHOUSE_URL = ch_url
     settings.HISTORY_RETENTION_DAYS = 9
@@ -123,10 +125,10 @@ def test_start_in_background(  # type: ignore[no-untyped-def]
         started = ingester_mod.start_in_background()
         assert started is not None
         assert ingester_mod.start_in_background() is started  # once per process
-        assert wait_for(lambda: started.stats.acked == 5, 15), repr(started)
+        wait_until_sync(lambda: started.stats.acked == 5, 15, what="5 spans acknowledged")
         tracer.start_span("chat y").end()
         provider.force_flush()
-        assert wait_for(lambda: started.stats.acked == 6, 15), repr(started)
+        wait_until_sync(lambda: started.stats.acked == 6, 15, what="the 6th span acknowledged")
     finally:
         ingester_mod.stop_background()
         close_all()

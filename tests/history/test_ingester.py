@@ -235,6 +235,7 @@ def test_malformed_entries_are_acked_and_counted(
     assert _spans(history) == []
 
 
+@pytest.mark.slow
 def test_migrate_is_idempotent_and_applies_retention(history: HistoryClient) -> None:
     schema.migrate(history, retention_days=30)
     schema.migrate(history, retention_days=7)
@@ -267,6 +268,7 @@ def test_a_batch_delivered_twice_is_stored_once_in_every_table(history: HistoryC
         assert rows_of[0]["n"] == 13, table
 
 
+@pytest.mark.slow
 def test_redelivered_batch_with_entries_capped_meanwhile_is_stored_once(
     provider: TracerProvider, sredis: redis.Redis, history: HistoryClient, keys: KeySpace
 ) -> None:

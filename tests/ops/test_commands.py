@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -22,10 +23,12 @@ from runtime.valkey import embedded
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.harness import CALL, one_pool_group, slow_call
 from tests.runtime.test_fair_pools import start_dispatcher
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 async def test_sigterm_lets_in_flight_calls_finish_and_reply_then_exits_zero(
     aredis, keys, valkey_url
 ) -> None:
@@ -39,12 +42,14 @@ async def test_sigterm_lets_in_flight_calls_finish_and_reply_then_exits_zero(
                 asyncio.create_task(producer.submit(slow_call(1500), pool_id="default", timeout=20))
                 for _ in range(4)
             ]
-            deadline = time.monotonic() + 10
-            while sim.running < 4:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.02)
+            await wait_until(lambda: sim.running == 4, what="four calls running at the backend")
             proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.3)
+
+            async def dispatcher_stopping() -> bool:  # its live snapshot says it took the signal
+                raw = await aredis.get(keys.snapshot("term", "d-term"))
+                return bool(raw) and orjson.loads(raw)["stopping"]
+
+            await wait_until(dispatcher_stopping, what="the dispatcher stopping")
             late = asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=3))
             results = await asyncio.gather(*calls)
             code = await asyncio.to_thread(proc.wait, 20)
@@ -78,6 +83,7 @@ def test_rundispatcher_refuses_bad_settings(settings) -> None:
         call_command("rundispatcher", "--group", "g", "--concurrency", "0", "--no-publish")
 
 
+@pytest.mark.slow
 def test_demo_brings_everything_up_and_ctrl_c_stops_it(tmp_path: Path) -> None:
     port, sim_port = embedded.free_port(), embedded.free_port()
     env = {**os.environ, "DISPATCH_DATA_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
@@ -106,6 +112,7 @@ def test_demo_brings_everything_up_and_ctrl_c_stops_it(tmp_path: Path) -> None:
     try:
         assert demo.stdout is not None
         deadline = time.monotonic() + 90
+        # Reads the demo's output line by line (blocking reads, no polling) up to the first load report.
         while not any(line.startswith("[loadgen]") and " ok " in line for line in lines):
             assert time.monotonic() < deadline and demo.poll() is None, "".join(lines)
             lines.append(demo.stdout.readline())

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
 
 import orjson
 import pytest
@@ -21,6 +20,7 @@ from runtime.producer import SyncProducer
 from runtime.valkey.embedded import free_port
 from runtime.wire.keys import KeySpace
 from tests.pools.helpers import changelist_form
+from tests.waiting import wait_until_sync
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.django_db(transaction=True)  # publication happens at commit
@@ -35,14 +35,7 @@ def launched(sredis: redis.Redis, keys: KeySpace) -> tuple[int, dict[str, int]]:
     return snap["config_version"], {p["pool_id"]: p["launched"] for p in snap["pools"]}
 
 
-def wait_for(predicate: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
-    return value
-
-
+@pytest.mark.slow
 def test_weight_edited_in_the_admin_changes_the_live_ratio(
     superuser_client: Client, sredis: redis.Redis, keys: KeySpace, valkey_url: str
 ) -> None:
@@ -77,7 +70,9 @@ def test_weight_edited_in_the_admin_changes_the_live_ratio(
             for i in range(700)
             for pool in ("interactive", "backfill")
         ]
-        wait_for(lambda: sredis.llen(keys.requests("backfill")) == 700, 30)
+        wait_until_sync(
+            lambda: sredis.llen(keys.requests("backfill")) == 700, 30, what="700 queued backfill calls"
+        )
         dispatcher = subprocess.Popen(
             [
                 sys.executable,
@@ -93,7 +88,7 @@ def test_weight_edited_in_the_admin_changes_the_live_ratio(
             cwd=ROOT,
             stdout=subprocess.PIPE,
         )
-        wait_for(lambda: sum(launched(sredis, keys)[1].values()) >= 150, 30)
+        wait_until_sync(lambda: sum(launched(sredis, keys)[1].values()) >= 150, 30, what="150 launches")
         version, before = launched(sredis, keys)
         pools = list(Pool.objects.filter(group=group).order_by("sort_order"))
         edited_at = time.monotonic()
@@ -101,14 +96,15 @@ def test_weight_edited_in_the_admin_changes_the_live_ratio(
             "/admin/pools/pool/", changelist_form(pools, interactive={"quantum": 4})
         )
         assert response.status_code == 302
-        wait_for(lambda: launched(sredis, keys)[0] > version, 5)
+        wait_until_sync(lambda: launched(sredis, keys)[0] > version, 5, what="the edited configuration live")
         assert time.monotonic() - edited_at < 2.0 + 0.25  # within 2 s, plus one snapshot interval
         _, start = launched(sredis, keys)
-        _, end = wait_for(
+        _, end = wait_until_sync(
             lambda: (lambda v: v if sum(v[1].values()) - sum(start.values()) >= 250 else None)(
                 launched(sredis, keys)
             ),
             30,
+            what="250 launches after the edit",
         )
         for call in calls:
             call.result(60)

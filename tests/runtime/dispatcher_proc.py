@@ -19,6 +19,7 @@ from runtime.config import DispatcherSettings
 from runtime.dispatch.dispatcher import Dispatcher
 from runtime.valkey.client import connect
 from runtime.wire.keys import KeySpace
+from tests.waiting import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -73,8 +74,7 @@ async def main(
     )
     dispatcher = Dispatcher(client, settings, keys=KeySpace(prefix))
     task = asyncio.create_task(dispatcher.run())
-    while dispatcher.config is None and not task.done():
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: dispatcher.config is not None or task.done(), timeout=60, what="a configuration")
     print("ready", flush=True)
     await task
     await client.aclose()

@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from runtime.config import ProducerSettings
 from runtime.producer import Producer
 from runtime.wire.keys import KeySpace
+from tests.waiting import wait_until
 
 
 async def main(url: str, prefix: str, pool_id: str, latency_ms: float, ttl: float) -> None:
@@ -26,7 +27,15 @@ async def main(url: str, prefix: str, pool_id: str, latency_ms: float, ttl: floa
             "sim": {"latency_ms": latency_ms},
         }
         task = asyncio.create_task(producer.submit(call, pool_id=pool_id, timeout=60))
-        await asyncio.sleep(0.2)
+        keys = producer.keys
+
+        async def pushed() -> bool:  # queued, or already claimed by a dispatcher (one script moves it)
+            return (
+                await client.llen(keys.requests(pool_id)) + await client.zcard(keys.pool_inflight(pool_id))
+                > 0
+            )
+
+        await wait_until(pushed, what="the request in Valkey")
         print("submitted", flush=True)
         await task
 

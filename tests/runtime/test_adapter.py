@@ -170,7 +170,7 @@ async def test_transport_errors_are_classified(exc: Exception, error_class: type
 
 async def test_overall_timeout_bounds_the_whole_call() -> None:
     async def slow_handler(request: httpx.Request) -> httpx.Response:
-        await asyncio.sleep(5)
+        await asyncio.sleep(5)  # not a wait: this backend is slow, the call must give up first
         return httpx.Response(200, json=COMPLETION)
 
     backend = OpenAIBackend("http://backend.test/v1", transport=httpx.MockTransport(slow_handler))

@@ -24,6 +24,7 @@ from runtime.errors import (
 )
 from runtime.producer import Producer
 from tests.runtime.harness import CALL, fail_calls, one_pool_group, running_dispatcher, slow_call, wait_until
+from tests.waiting import wait_until_equal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -41,6 +42,7 @@ async def test_round_trip(aredis, keys, sim) -> None:
     assert sim.completions_total == 1
 
 
+@pytest.mark.slow
 async def test_thousand_concurrent_submits_reach_their_own_callers(aredis, keys, sim) -> None:
     config = one_pool_group(sim.url, total=64, max_concurrent=64)
     async with running_dispatcher(aredis, keys, config), Producer(aredis, keys=keys) as producer:
@@ -70,10 +72,10 @@ async def test_producer_gone_before_execution_is_dropped_and_backend_never_calle
         assert await aredis.llen(keys.requests("default")) == 1
         proc.send_signal(signal.SIGKILL)
         proc.wait(5)
-        deadline = time.monotonic() + 5
-        while await aredis.exists(keys.producer_alive("doomed")):
-            assert time.monotonic() < deadline, "liveness key outlived its TTL"
-            await asyncio.sleep(0.05)
+        alive = keys.producer_alive("doomed")
+        await wait_until_equal(
+            lambda: aredis.exists(alive), 0, timeout=5, what="the killed producer's liveness key"
+        )
     finally:
         proc.kill()
     async with running_dispatcher(aredis, keys, one_pool_group(sim.url)) as dispatcher:
@@ -83,6 +85,7 @@ async def test_producer_gone_before_execution_is_dropped_and_backend_never_calle
     assert await aredis.hget(keys.counters("g"), f"dropped:{DROP_PRODUCER_GONE}") == b"1"
 
 
+@pytest.mark.slow
 async def test_producer_gone_after_execution_drops_the_reply(aredis, keys, sim, valkey_url) -> None:
     async with running_dispatcher(aredis, keys, one_pool_group(sim.url)) as dispatcher:
         proc = subprocess.Popen(
@@ -153,6 +156,7 @@ async def test_connection_refused_becomes_typed_error(aredis, keys) -> None:
             await producer.submit(CALL, pool_id="default", timeout=10)
 
 
+@pytest.mark.slow
 async def test_one_slow_call_never_holds_other_slots(aredis, keys, sim) -> None:
     config = one_pool_group(sim.url, total=4, max_concurrent=4)
     async with (
@@ -160,7 +164,7 @@ async def test_one_slow_call_never_holds_other_slots(aredis, keys, sim) -> None:
         Producer(aredis, keys=keys) as producer,
     ):
         slow = asyncio.create_task(producer.submit(slow_call(3000), pool_id="default", timeout=10))
-        await asyncio.sleep(0.1)
+        await wait_until(lambda: sim.running == 1, what="the slow call running at the backend")
         started = time.monotonic()
         await asyncio.gather(*(producer.submit(CALL, pool_id="default", timeout=10) for _ in range(30)))
         assert time.monotonic() - started < 2.5
@@ -238,7 +242,8 @@ async def test_dispatcher_survives_a_valkey_restart(private_valkey, keys, sim) -
                 await producer.submit(CALL, pool_id="default", timeout=10)
             embedded.stop(private_valkey.data_dir)
             await wait_until(lambda: not dispatcher.valkey_ok, timeout=10)
-            await asyncio.sleep(1.0)  # several backoff periods while the server is down
+            # Not a wait: the scenario. The server stays down for several reconnect backoff periods.
+            await asyncio.sleep(1.0)
             outages = dispatcher.stats.valkey_outages
             embedded.start(private_valkey.data_dir, port=private_valkey.port)
             await wait_until(lambda: dispatcher.valkey_ok, timeout=15)
@@ -296,7 +301,12 @@ async def test_group_with_queueing_disabled_is_called_directly(aredis, keys, sim
         with pytest.raises(UnknownPool):
             await producer.submit(CALL, pool_id="elsewhere", timeout=5)
         await groupconfig.publish(aredis, keys, replace(one_pool_group(sim.url), version=2))
-        await asyncio.sleep(ProducerSettings().pool_registry_refresh_s + 0.1)
+
+        async def producer_sees_queueing_on() -> bool:  # after its cached pool registry refreshes
+            group = await producer.pool_group("default")
+            return group is not None and group.queueing_enabled
+
+        await wait_until(producer_sees_queueing_on, what="the producer reading the new configuration")
         with pytest.raises(RequestTimeout):  # queueing is back on: it waits in the queue for a dispatcher
             await producer.submit(CALL, pool_id="default", timeout=0.5)
     assert result.completion["choices"] and result.timing.queue_wait_s == 0

@@ -65,10 +65,10 @@ async def fill(
 
 
 async def wait_queued(client, keys, pool_id: str, n: int) -> None:
-    deadline = time.monotonic() + 20
-    while await client.llen(keys.requests(pool_id)) < n:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.02)
+    async def enough() -> bool:
+        return await client.llen(keys.requests(pool_id)) >= n
+
+    await wait_until(enough, timeout=20, what=f"{n} calls queued in {pool_id}")
 
 
 @pytest.fixture
@@ -77,6 +77,7 @@ async def sim():
         yield server
 
 
+@pytest.mark.slow
 async def test_four_to_one_backlog_dispatches_about_four_to_one(aredis, keys, sim) -> None:
     config = two_pools(sim.url)
     await groupconfig.publish(aredis, keys, config)
@@ -91,6 +92,7 @@ async def test_four_to_one_backlog_dispatches_about_four_to_one(aredis, keys, si
     assert 3.3 <= ratio <= 4.8, f"interactive:backfill was {ratio:.2f}, expected about 4"
 
 
+@pytest.mark.slow
 async def test_costs_are_charged_against_weight(aredis, keys, sim) -> None:
     # Equal weights, but every backfill request costs 4 units: interactive should get ~4x the requests.
     config = two_pools(sim.url, interactive=4, backfill=4)
@@ -118,7 +120,10 @@ async def test_paused_pool_keeps_its_queue_until_resumed(aredis, keys, sim) -> N
         async with running_dispatcher(aredis, keys, config) as dispatcher:
             interactive = await fill(producer, "interactive", 20)
             await asyncio.gather(*interactive)
-            await asyncio.sleep(0.3)
+            rounds = dispatcher.stats.rounds
+            await wait_until(
+                lambda: dispatcher.stats.rounds >= rounds + 5, what="more rounds after interactive"
+            )
             assert await aredis.llen(keys.requests("backfill")) == 20
             assert dispatcher.stats.skips[("backfill", "paused")] > 0
             assert dispatcher.snapshot()["pools"][1]["paused"] is True
@@ -131,6 +136,7 @@ async def test_paused_pool_keeps_its_queue_until_resumed(aredis, keys, sim) -> N
     assert await aredis.llen(keys.requests("backfill")) == 0
 
 
+@pytest.mark.slow
 async def test_weight_change_reaches_a_running_dispatcher_and_changes_the_ratio(aredis, keys, sim) -> None:
     config = two_pools(sim.url, interactive=1, backfill=1)
     await groupconfig.publish(aredis, keys, config)
@@ -166,6 +172,7 @@ def stop(procs: list[subprocess.Popen]) -> list[int]:
     return [proc.wait(20) for proc in procs]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("processes", [2, 3])
 async def test_several_dispatcher_processes_share_caps_and_never_run_a_request_twice(
     aredis, keys, valkey_url, processes
@@ -202,6 +209,7 @@ async def test_several_dispatcher_processes_share_caps_and_never_run_a_request_t
     assert snapshots == []  # each stopped dispatcher removed its live snapshot
 
 
+@pytest.mark.slow
 async def test_killed_dispatcher_frees_its_slots_after_its_lease(aredis, keys, valkey_url) -> None:
     lease_s = 2.0
     async with SimulatorServer(SimulatorConfig()) as sim:

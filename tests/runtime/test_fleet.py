@@ -108,7 +108,7 @@ async def test_protected_slots_hold_fleet_wide_in_every_sample(aredis, keys, val
                     owed = max(0, protected - vip) if backlog else 0
                     if group + owed > total:
                         violations.append((backlog, vip, group))
-                    await asyncio.sleep(0.01)
+                    await asyncio.sleep(0.01)  # not a wait: the monitor's sampling interval
                 await asyncio.wait_for(asyncio.gather(*tasks), 60)
             finally:
                 exit_stats(procs)

@@ -30,6 +30,7 @@ from runtime.wire import groupconfig
 from runtime.wire.contract import ChatCall, Envelope
 from tests.runtime.dispatcher_proc import start_dispatcher
 from tests.runtime.harness import CALL, fail_calls, one_pool_group, running_dispatcher, slow_call, wait_until
+from tests.waiting import wait_until_equal
 
 
 def envelope(
@@ -45,14 +46,6 @@ def envelope(
         **fields,
     )
     return env.encode()
-
-
-async def queued(client: Any, queue: str, length: int, timeout: float = 5.0) -> None:
-    """Waits until ``queue`` holds ``length`` items (reading Valkey, so no sync predicate fits)."""
-    deadline = time.monotonic() + timeout
-    while await client.llen(queue) != length:
-        assert time.monotonic() < deadline, f"{queue} never held {length} items"
-        await asyncio.sleep(0.01)
 
 
 class PoisonTracer:
@@ -96,7 +89,7 @@ async def test_a_failure_handling_one_claimed_item_loses_no_other(aredis, keys, 
     async with Producer(aredis, keys=keys) as producer:
         await aredis.rpush(keys.requests("default"), envelope("ghost", request_id="poison"))
         call = asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=10))
-        await queued(aredis, keys.requests("default"), 2)
+        await wait_until_equal(lambda: aredis.llen(keys.requests("default")), 2, what="the queue's length")
         async with running_dispatcher(
             aredis, keys, one_pool_group(sim.url), tracer=PoisonTracer("poison")
         ) as dispatcher:
@@ -116,10 +109,13 @@ async def test_an_exception_in_a_round_is_counted_and_dispatch_goes_on(aredis, k
             await wait_until(lambda: dispatcher.stats.internal_errors == 1)
             result = await producer.submit(CALL, pool_id="default", timeout=10)
             assert result.completion["choices"]
-            deadline = time.monotonic() + 5  # the group's counter hash gets it with the next snapshot
-            while await aredis.hget(keys.counters("g"), "internal_error") != b"1":
-                assert time.monotonic() < deadline, "internal_error never reached the group's counters"
-                await asyncio.sleep(0.05)
+            # The group's counter hash gets it with the next snapshot.
+            await wait_until_equal(
+                lambda: aredis.hget(keys.counters("g"), "internal_error"),
+                b"1",
+                timeout=5,
+                what="internal_error in the group's counters",
+            )
 
 
 # --- 2. the list an item was read from is authoritative ---------------------------------------------
@@ -131,7 +127,8 @@ async def test_expired_item_of_another_pool_is_dropped_from_the_list_it_sits_in(
             result = await producer.submit(CALL, pool_id="default", timeout=10)
             assert result.completion["choices"]
             assert dispatcher.stats.dropped[DROP_EXPIRED] == 1
-            # Idle now: rounds happen at the idle poll, not in a tight loop.
+            # Idle now: rounds happen at the idle poll, not in a tight loop. Not a wait: the sleep is
+            # the window in which rounds are counted.
             rounds = dispatcher.stats.rounds
             await asyncio.sleep(1.0)
             assert dispatcher.stats.rounds - rounds < 100
@@ -234,6 +231,7 @@ async def test_reply_lost_to_valkey_is_recorded_as_undelivered(private_valkey, k
 
 
 # --- 9. a refused configuration is visible -----------------------------------------------------------
+@pytest.mark.slow
 async def test_refused_configuration_is_logged_counted_and_in_the_snapshot(aredis, keys, sim, caplog) -> None:
     async with running_dispatcher(aredis, keys, one_pool_group(sim.url)) as dispatcher:
         await wait_until(lambda: keys.config_channel("g") in dispatcher.listener.subscribed)
@@ -244,7 +242,17 @@ async def test_refused_configuration_is_logged_counted_and_in_the_snapshot(aredi
         await wait_until(lambda: dispatcher.stats.config_rejected == 2)
         await aredis.set(keys.group_config("g"), b"{not json")  # the poll path sees it too
         await wait_until(lambda: dispatcher.stats.config_rejected == 3, timeout=5)
-        await asyncio.sleep(2.5)  # two more polls of the same bad value: still one rejection
+        polls, poll = 0, dispatcher.listener.poll
+
+        async def counted_poll() -> Any:  # the real poll, counted once it has read the value
+            nonlocal polls
+            result = await poll()
+            polls += 1
+            return result
+
+        dispatcher.listener.poll = counted_poll
+        # Two more polls read the same bad value: still one rejection.
+        await wait_until(lambda: polls >= 2, what="two more configuration polls")
         assert dispatcher.stats.config_rejected == 3
         assert dispatcher.snapshot()["config_rejected"] == 3
         assert dispatcher.config is not None and dispatcher.config.policy == "fifo"  # the old one holds
@@ -269,7 +277,7 @@ async def test_calls_lost_with_a_killed_dispatcher_are_counted_and_recorded(
                 asyncio.create_task(producer.submit(slow_call(30_000), pool_id="default", timeout=60))
                 for _ in range(3)
             ]
-            await wait_for_leases(aredis, keys.pool_inflight("default"), 3)
+            await wait_until_equal(lambda: aredis.zcard(keys.pool_inflight("default")), 3, what="leases")
             doomed.send_signal(signal.SIGKILL)
             doomed.wait(5)
             async with running_dispatcher(
@@ -301,13 +309,6 @@ async def test_calls_lost_with_a_killed_dispatcher_are_counted_and_recorded(
         assert attrs[semconv.PRODUCER_ID] == producer.producer_id and attrs[semconv.STATUS] == "dropped"
         assert attrs[semconv.GEN_AI_REQUEST_MODEL] == "sim-model" and attrs[semconv.MESSAGE_COUNT] == 1
         assert attrs[semconv.QUEUE_WAIT_S] >= 0 and attrs[semconv.EXECUTION_S] >= 1.0  # lease ran out
-
-
-async def wait_for_leases(client: Any, lease_set: str, count: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while await client.zcard(lease_set) != count:
-        assert time.monotonic() < deadline, f"{lease_set} never held {count} leases"
-        await asyncio.sleep(0.01)
 
 
 # --- 6. a pool that cannot launch costs a few bytes per round, however large its queue --------------

@@ -49,10 +49,10 @@ async def gauges_reach(c: httpx.AsyncClient, sim: SimulatorServer, **expected: f
         seen.update(await scrape(c, sim))
         return all(seen.get(name) == value for name, value in expected.items())
 
-    deadline = time.monotonic() + 10
-    while not await check():
-        assert time.monotonic() < deadline, f"metrics never reached {expected}: {seen}"
-        await asyncio.sleep(0.02)
+    try:
+        await wait_until(check, timeout=10, interval=0.02)
+    except AssertionError:
+        raise AssertionError(f"metrics never reached {expected}: {seen}") from None
     return seen
 
 
