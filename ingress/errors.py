@@ -47,11 +47,14 @@ _BY_ERROR_TYPE: dict[str, tuple[int, str]] = {
     "producer_closed": (503, "service_unavailable"),
     "expired": (504, "timeout"),
     "timeout": (504, "timeout"),
+    "deadline_exceeded": (504, "timeout"),
     "backend_connect_error": (502, "api_error"),
     "backend_timeout": (504, "timeout"),
     "backend_http_error": (502, "api_error"),
     "backend_invalid_response": (502, "api_error"),
     "backend_error": (502, "api_error"),
+    # The backend failed every attempt transiently: the request waits in its pool's dead letters.
+    "dead_lettered": (502, "api_error"),
     "cancelled": (499, "cancelled"),
 }
 

@@ -26,6 +26,8 @@ GRANT = KeyGrant(1, "alice", frozenset({"gold", "iron"}), "gold", None, None)
         (errors.BreakerOpen("open"), 503, "service_unavailable"),
         (errors.RequestExpired("late"), 504, "timeout"),
         (errors.RequestTimeout("late"), 504, "timeout"),
+        (errors.DeadlineExceeded("cut short"), 504, "timeout"),
+        (errors.DeadLettered("attempts exhausted"), 502, "api_error"),
         (errors.BackendHTTPError("500", status_code=500), 502, "api_error"),
         (errors.DispatchError("bug"), 500, "api_error"),
     ],
