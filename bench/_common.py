@@ -85,10 +85,17 @@ def scratch() -> Iterator[Path]:
 @contextlib.contextmanager
 def private_valkey() -> Iterator[str]:
     """A fresh embedded Valkey of this benchmark's own; yields its URL."""
+    with private_valkey_server() as server:
+        yield server.url
+
+
+@contextlib.contextmanager
+def private_valkey_server() -> Iterator[embedded.EmbeddedValkey]:
+    """A fresh embedded Valkey of this benchmark's own; yields the server (URL and pid)."""
     with scratch() as data_dir:
         server = embedded.start(data_dir)
         try:
-            yield server.url
+            yield server
         finally:
             embedded.stop(data_dir)
 
@@ -148,11 +155,29 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and its live descendants (a server that forks workers)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(current)
+        todo.extend(children.get(current, []))
+    return total
+
+
 @contextlib.contextmanager
-def dispatcher_procs(url: str, prefix: str, group_id: str, count: int, concurrency: int) -> Iterator[None]:
-    """``count`` dispatcher processes of one group (python -m bench._dispatcher_proc)."""
+def dispatcher_procs(
+    url: str, prefix: str, group_id: str, count: int, concurrency: int, *, env: dict[str, str] | None = None
+) -> Iterator[list[subprocess.Popen[str]]]:
+    """``count`` dispatcher processes of one group (python -m bench._dispatcher_proc); yields them."""
     procs = [
-        spawn(["-m", "bench._dispatcher_proc", url, prefix, group_id, str(concurrency), f"d{i}"])
+        spawn(["-m", "bench._dispatcher_proc", url, prefix, group_id, str(concurrency), f"d{i}"], env=env)
         for i in range(count)
     ]
     try:
@@ -161,7 +186,7 @@ def dispatcher_procs(url: str, prefix: str, group_id: str, count: int, concurren
             line = proc.stdout.readline()
             if "ready" not in line:
                 raise RuntimeError(f"dispatcher did not start: {line!r}")
-        yield
+        yield procs
     finally:
         for proc in procs:
             stop_proc(proc)
