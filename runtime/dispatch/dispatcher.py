@@ -72,7 +72,10 @@ class Dispatcher:
         self.keys = keys
         self.queue = QueueOps(client, keys, settings.group_id)
         self.backends = backends or BackendPool(
-            timeout_s=settings.backend_timeout_s, connect_timeout_s=settings.backend_connect_timeout_s
+            timeout_s=settings.backend_timeout_s,
+            connect_timeout_s=settings.backend_connect_timeout_s,
+            # One connection per slot: with fewer, long calls past the pool's size wait for a connection.
+            max_connections=settings.concurrency,
         )
         self.tracer = tracer or trace.get_tracer("llm_dispatch.dispatcher")
         self.identity = Identity(settings.group_id, settings.gateway_id, settings.dispatcher_id)
