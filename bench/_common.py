@@ -173,11 +173,24 @@ def tree_cpu_seconds(pid: int) -> float:
 
 @contextlib.contextmanager
 def dispatcher_procs(
-    url: str, prefix: str, group_id: str, count: int, concurrency: int, *, env: dict[str, str] | None = None
+    url: str,
+    prefix: str,
+    group_id: str,
+    count: int,
+    concurrency: int,
+    *,
+    env: dict[str, str] | None = None,
+    root: Path = ROOT,
 ) -> Iterator[list[subprocess.Popen[str]]]:
-    """``count`` dispatcher processes of one group (python -m bench._dispatcher_proc); yields them."""
+    """``count`` dispatcher processes of one group (python -m bench._dispatcher_proc); yields them.
+
+    ``root``: the checkout they import (another revision for before/after runs)."""
     procs = [
-        spawn(["-m", "bench._dispatcher_proc", url, prefix, group_id, str(concurrency), f"d{i}"], env=env)
+        spawn(
+            ["-m", "bench._dispatcher_proc", url, prefix, group_id, str(concurrency), f"d{i}"],
+            env=env,
+            root=root,
+        )
         for i in range(count)
     ]
     try:
@@ -285,6 +298,26 @@ async def closed_loop(producer, pool_id: str, concurrency: int, total: int) -> t
         for _ in range(min(concurrency, total)):
             tasks.create_task(worker())
     return latencies, time.perf_counter() - started
+
+
+CpuMeters = Callable[[], Coroutine[Any, Any, dict[str, float]]]
+
+
+async def measured_load(producer, level: int, total: int, meters: CpuMeters) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """``total`` closed-loop calls at ``level``: p50/p99 ms, completions/s (``rate``) and, per CPU
+    meter that ``meters()`` reads (CPU ms so far, by name), the CPU ms it spent per call."""
+    before = await meters()
+    latencies, wall = await closed_loop(producer, "default", level, total)
+    after = await meters()
+    ms = [x * 1000 for x in latencies]
+    per_call = {name: (after[name] - before[name]) / total for name in after}
+    return {"p50": pct(ms, 0.5), "p99": pct(ms, 0.99), "rate": total / wall, **per_call}
+
+
+async def valkey_cpu_ms(conn: aioredis.Redis) -> float:
+    """Valkey's own CPU time so far (user + sys, ``INFO cpu``), in ms."""
+    info = await conn.info("cpu")
+    return (float(info["used_cpu_sys"]) + float(info["used_cpu_user"])) * 1000
 
 
 def run_benchmark(

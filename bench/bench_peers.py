@@ -46,9 +46,9 @@ from bench._common import (
     dispatcher_procs,
     group,
     machine,
+    measured_load,
     median,
     new_keys,
-    pct,
     private_valkey_server,
     publish,
     run_benchmark,
@@ -57,6 +57,7 @@ from bench._common import (
     stop_proc,
     table,
     tree_cpu_seconds,
+    valkey_cpu_ms,
 )
 from runtime.backends.adapter import OpenAIBackend
 from runtime.producer import Producer
@@ -174,21 +175,7 @@ def litellm_proxy(binary: Path, sim_url: str, workdir: Path) -> Iterator[tuple[s
         log.close()
 
 
-async def valkey_cpu(conn: Any) -> float:
-    info = await conn.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
-
-
 Sample = dict[str, float]
-
-
-async def one_load(producer: Producer, level: int, total: int, cpu: Any) -> Sample:
-    """``total`` calls at ``level``: p50/p99 ms, completions/s and the middle tier's CPU ms per call."""
-    before = await cpu()
-    latencies, wall = await closed_loop(producer, "default", level, total)
-    spent = await cpu() - before
-    ms = [x * 1000 for x in latencies]
-    return {"p50": pct(ms, 0.5), "p99": pct(ms, 0.99), "rate": total / wall, "cpu_ms": spent * 1000 / total}
 
 
 async def measure(quick: bool, runs: int) -> dict[str, Any]:
@@ -212,14 +199,14 @@ async def measure(quick: bool, runs: int) -> dict[str, Any]:
             await publish(conn, keys, config)
             with dispatcher_procs(valkey.url, keys.prefix, config.group_id, 1, SLOTS) as (dispatcher,):
 
-                async def queued_cpu() -> float:
-                    return cpu_seconds(dispatcher.pid) + await valkey_cpu(conn)
+                async def queued_cpu() -> dict[str, float]:
+                    return {"cpu_ms": cpu_seconds(dispatcher.pid) * 1000 + await valkey_cpu_ms(conn)}
 
-                async def proxy_cpu() -> float:
-                    return tree_cpu_seconds(proxy[1].pid) if proxy else 0.0
+                async def proxy_cpu() -> dict[str, float]:
+                    return {"cpu_ms": tree_cpu_seconds(proxy[1].pid) * 1000 if proxy else 0.0}
 
-                async def no_cpu() -> float:
-                    return 0.0
+                async def no_cpu() -> dict[str, float]:
+                    return {"cpu_ms": 0.0}
 
                 async with contextlib.AsyncExitStack() as producers:
                     paths = {
@@ -242,7 +229,7 @@ async def measure(quick: bool, runs: int) -> dict[str, Any]:
                             shift = run % len(names)
                             for name in names[shift:] + names[:shift]:
                                 producer, cpu = paths[name]
-                                sample = await one_load(producer, level, calls_at(level, quick), cpu)
+                                sample = await measured_load(producer, level, calls_at(level, quick), cpu)
                                 results.setdefault((level, name), []).append(sample)
         for backend in backends:
             await backend.aclose()
