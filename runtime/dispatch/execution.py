@@ -1,8 +1,11 @@
 """Running one claimed request to its end: the backend call, the reply, the lease, the span.
 
-The call is bounded by the request's deadline and gated by its endpoint's circuit breaker; the reply
-goes out only if the producer is still alive (one atomic script that also releases the lease); every
-outcome is counted and recorded as a span. Nothing here decides *what* runs: that is the scheduler's.
+The call is bounded by the request's deadline; its endpoint's circuit breaker slot was taken when it
+was claimed, and every path here either reports the call's outcome to the breaker or gives the slot
+back. A call cut short by the caller's deadline ends as ``deadline_exceeded``, which is not the
+backend's failure. The reply goes out only if the producer is still alive (one atomic script that
+also releases the lease); every outcome is counted and recorded as a span. Nothing here decides
+*what* runs: that is the scheduler's.
 """
 
 from __future__ import annotations
@@ -19,11 +22,19 @@ from opentelemetry import trace
 from runtime.backends.adapter import BackendPool, Completion, OpenAIBackend
 from runtime.backends.health import EndpointBreakers
 from runtime.backends.redact import redact_url
+from runtime.backoff import Backoff
 from runtime.config import DispatcherSettings
 from runtime.dispatch.queue import QueueOps
 from runtime.dispatch.stats import DROP_REPLY_PRODUCER_GONE, DROP_REPLY_UNDELIVERED, DispatcherStats
 from runtime.dispatch.streaming import StreamRelay, StreamSummary, stream_timeout
-from runtime.errors import BreakerOpen, Cancelled, DispatchError, Rejected, RequestExpired
+from runtime.errors import (
+    BackendTimeout,
+    Cancelled,
+    DeadlineExceeded,
+    DispatchError,
+    Rejected,
+    RequestExpired,
+)
 from runtime.telemetry.spans import Identity, Outcome, content_attributes, record_span
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire.contract import STATUS_ERROR, STATUS_OK, Envelope, Reply, Timing
@@ -93,16 +104,23 @@ class Executor:
             self._early_cancels[request_id] = now
         return False
 
-    async def execute(self, run: Running, config: GroupConfig) -> None:
-        """Calls the backend, replies, releases the lease and records the span; never raises."""
+    async def execute(self, run: Running, config: GroupConfig, refused: DispatchError | None = None) -> None:
+        """Calls the backend, replies, releases the lease and records the span; never raises.
+
+        With ``refused`` the backend is not called: the producer gets that error as its reply (a
+        claimed request the dispatcher could not start still gets an explicit answer).
+        """
         envelope = run.envelope
         endpoint = config.endpoint_for(run.pool_id)
         started = time.time()
         completion: Completion | None = None
-        error: DispatchError | None = None
+        error: DispatchError | None = refused
         summary = StreamSummary() if envelope.stream is not None else None
         try:
-            completion = await self._call_backend(envelope, endpoint, config, summary)
+            if refused is None:
+                completion = await self._call_backend(envelope, endpoint, config, summary)
+            else:
+                self.breakers.release(endpoint)
         except DispatchError as exc:
             error = exc
         except asyncio.CancelledError:
@@ -113,8 +131,8 @@ class Executor:
         ended = time.time()
         run.stage = "replying"
         reply = self._reply(envelope, completion, error, started, ended)
-        delivered = await self._finish(run, reply, tuple(p.pool_id for p in config.enabled_pools))
-        self._record(run, endpoint, completion, error, started, ended, delivered, summary)
+        drop_reason = await self._finish(run, reply, tuple(p.pool_id for p in config.enabled_pools))
+        self._record(run, endpoint, completion, error, started, ended, drop_reason, summary)
 
     def _reply(
         self,
@@ -143,29 +161,43 @@ class Executor:
     async def _call_backend(
         self, envelope: Envelope, endpoint: str, config: GroupConfig, summary: StreamSummary | None = None
     ) -> Completion:
-        timeout = self.settings.backend_timeout_s
-        if envelope.deadline is not None:
-            timeout = min(timeout, envelope.deadline - time.time())
-            if timeout <= 0:
-                raise RequestExpired(f"request {envelope.request_id} expired before its call started")
-        if not endpoint:
-            raise Rejected(f"fabric group {config.group_id} has no endpoint for pool {envelope.pool_id}")
-        api_key = self.secrets.get(config.api_key_env) if config.api_key_env else None
-        backend = self.backends.get(endpoint, api_key)
-        if not self.breakers.acquire(endpoint):
-            raise BreakerOpen(f"the circuit breaker of {redact_url(endpoint)} is open")
+        reported = False
         try:
-            call = (
-                self._stream(backend, envelope, timeout, summary)
-                if summary is not None
-                else backend.complete(envelope.call.to_openai(), timeout_s=timeout)
-            )
-            completion = await self._cancellable(envelope.request_id, call)
-        except DispatchError as exc:
-            self.breakers.record(endpoint, exc)
-            raise
-        self.breakers.record(endpoint, None)
-        return completion
+            timeout = self.settings.backend_timeout_s
+            cut_by_deadline = False
+            if envelope.deadline is not None:
+                left = envelope.deadline - time.time()
+                if left <= 0:
+                    raise RequestExpired(f"request {envelope.request_id} expired before its call started")
+                timeout, cut_by_deadline = min(timeout, left), left < timeout
+            if not endpoint:
+                raise Rejected(f"fabric group {config.group_id} has no endpoint for pool {envelope.pool_id}")
+            api_key = self.secrets.get(config.api_key_env) if config.api_key_env else None
+            backend = self.backends.get(endpoint, api_key)
+            try:
+                call = (
+                    self._stream(backend, envelope, timeout, summary)
+                    if summary is not None
+                    else backend.complete(envelope.call.to_openai(), timeout_s=timeout)
+                )
+                completion = await self._cancellable(envelope.request_id, call)
+            except DispatchError as exc:
+                if cut_by_deadline and isinstance(exc, BackendTimeout):
+                    raise DeadlineExceeded(
+                        f"request {envelope.request_id}: the caller's deadline passed after "
+                        f"{timeout:.3g}s, before {redact_url(endpoint)} answered"
+                    ) from exc
+                if isinstance(exc, Cancelled):  # the producer withdrew it: nothing learnt of the backend
+                    raise
+                self.breakers.record(endpoint, exc)
+                reported = True
+                raise
+            self.breakers.record(endpoint, None)
+            reported = True
+            return completion
+        finally:
+            if not reported:  # no outcome that says anything about the backend: free the breaker slot
+                self.breakers.release(endpoint)
 
     async def _stream(
         self, backend: OpenAIBackend, envelope: Envelope, timeout: float, summary: StreamSummary
@@ -193,9 +225,12 @@ class Executor:
         finally:
             self._calls.pop(request_id, None)
 
-    async def _finish(self, run: Running, reply: bytes, group_pools: tuple[str, ...]) -> bool:
-        """Delivers the reply (if the producer is alive) and releases the lease, retrying Valkey briefly."""
-        delay, max_delay = self.settings.reconnect_backoff_s
+    async def _finish(self, run: Running, reply: bytes, group_pools: tuple[str, ...]) -> str:
+        """Delivers the reply (if the producer is alive) and releases the lease, retrying Valkey briefly.
+
+        Returns the drop reason of a reply that did not reach its producer, or "" when it did.
+        """
+        backoff = Backoff(*self.settings.reconnect_backoff_s)
         for attempt in range(FINISH_ATTEMPTS):
             try:
                 delivered = await self.queue.finish(
@@ -209,15 +244,15 @@ class Executor:
             except REDIS_ERRORS as exc:
                 self.on_valkey_error(exc)
                 if attempt == FINISH_ATTEMPTS - 1:
-                    self.stats.dropped[DROP_REPLY_UNDELIVERED] += 1
-                    return False
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, max_delay)
+                    break
+                await asyncio.sleep(backoff.next())
                 continue
-            if not delivered:
-                self.stats.dropped[DROP_REPLY_PRODUCER_GONE] += 1
-            return delivered
-        return False
+            if delivered:
+                return ""
+            self.stats.dropped[DROP_REPLY_PRODUCER_GONE] += 1
+            return DROP_REPLY_PRODUCER_GONE
+        self.stats.dropped[DROP_REPLY_UNDELIVERED] += 1
+        return DROP_REPLY_UNDELIVERED
 
     def _record(
         self,
@@ -227,7 +262,7 @@ class Executor:
         error: DispatchError | None,
         started: float,
         ended: float,
-        delivered: bool,
+        drop_reason: str,
         summary: StreamSummary | None = None,
     ) -> None:
         usage = completion.usage if completion is not None else None
@@ -242,9 +277,9 @@ class Executor:
             input_tokens=usage.input_tokens if usage else None,
             output_tokens=usage.output_tokens if usage else None,
             response_model=completion.model if completion else None,
-            reply_delivered=delivered,
+            reply_delivered=not drop_reason,
             cost=run.cost,
-            drop_reason="" if delivered else DROP_REPLY_PRODUCER_GONE,
+            drop_reason=drop_reason,
             time_to_first_token_s=first_chunk_at - started if first_chunk_at is not None else None,
             chunk_count=summary.chunks if summary is not None else None,
         )
