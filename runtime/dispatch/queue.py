@@ -104,6 +104,8 @@ class QueueOps:
         self.fleet_slots: tuple[int, ...] = ()  # local slots of each dispatcher of the group, as last seen
         self._reaped_at = float("-inf")
         self.has_turn = False  # whether the last observe took the group's scheduling turn
+        # Per pool, the items its list held right after the last claim pipeline's last launch from it.
+        self.backlog_after_claim: dict[str, int] = {}
 
     async def observe(
         self,
@@ -208,7 +210,12 @@ class QueueOps:
         if end_turn is not None:
             results.pop()  # whether someone asked for a round: the release already woke one
             self.has_turn = False
-        return [(code.decode() if isinstance(code, bytes) else str(code), int(n)) for code, n in results]
+        self.backlog_after_claim = {
+            req.pool_id: int(left[0])
+            for req, (_, _, *left) in zip(requests, results, strict=True)
+            if left  # only a launch reports the backlog it left
+        }
+        return [(code.decode() if isinstance(code, bytes) else str(code), int(n)) for code, n, *_ in results]
 
     async def finish(
         self,

@@ -41,7 +41,10 @@ return {backlog, in_pool, 0, {}}
 #       then per other protected pool: its requests list, its pool lease zset
 # ARGV: expected sha1, mode ("launch" | "drop"), lease member, lease seconds, pool max, group limit,
 #       lease record, this pool's protected slots, then per other protected pool: its protected slots
-# Returns {code, in_flight_of_pool}; code is one of the CLAIM_* strings below.
+# Returns {code, in_flight_of_pool}; code is one of the CLAIM_* strings below. A launch returns a third
+# element, the backlog left in the list right after its pop: a round that sees 0 there knows that a
+# later push makes the list non-empty again (so its producer sends a wake token), and does not follow
+# itself with a round that would find nothing.
 # Protected slots as in the scheduler: outside its own protected slots a pool may take a group slot
 # only if the slots still owed to the other backlogged protected pools stay free.
 CLAIM = """
@@ -81,7 +84,7 @@ redis.call('ZADD', KEYS[2], expiry, ARGV[3])
 redis.call('ZADD', KEYS[3], expiry, ARGV[3])
 redis.call('HSET', KEYS[5], ARGV[3], ARGV[7])
 redis.call('LPOP', KEYS[1])
-return {'claimed', in_pool + 1}
+return {'claimed', in_pool + 1, redis.call('LLEN', KEYS[1])}
 """
 CLAIMED = "claimed"
 CLAIM_MOVED = "moved"
