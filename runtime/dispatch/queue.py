@@ -2,7 +2,8 @@
 
 Each operation is one round trip: observation is one pipeline over every pool of the group, a batch
 of claims is one pipeline of atomic scripts, and finishing a request (liveness check, reply,
-lease release, waking one idle dispatcher) is one script. Scripts run by SHA (loaded once, reloaded
+lease release, waking one idle dispatcher) is one script, the finishes that happen together sent in
+one pipeline (:class:`~runtime.valkey.batch.ScriptBatcher`). Scripts run by SHA (loaded once, reloaded
 on NOSCRIPT), so no pipeline pays redis-py's SCRIPT EXISTS round trip.
 """
 
@@ -20,6 +21,7 @@ from runtime.dispatch import scripts, turn
 from runtime.dispatch.leases import LeaseRecord
 from runtime.dispatch.wakeup import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
 from runtime.policy.reads import PoolRead
+from runtime.valkey.batch import ScriptBatcher
 from runtime.valkey.lua import LuaScript, run_pipeline
 from runtime.wire.keys import KeySpace
 
@@ -92,7 +94,7 @@ class QueueOps:
         self._lease_records = keys.lease_records(group_id)
         self._observe = LuaScript(scripts.OBSERVE)
         self._claim = LuaScript(scripts.CLAIM)
-        self._finish = client.register_script(scripts.FINISH)  # not pipelined: redis-py runs it by SHA
+        self._finishes = ScriptBatcher(client, LuaScript(scripts.FINISH))
         self._renew = LuaScript(scripts.RENEW)
         self._reap = LuaScript(scripts.REAP)
         self._acquire = LuaScript(turn.ACQUIRE)
@@ -231,8 +233,8 @@ class QueueOps:
 
         While one of ``group_pools`` has backlog, the freed slot wakes one idle dispatcher of the group.
         """
-        delivered = await self._finish(
-            keys=[
+        delivered = await self._finishes.run(
+            [
                 self.keys.producer_alive(producer_id),
                 self.keys.replies(producer_id),
                 self._group_inflight,
@@ -241,7 +243,7 @@ class QueueOps:
                 self.keys.wake_list(pool_id),
                 *map(self.keys.requests, group_pools),
             ],
-            args=[reply, int(reply_ttl_s * 1000), member, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
+            [reply, int(reply_ttl_s * 1000), member, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
         )
         return bool(int(delivered))
 
