@@ -23,6 +23,17 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 import aiohttp
 import httpx
 
+# Idle connections are dropped before the 5 s after which uvicorn (vLLM, SGLang, LiteLLM) closes
+# them: reusing one the server is closing fails the call (measured: bench_peers against LiteLLM).
+KEEPALIVE_S = 4.0
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """The request could not be written at all (the pooled connection was already closing)."""
+    return isinstance(exc, aiohttp.ClientOSError) and isinstance(
+        exc.__cause__, aiohttp.ClientConnectionResetError
+    )
+
 
 def _translated(exc: aiohttp.ClientError | TimeoutError) -> httpx.TransportError:
     """The httpx exception that the httpx client would have raised for the same failure."""
@@ -93,6 +104,7 @@ class AiohttpClient:
             connector = aiohttp.TCPConnector(
                 limit=self._max_connections,
                 limit_per_host=0,
+                keepalive_timeout=KEEPALIVE_S,
                 ssl=self._ssl_context if self._ssl_context is not None else True,
             )
             self._session = aiohttp.ClientSession(
@@ -120,12 +132,23 @@ class AiohttpClient:
     ) -> httpx.Response:
         """POST ``content``; the whole body is read before returning."""
         session = self._open()
-        with _httpx_errors():
-            async with session.post(
-                str(url), data=content, headers=headers, timeout=self._timeout(timeout), allow_redirects=False
-            ) as response:
-                body = await response.read()
-        return httpx.Response(response.status, content=body)
+        for attempt in range(2):
+            try:
+                with _httpx_errors():
+                    async with session.post(
+                        str(url),
+                        data=content,
+                        headers=headers,
+                        timeout=self._timeout(timeout),
+                        allow_redirects=False,
+                    ) as response:
+                        body = await response.read()
+                return httpx.Response(response.status, content=body)
+            except httpx.RemoteProtocolError as exc:
+                # Nothing reached the backend, so once more on a fresh connection is safe.
+                if attempt or exc.__cause__ is None or not _never_sent(exc.__cause__):
+                    raise
+        raise AssertionError("unreachable")
 
     @contextlib.asynccontextmanager
     async def stream(

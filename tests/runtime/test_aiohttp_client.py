@@ -89,3 +89,15 @@ async def test_closing_leaves_no_unclosed_session_behind(sim: SimulatorServer) -
             await pool.get(sim.url).complete(BODY)
         gc.collect()
     assert not [w for w in caught if "Unclosed" in str(w.message)]
+
+
+async def test_idle_connections_are_dropped_before_uvicorns_keep_alive_ends(sim: SimulatorServer) -> None:
+    """uvicorn (vLLM, SGLang, LiteLLM) closes a connection idle for 5 s; reusing one it is closing
+    failed a call in bench_peers, so the client lets idle connections go first."""
+    backend = OpenAIBackend(sim.url)
+    try:
+        await backend.complete(BODY)
+        connector = backend._client._session.connector  # type: ignore[union-attr]
+        assert connector._keepalive_timeout < 5.0  # type: ignore[union-attr]
+    finally:
+        await backend.aclose()
