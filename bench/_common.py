@@ -85,10 +85,17 @@ def scratch() -> Iterator[Path]:
 @contextlib.contextmanager
 def private_valkey() -> Iterator[str]:
     """A fresh embedded Valkey of this benchmark's own; yields its URL."""
+    with private_valkey_server() as server:
+        yield server.url
+
+
+@contextlib.contextmanager
+def private_valkey_server() -> Iterator[embedded.EmbeddedValkey]:
+    """A fresh embedded Valkey of this benchmark's own; yields the server (URL and pid)."""
     with scratch() as data_dir:
         server = embedded.start(data_dir)
         try:
-            yield server.url
+            yield server
         finally:
             embedded.stop(data_dir)
 
@@ -148,11 +155,42 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and its live descendants (a server that forks workers)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(current)
+        todo.extend(children.get(current, []))
+    return total
+
+
 @contextlib.contextmanager
-def dispatcher_procs(url: str, prefix: str, group_id: str, count: int, concurrency: int) -> Iterator[None]:
-    """``count`` dispatcher processes of one group (python -m bench._dispatcher_proc)."""
+def dispatcher_procs(
+    url: str,
+    prefix: str,
+    group_id: str,
+    count: int,
+    concurrency: int,
+    *,
+    env: dict[str, str] | None = None,
+    root: Path = ROOT,
+) -> Iterator[list[subprocess.Popen[str]]]:
+    """``count`` dispatcher processes of one group (python -m bench._dispatcher_proc); yields them.
+
+    ``root``: the checkout they import (another revision for before/after runs)."""
     procs = [
-        spawn(["-m", "bench._dispatcher_proc", url, prefix, group_id, str(concurrency), f"d{i}"])
+        spawn(
+            ["-m", "bench._dispatcher_proc", url, prefix, group_id, str(concurrency), f"d{i}"],
+            env=env,
+            root=root,
+        )
         for i in range(count)
     ]
     try:
@@ -161,7 +199,7 @@ def dispatcher_procs(url: str, prefix: str, group_id: str, count: int, concurren
             line = proc.stdout.readline()
             if "ready" not in line:
                 raise RuntimeError(f"dispatcher did not start: {line!r}")
-        yield
+        yield procs
     finally:
         for proc in procs:
             stop_proc(proc)
@@ -260,6 +298,26 @@ async def closed_loop(producer, pool_id: str, concurrency: int, total: int) -> t
         for _ in range(min(concurrency, total)):
             tasks.create_task(worker())
     return latencies, time.perf_counter() - started
+
+
+CpuMeters = Callable[[], Coroutine[Any, Any, dict[str, float]]]
+
+
+async def measured_load(producer, level: int, total: int, meters: CpuMeters) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """``total`` closed-loop calls at ``level``: p50/p99 ms, completions/s (``rate``) and, per CPU
+    meter that ``meters()`` reads (CPU ms so far, by name), the CPU ms it spent per call."""
+    before = await meters()
+    latencies, wall = await closed_loop(producer, "default", level, total)
+    after = await meters()
+    ms = [x * 1000 for x in latencies]
+    per_call = {name: (after[name] - before[name]) / total for name in after}
+    return {"p50": pct(ms, 0.5), "p99": pct(ms, 0.99), "rate": total / wall, **per_call}
+
+
+async def valkey_cpu_ms(conn: aioredis.Redis) -> float:
+    """Valkey's own CPU time so far (user + sys, ``INFO cpu``), in ms."""
+    info = await conn.info("cpu")
+    return (float(info["used_cpu_sys"]) + float(info["used_cpu_user"])) * 1000
 
 
 def run_benchmark(

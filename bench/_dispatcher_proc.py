@@ -16,6 +16,7 @@ import time
 
 import orjson
 
+from runtime import eventloop
 from runtime.config import DispatcherSettings
 from runtime.dispatch.dispatcher import Dispatcher
 from runtime.valkey.client import connect
@@ -54,12 +55,14 @@ async def main(url: str, prefix: str, group_id: str, concurrency: int, dispatche
 if __name__ == "__main__":
     url, prefix, group_id, concurrency, dispatcher_id = sys.argv[1:6]
     coro = main(url, prefix, group_id, int(concurrency), dispatcher_id)
+    # BENCH_LOOP=asyncio runs the default loop: the "before" side of the uvloop comparison.
+    run = asyncio.run if os.environ.get("BENCH_LOOP") == "asyncio" else eventloop.run
     profile_path = os.environ.get("BENCH_PROFILE")
     if profile_path:
         profiler = cProfile.Profile(time.process_time)
         profiler.enable()
-        asyncio.run(coro)
+        run(coro)
         profiler.disable()
         profiler.dump_stats(profile_path)
     else:
-        asyncio.run(coro)
+        run(coro)

@@ -29,6 +29,7 @@ from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from redis.commands.core import AsyncScript
 
+from runtime import eventloop
 from runtime.backends.adapter import BackendPool, OpenAIBackend
 from runtime.backoff import Backoff
 from runtime.config import ProducerSettings
@@ -589,7 +590,7 @@ class SyncProducer:
     """
 
     def __init__(self, url: str, **producer_kwargs: Any) -> None:
-        self._loop = asyncio.new_event_loop()
+        self._loop = eventloop.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="llm-dispatch-producer", daemon=True
         )

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import sys
 
+from runtime import eventloop
 from simulator.cli import add_simulator_arguments, config_from_options
 from simulator.server import SimulatorServer, serve
 
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(serve(SimulatorServer(config, host=args.host, port=args.port)))
+            eventloop.run(serve(SimulatorServer(config, host=args.host, port=args.port)))
     except OSError as exc:
         print(f"simulator: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1

@@ -97,7 +97,10 @@ class Dispatcher:
         self.keys = keys
         self.queue = QueueOps(client, keys, settings.group_id)
         self.backends = backends or BackendPool(
-            timeout_s=settings.backend_timeout_s, connect_timeout_s=settings.backend_connect_timeout_s
+            timeout_s=settings.backend_timeout_s,
+            connect_timeout_s=settings.backend_connect_timeout_s,
+            # One connection per slot: with fewer, long calls past the pool's size wait for a connection.
+            max_connections=settings.concurrency,
         )
         self.tracer = tracer or trace.get_tracer("llm_dispatch.dispatcher")
         self.identity = Identity(settings.group_id, settings.gateway_id, settings.dispatcher_id)
@@ -411,7 +414,19 @@ class Dispatcher:
         # slots full, the turn's release woke another dispatcher. Rounds of our own beyond that would
         # take every freed slot for the finisher, and the work would not spread over the fleet.
         room = self.group_in_flight + claimed < policy.total_concurrency and local_free > claimed
-        return dropped or claim_dropped or (claimed > 0 and room)
+        return dropped or claim_dropped or (claimed > 0 and room and self._backlog_may_remain(seen.views))
+
+    def _backlog_may_remain(self, views: dict[str, QueueView]) -> bool:
+        """False when every pool's list was empty as of this round: its observation, or, for a pool
+        claimed from, the claim's own count right after the pop. A push after either makes a list
+        non-empty and so brings a wake token: a round now would only find nothing (issue 13)."""
+        assert self._policy is not None
+        left = self.queue.backlog_after_claim
+        for pool in self._policy.pools:
+            view = views.get(pool.pool_id)
+            if view is None or left.get(pool.pool_id, view.backlog) > 0:
+                return True
+        return False
 
     def _screen(
         self,

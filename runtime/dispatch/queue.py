@@ -2,7 +2,8 @@
 
 Each operation is one round trip: observation is one pipeline over every pool of the group, a batch
 of claims is one pipeline of atomic scripts, and finishing a request (liveness check, reply,
-lease release, waking one idle dispatcher) is one script. Scripts run by SHA (loaded once, reloaded
+lease release, waking one idle dispatcher) is one script, the finishes that happen together sent in
+one pipeline (:class:`~runtime.valkey.batch.ScriptBatcher`). Scripts run by SHA (loaded once, reloaded
 on NOSCRIPT), so no pipeline pays redis-py's SCRIPT EXISTS round trip.
 """
 
@@ -20,6 +21,7 @@ from runtime.dispatch import scripts, turn
 from runtime.dispatch.leases import LeaseRecord
 from runtime.dispatch.wakeup import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
 from runtime.policy.reads import PoolRead
+from runtime.valkey.batch import ScriptBatcher
 from runtime.valkey.lua import LuaScript, run_pipeline
 from runtime.wire.keys import KeySpace
 
@@ -94,7 +96,7 @@ class QueueOps:
         self._lease_records = keys.lease_records(group_id)
         self._observe = LuaScript(scripts.OBSERVE)
         self._claim = LuaScript(scripts.CLAIM)
-        self._finish = client.register_script(scripts.FINISH)  # not pipelined: redis-py runs it by SHA
+        self._finishes = ScriptBatcher(client, LuaScript(scripts.FINISH))
         self._renew = LuaScript(scripts.RENEW)
         self._reap = LuaScript(scripts.REAP)
         self._acquire = LuaScript(turn.ACQUIRE)
@@ -111,6 +113,8 @@ class QueueOps:
         self._fence = keys.fencing_counter(group_id)
         self._promote = LuaScript(scripts.PROMOTE)
         self._bury = LuaScript(scripts.BURY)
+        # Per pool, the items its list held right after the last claim pipeline's last launch from it.
+        self.backlog_after_claim: dict[str, int] = {}
 
     async def observe(
         self,
@@ -227,13 +231,18 @@ class QueueOps:
         if end_turn is not None:
             results.pop()  # whether someone asked for a round: the release already woke one
             self.has_turn = False
+        self.backlog_after_claim = {
+            req.pool_id: int(left[0])
+            for req, (_, _, _, *left) in zip(requests, results, strict=True)
+            if left  # only a launch reports the backlog it left
+        }
         return [
             (
                 code.decode() if isinstance(code, bytes) else str(code),
                 int(n),
                 str(int(token)) if int(token) else "",
             )
-            for code, n, token in results
+            for code, n, token, *_ in results
         ]
 
     async def finish(
@@ -257,8 +266,8 @@ class QueueOps:
         (``FINISH_STALE``). While one of ``group_pools`` has backlog, the freed slot wakes one idle
         dispatcher of the group.
         """
-        code = await self._finish(
-            keys=[
+        code = await self._finishes.run(
+            [
                 self.keys.producer_alive(producer_id),
                 self.keys.replies(producer_id),
                 self._group_inflight,
@@ -271,7 +280,7 @@ class QueueOps:
                 self.keys.dead_letters(pool_id),
                 *map(self.keys.requests, group_pools),
             ],
-            args=[
+            [
                 reply, int(reply_ttl_s * 1000), member, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, token, settlement,
                 payload, due_at,
             ],

@@ -49,7 +49,9 @@ return {backlog, in_pool, 0, {}}
 #       lease record, this pool's protected slots, the envelope to requeue if the lease expires ('' in
 #       lists mode), then per other protected pool: its protected slots
 # Returns {code, in_flight_of_pool, fencing token}; code is one of the CLAIM_* strings below; the token
-# is 0 in lists mode.
+# is 0 in lists mode. A launch returns a fourth element, the backlog left in the list right after its
+# pop: a round that sees 0 there knows that a later push makes the list non-empty again (so its
+# producer sends a wake token), and does not follow itself with a round that would find nothing.
 # Protected slots as in the scheduler: outside its own protected slots a pool may take a group slot
 # only if the slots still owed to the other backlogged protected pools stay free.
 CLAIM = """
@@ -95,7 +97,7 @@ if ARGV[9] ~= '' then
   redis.call('HSET', KEYS[6], ARGV[3], token)
   redis.call('HSET', KEYS[7], ARGV[3], ARGV[9])
 end
-return {'claimed', in_pool + 1, token}
+return {'claimed', in_pool + 1, token, redis.call('LLEN', KEYS[1])}
 """
 CLAIMED = "claimed"
 CLAIM_MOVED = "moved"

@@ -2,13 +2,22 @@
 
 redis-py's default async pool raises "Too many connections" past its size; a producer with a
 thousand requests in flight should queue its commands on a few connections instead.
+
+Commands are serialized by hiredis in C when it is installed (redis-py does so for its sync client
+only): the asyncio client's pure-Python ``pack_command`` was ~20 % of the dispatcher's CPU per call,
+~40 µs for a FINISH call against ~6 µs (bench/RESULTS.md, issue 13).
 """
 
 from __future__ import annotations
 
+from functools import cache
+from typing import Any
+
 import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.utils import HIREDIS_AVAILABLE
 
 # What "Valkey is unreachable right now" looks like from redis-py: retry with backoff, never crash.
 REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
@@ -22,4 +31,37 @@ def connect(url: str, *, max_connections: int = 64, pool_timeout_s: float = 20.0
         socket_connect_timeout=5.0,
         health_check_interval=15,
     )
+    if HIREDIS_AVAILABLE:
+        pool.connection_class = hiredis_packing(pool.connection_class)
     return aioredis.Redis(connection_pool=pool)
+
+
+class _HiredisPacking(AbstractConnection):
+    """Serializes each command with ``hiredis.pack_command`` (redis-py's own sync serializer)."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        encoder = self.encoder
+        if encoder.encoding.lower().replace("-", "") != "utf8" or encoder.encoding_errors != "strict":
+            return super().pack_command(*args)  # hiredis encodes str as strict UTF-8 only
+        return _serializer().pack(*args)
+
+
+@cache
+def _serializer() -> Any:
+    from redis.connection import HiredisRespSerializer
+
+    return HiredisRespSerializer()
+
+
+_PACKING_CLASSES: dict[type[AbstractConnection], type[AbstractConnection]] = {}
+
+
+def hiredis_packing(connection_class: type[AbstractConnection]) -> type[AbstractConnection]:
+    """``connection_class`` (TCP, TLS or Unix socket, as the URL chose) with hiredis packing."""
+    if issubclass(connection_class, _HiredisPacking):
+        return connection_class
+    made = _PACKING_CLASSES.get(connection_class)
+    if made is None:
+        name = f"Hiredis{connection_class.__name__}"
+        made = _PACKING_CLASSES[connection_class] = type(name, (_HiredisPacking, connection_class), {})
+    return made

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from typing import Any
@@ -13,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ops.queueing import OperatorDispatcher
 from ops.runtime_settings import dispatcher_settings
 from pools.connections import key_space, valkey_url
+from runtime import eventloop
 from runtime.config import DispatcherSettings
 from runtime.valkey.client import connect
 
@@ -83,7 +83,7 @@ class Command(BaseCommand):
                 log.warning(
                     "could not publish group %s at start (%s); waiting for Valkey", group_id, result.error
                 )
-        asyncio.run(self._run(settings))
+        eventloop.run(self._run(settings))
 
     async def _run(self, settings: DispatcherSettings) -> None:
         client = connect(valkey_url(), max_connections=max(16, settings.concurrency + 8))
@@ -99,7 +99,7 @@ class Command(BaseCommand):
             )
             self.stdout.write(
                 f"dispatcher {settings.dispatcher_id} (gateway {settings.gateway_id}) "
-                f"serving fabric group {settings.group_id}"
+                f"serving fabric group {settings.group_id} on {eventloop.loop_name()}"
             )
             await dispatcher.run()
             self.stdout.write(f"dispatcher {settings.dispatcher_id} stopped: {dispatcher!r}")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from runtime import eventloop
 from simulator.cli import add_simulator_arguments, config_from_options
 from simulator.config import SimulatorConfig
 from simulator.server import SimulatorServer, serve
@@ -31,7 +31,7 @@ class Command(BaseCommand):
         config = self.build_config(options)
         server = SimulatorServer(config, host=options["host"], port=options["port"])
         try:
-            asyncio.run(serve(server))
+            eventloop.run(serve(server))
         except OSError as exc:
             raise CommandError(f"cannot listen on {options['host']}:{options['port']}: {exc}") from exc
         except KeyboardInterrupt:

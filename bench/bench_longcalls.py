@@ -1,0 +1,145 @@
+"""Long calls at high concurrency, the shape of real LLM traffic: 2,000 in flight, 1 s per call.
+
+Run: ``python bench/bench_longcalls.py [--quick] [--runs N]``.
+
+The simulator answers every call after ``--latency-ms 1000``; the producer (this process) keeps
+``IN_FLIGHT`` calls going (closed loop), either directly (``Producer(direct_backend=...)``, the
+baseline) or through Valkey to one dispatcher process with ``IN_FLIGHT`` slots. Each run measures
+both, alternating which goes first; tables show medians. Reported: completions/s and its ratio to
+direct, added p50/p99 latency, and the dispatcher's CPU (per call and as a share of one core) and
+memory (RSS at the end of the load and its peak, ``VmHWM``, from /proc).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import (
+    client,
+    closed_loop,
+    cpu_seconds,
+    dispatcher_procs,
+    group,
+    machine,
+    median,
+    new_keys,
+    pct,
+    private_valkey,
+    publish,
+    run_benchmark,
+    simulator_proc,
+    table,
+)
+from runtime.backends.adapter import OpenAIBackend
+from runtime.producer import Producer
+from runtime.wire.groupconfig import PoolConfig
+
+LATENCY_MS = 1000
+
+
+def shape(quick: bool) -> tuple[int, int]:
+    """(calls in flight, calls per measured load)."""
+    return (500, 1000) if quick else (2000, 6000)
+
+
+def memory_mib(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of a process in MiB."""
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+    )
+    return tuple(int(fields[name].split()[0]) / 1024 for name in ("VmRSS", "VmHWM"))  # type: ignore[return-value]
+
+
+async def measure(quick: bool, runs: int) -> dict[str, list[dict[str, float]]]:
+    in_flight, total = shape(quick)
+    samples: dict[str, list[dict[str, float]]] = {"direct": [], "queued": []}
+    with private_valkey() as valkey_url, simulator_proc("--latency-ms", str(LATENCY_MS)) as sim_url:
+        keys = new_keys()
+        config = group(
+            sim_url, [PoolConfig("default", max_concurrent=in_flight)], policy="fifo", total=in_flight
+        )
+        backend = OpenAIBackend(sim_url, max_connections=in_flight)
+        async with client(valkey_url) as conn:
+            await publish(conn, keys, config)
+            with dispatcher_procs(valkey_url, keys.prefix, config.group_id, 1, in_flight) as (proc,):
+                async with contextlib.AsyncExitStack() as stack:
+                    direct = await stack.enter_async_context(Producer(None, direct_backend=backend))  # type: ignore[arg-type]
+                    queued = await stack.enter_async_context(Producer(conn, keys=keys))
+                    for producer in (direct, queued):  # open the connections on both paths
+                        await closed_loop(producer, "default", in_flight, in_flight)
+                    for run in range(runs):
+                        order = [("direct", direct), ("queued", queued)]
+                        for name, producer in order if run % 2 == 0 else order[::-1]:
+                            cpu_before = cpu_seconds(proc.pid)
+                            latencies, wall = await closed_loop(producer, "default", in_flight, total)
+                            cpu = cpu_seconds(proc.pid) - cpu_before
+                            rss, peak = memory_mib(proc.pid)
+                            ms = [x * 1000 for x in latencies]
+                            sample = {"rate": total / wall, "p50": pct(ms, 0.5), "p99": pct(ms, 0.99)}
+                            if name == "queued":
+                                sample |= {
+                                    "cpu_ms": cpu * 1000 / total,
+                                    "core": cpu / wall,
+                                    "rss": rss,
+                                    "peak": peak,
+                                }
+                            samples[name].append(sample)
+        await backend.aclose()
+    return samples
+
+
+def report(samples: dict[str, list[dict[str, float]]], runs: int, quick: bool) -> dict[str, float]:
+    in_flight, total = shape(quick)
+    direct, queued = samples["direct"], samples["queued"]
+    pairs = list(zip(queued, direct, strict=True))
+    summary = {
+        "direct_rate": median([d["rate"] for d in direct]),
+        "queued_rate": median([q["rate"] for q in queued]),
+        "x_direct": median([q["rate"] / d["rate"] for q, d in pairs]),
+        "added_p50": median([q["p50"] - d["p50"] for q, d in pairs]),
+        "added_p99": median([q["p99"] - d["p99"] for q, d in pairs]),
+        "cpu_ms": median([q["cpu_ms"] for q in queued]),
+        "core": median([q["core"] for q in queued]),
+        "rss": median([q["rss"] for q in queued]),
+        "peak": max(q["peak"] for q in queued),
+    }
+    print(
+        f"# long calls: {in_flight} in flight, simulator latency {LATENCY_MS} ms, {total} calls per load, "
+        f"median of {runs} runs{' (quick)' if quick else ''}"
+    )
+    print(f"# {machine()}")
+    rows = [
+        ["direct", f"{summary['direct_rate']:.0f}", "1.00",
+         f"{median([d['p50'] for d in direct]):.1f} / {median([d['p99'] for d in direct]):.1f}",
+         "-", "-", "-"],
+        ["queued", f"{summary['queued_rate']:.0f}", f"{summary['x_direct']:.2f}",
+         f"{median([q['p50'] for q in queued]):.1f} / {median([q['p99'] for q in queued]):.1f}",
+         f"{summary['added_p50']:+.1f} / {summary['added_p99']:+.1f}",
+         f"{summary['cpu_ms']:.3f} ({summary['core'] * 100:.0f}% of a core)",
+         f"{summary['rss']:.0f} / {summary['peak']:.0f}"],
+    ]  # fmt: skip
+    print(
+        table(
+            ["path", "completions/s", "x direct", "p50/p99 ms", "added p50/p99 ms", "dispatcher CPU ms/call",
+             "dispatcher RSS / peak MiB"],
+            rows,
+        )
+    )  # fmt: skip
+    ok = summary["x_direct"] >= 0.9
+    print(
+        f"target: >= 0.9 x direct with {in_flight} in flight ->",
+        "met" if ok else f"MISSED ({summary['x_direct']:.2f})",
+    )
+    return summary
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    return run_benchmark(__doc__ or "", measure, report, argv)  # type: ignore[no-any-return]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""The default HTTP client of an endpoint: aiohttp underneath, httpx's ``post``/``stream`` API on top.
+
+Why: per call, httpx + httpcore cost ~0.55 ms of CPU at concurrency 16 on the benchmark machine (URL
+merging, header models, h11, anyio stream wrappers, pool bookkeeping), more than the rest of the
+dispatcher together; aiohttp's C-accelerated HTTP/1.1 client does the same call in ~0.1 ms
+(bench/RESULTS.md, issue 13). The adapter keeps speaking httpx: :class:`AiohttpClient` answers
+``post`` with an ``httpx.Response`` and ``stream`` with a streaming one, and raises httpx's exception
+types, so :class:`~runtime.backends.adapter.OpenAIBackend` translates every failure at one edge
+whichever client it holds (tests still inject ``httpx.MockTransport`` through the httpx client).
+
+Behaviour kept from the httpx client it replaces: keep-alive pool of ``max_connections``, no
+redirects followed, no cookies kept, the shared CA bundle, proxies from the environment only when the
+environment names one (looking them up per call costs CPU for nothing otherwise).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+import urllib.request
+from collections.abc import AsyncIterator, Iterator, Mapping
+
+import aiohttp
+import httpx
+
+# Idle connections are dropped before the 5 s after which uvicorn (vLLM, SGLang, LiteLLM) closes
+# them: reusing one the server is closing fails the call (measured: bench_peers against LiteLLM).
+KEEPALIVE_S = 4.0
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """The request could not be written at all (the pooled connection was already closing)."""
+    return isinstance(exc, aiohttp.ClientOSError) and isinstance(
+        exc.__cause__, aiohttp.ClientConnectionResetError
+    )
+
+
+def _translated(exc: aiohttp.ClientError | TimeoutError) -> httpx.TransportError:
+    """The httpx exception that the httpx client would have raised for the same failure."""
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return httpx.ConnectTimeout(message)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return httpx.ConnectError(message)
+    if isinstance(exc, aiohttp.SocketTimeoutError | aiohttp.ServerTimeoutError):
+        return httpx.ReadTimeout(message)
+    if isinstance(exc, aiohttp.InvalidURL):
+        return httpx.UnsupportedProtocol(message)
+    # Disconnected, reset or a malformed answer after the request was sent: the backend may have run
+    # the call, which is why this is not a connect error (a connect error may be retried).
+    return httpx.RemoteProtocolError(message)
+
+
+@contextlib.contextmanager
+def _httpx_errors() -> Iterator[None]:
+    try:
+        yield
+    except aiohttp.ClientError as exc:
+        raise _translated(exc) from exc
+
+
+class _ResponseStream(httpx.AsyncByteStream):
+    """The body of a streamed aiohttp response as httpx reads it, errors translated."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        with _httpx_errors():
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+
+
+class AiohttpClient:
+    """One endpoint's pooled client. The session is made on first use, inside the running loop."""
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 120.0,
+        connect_timeout_s: float = 5.0,
+        max_connections: int = 256,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self._default_timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._max_connections = max_connections
+        self._ssl_context = ssl_context
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        connector = self._session.connector if self._session else None
+        in_use = len(getattr(connector, "_acquired", ())) if connector else 0
+        return f"<AiohttpClient max_connections={self._max_connections} in_use={in_use}>"
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise RuntimeError("AiohttpClient is closed")
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self._max_connections,
+                limit_per_host=0,
+                keepalive_timeout=KEEPALIVE_S,
+                ssl=self._ssl_context if self._ssl_context is not None else True,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=bool(urllib.request.getproxies()),
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
+        return self._session
+
+    def _timeout(self, timeout: httpx.Timeout | None) -> aiohttp.ClientTimeout:
+        timeout = timeout or self._default_timeout
+        # httpx's pool timeout (waiting for a free connection) is aiohttp's ``connect``.
+        return aiohttp.ClientTimeout(
+            total=None, connect=timeout.pool, sock_connect=timeout.connect, sock_read=timeout.read
+        )
+
+    async def post(
+        self,
+        url: str | httpx.URL,
+        *,
+        content: bytes,
+        headers: Mapping[str, str],
+        timeout: httpx.Timeout | None = None,
+    ) -> httpx.Response:
+        """POST ``content``; the whole body is read before returning."""
+        session = self._open()
+        for attempt in range(2):
+            try:
+                with _httpx_errors():
+                    async with session.post(
+                        str(url),
+                        data=content,
+                        headers=headers,
+                        timeout=self._timeout(timeout),
+                        allow_redirects=False,
+                    ) as response:
+                        body = await response.read()
+                return httpx.Response(response.status, content=body)
+            except httpx.RemoteProtocolError as exc:
+                # Nothing reached the backend, so once more on a fresh connection is safe.
+                if attempt or exc.__cause__ is None or not _never_sent(exc.__cause__):
+                    raise
+        raise AssertionError("unreachable")
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self,
+        method: str,
+        url: str | httpx.URL,
+        *,
+        content: bytes,
+        headers: Mapping[str, str],
+        timeout: httpx.Timeout | None = None,
+    ) -> AsyncIterator[httpx.Response]:
+        """An ``httpx.Response`` whose body streams from the connection as it arrives."""
+        session = self._open()
+        with _httpx_errors():
+            request = session.request(
+                method,
+                str(url),
+                data=content,
+                headers=headers,
+                timeout=self._timeout(timeout),
+                allow_redirects=False,
+                # httpx decodes the body by its content-encoding header: aiohttp must not do it too.
+                auto_decompress=False,
+            )
+            response = await request.__aenter__()
+        try:
+            yield httpx.Response(
+                response.status, headers=response.raw_headers, stream=_ResponseStream(response)
+            )
+        finally:
+            response.release()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()

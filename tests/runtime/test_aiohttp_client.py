@@ -1,0 +1,103 @@
+"""The default endpoint client (aiohttp under httpx's API) against real servers over TCP."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import warnings
+from collections.abc import AsyncIterator
+
+import pytest
+
+from runtime.backends.adapter import OpenAIBackend
+from runtime.backends.aiohttp_client import AiohttpClient
+from runtime.errors import BackendConnectError, BackendError, BackendHTTPError
+from simulator.server import SimulatorConfig, SimulatorServer
+from tests.runtime.test_adapter import open_pool
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimulatorServer]:
+    async with SimulatorServer(SimulatorConfig(model="sim-int", default_completion_tokens=5)) as server:
+        yield server
+
+
+async def test_the_default_client_is_aiohttp_and_reuses_its_connection(sim: SimulatorServer) -> None:
+    backend = OpenAIBackend(sim.url)  # made outside any call: the session opens on first use
+    try:
+        assert isinstance(backend._client, AiohttpClient)
+        for _ in range(3):
+            assert (await backend.complete(BODY)).status_code == 200
+        connector = backend._client._session.connector  # type: ignore[union-attr]
+        assert len(connector._conns) == 1  # type: ignore[union-attr]  # one idle keep-alive connection
+    finally:
+        await backend.aclose()
+    assert backend._client.is_closed
+
+
+async def test_stream_relays_chunks_from_the_real_simulator(sim: SimulatorServer) -> None:
+    async with open_pool() as pool:
+        chunks = [c async for c in pool.get(sim.url).stream(BODY)]
+    deltas = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
+    assert sum(1 for d in deltas if d) == 5
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_stream_refused_by_the_backend_is_typed(sim: SimulatorServer) -> None:
+    async with open_pool() as pool:
+        with pytest.raises(BackendHTTPError, match="no capacity") as info:
+            [
+                c
+                async for c in pool.get(sim.url).stream(
+                    {**BODY, "sim": {"status": 503, "message": "no capacity"}}
+                )
+            ]
+    assert info.value.status_code == 503
+
+
+async def test_connection_dropped_after_the_request_is_not_a_connect_error() -> None:
+    """The backend may have run the call: it must not look like a failure to connect (retryable)."""
+    received = asyncio.Event()
+
+    async def read_then_hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        received.set()
+        writer.close()
+
+    server = await asyncio.start_server(read_then_hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1")
+    try:
+        with pytest.raises(BackendError) as info:
+            await backend.complete(BODY)
+    finally:
+        await backend.aclose()
+        server.close()
+        await server.wait_closed()
+    assert received.is_set()
+    assert type(info.value) is BackendError
+    assert "failed mid-call" in str(info.value)
+    assert not isinstance(info.value, BackendConnectError)
+
+
+async def test_closing_leaves_no_unclosed_session_behind(sim: SimulatorServer) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        async with open_pool() as pool:
+            await pool.get(sim.url).complete(BODY)
+        gc.collect()
+    assert not [w for w in caught if "Unclosed" in str(w.message)]
+
+
+async def test_idle_connections_are_dropped_before_uvicorns_keep_alive_ends(sim: SimulatorServer) -> None:
+    """uvicorn (vLLM, SGLang, LiteLLM) closes a connection idle for 5 s; reusing one it is closing
+    failed a call in bench_peers, so the client lets idle connections go first."""
+    backend = OpenAIBackend(sim.url)
+    try:
+        await backend.complete(BODY)
+        connector = backend._client._session.connector  # type: ignore[union-attr]
+        assert connector._keepalive_timeout < 5.0  # type: ignore[union-attr]
+    finally:
+        await backend.aclose()
