@@ -15,7 +15,9 @@ from typing import Any
 import orjson
 
 from runtime.errors import MalformedEnvelope
+from runtime.policy.admission import AdmissionLimits
 from runtime.policy.scheduler import GroupPolicy, PoolPolicy
+from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.keys import KeySpace
 
 POLICIES = ("fifo", "drr")
@@ -23,6 +25,9 @@ POLICIES = ("fifo", "drr")
 
 @dataclass(frozen=True, slots=True)
 class PoolConfig:
+    """One pool as dispatchers and producers see it. ``endpoint_url`` is resolved from the pool's
+    backend (or the group's) at publication, so tools reading the seed's field keep working."""
+
     pool_id: str
     quantum: int = 1
     max_concurrent: int = 8
@@ -32,6 +37,12 @@ class PoolConfig:
     endpoint_url: str = ""
     enabled: bool = True
     paused: bool = False
+    backend_id: str = ""  # empty: the group's backend
+    max_queued: int | None = None
+    max_queue_wait_s: float | None = None
+
+    def admission_limits(self) -> AdmissionLimits:
+        return AdmissionLimits(max_queued=self.max_queued, max_queue_wait_s=self.max_queue_wait_s)
 
     def policy(self) -> PoolPolicy:
         return PoolPolicy(
@@ -46,6 +57,9 @@ class PoolConfig:
 
 @dataclass(frozen=True, slots=True)
 class GroupConfig:
+    """A group as published. ``default_endpoint_url`` and ``api_key_env`` are the group's backend's,
+    kept for tools that read the seed's fields; ``backends`` holds every backend the group uses."""
+
     group_id: str
     policy: str = "drr"
     total_concurrency: int = 16
@@ -55,6 +69,8 @@ class GroupConfig:
     name: str = ""
     pools: tuple[PoolConfig, ...] = field(default_factory=tuple)
     version: int = 0
+    backend_id: str = ""
+    backends: tuple[BackendConfig, ...] = field(default_factory=tuple)
 
     @property
     def enabled_pools(self) -> tuple[PoolConfig, ...]:
@@ -73,6 +89,15 @@ class GroupConfig:
                 return pool.endpoint_url
         return self.default_endpoint_url
 
+    def backend_for(self, pool_id: str) -> BackendConfig | None:
+        """The backend a pool's calls go to: its own, else the group's; None for a bare-URL config."""
+        pool = self.pool(pool_id)
+        wanted = (pool.backend_id if pool else "") or self.backend_id
+        return self.backend(wanted) if wanted else None
+
+    def backend(self, backend_id: str) -> BackendConfig | None:
+        return next((b for b in self.backends if b.backend_id == backend_id), None)
+
     def pool(self, pool_id: str) -> PoolConfig | None:
         return next((p for p in self.pools if p.pool_id == pool_id), None)
 
@@ -84,7 +109,8 @@ class GroupConfig:
         try:
             data: Mapping[str, Any] = orjson.loads(raw)
             pools = tuple(PoolConfig(**p) for p in data.get("pools", ()))
-            config = cls(**{**data, "pools": pools})
+            backends = tuple(BackendConfig(**b) for b in data.get("backends", ()))
+            config = cls(**{**data, "pools": pools, "backends": backends})
         except (orjson.JSONDecodeError, TypeError, AttributeError) as exc:
             raise MalformedEnvelope(f"published group configuration is unreadable: {exc}") from exc
         if config.policy not in POLICIES:
