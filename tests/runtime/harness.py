@@ -70,5 +70,3 @@ async def running_dispatcher(
     finally:
         dispatcher.request_stop()
         await asyncio.wait_for(task, 30)
-
-
