@@ -162,7 +162,7 @@ class BackendScraper:
     async def close(self) -> None:
         """Gives up the leases held (the next scraper takes over at once) and closes the HTTP client."""
         for backend_id in sorted(self.stats.leases_held):
-            with contextlib.suppress(REDIS_ERRORS):
+            with contextlib.suppress(*REDIS_ERRORS):
                 await self._release(keys=[self.keys.backend_scrape_lease(backend_id)], args=[self.owner_id])
         self.stats.leases_held = set()
         await self._http.aclose()
