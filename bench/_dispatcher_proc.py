@@ -35,7 +35,18 @@ async def main(url: str, prefix: str, group_id: str, concurrency: int, dispatche
     stats_path = os.environ.get("BENCH_STATS")
     if stats_path:
         with open(stats_path, "wb") as out:
-            out.write(orjson.dumps({"cpu_s": time.process_time(), "completed": dispatcher.stats.completed}))
+            stats = dispatcher.stats
+            out.write(
+                orjson.dumps(
+                    {
+                        "cpu_s": time.process_time(),
+                        "completed": stats.completed,
+                        "claim_lost": stats.claim_lost,
+                        "turn_busy": stats.turn_busy,
+                        "wake_tokens": dispatcher.waiter.tokens,
+                    }
+                )
+            )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 from history.ingester import start_in_background  # noqa: E402
+from ingress.build import build_ingress  # noqa: E402
+from ingress.routing import PathPrefixRouter  # noqa: E402
 from pools.connections import configure_channel_layers  # noqa: E402
 
 configure_channel_layers()
@@ -24,7 +26,8 @@ application = ProtocolTypeRouter(
     {
         # One process serves the demo, so it serves the static files (admin CSS, dashboard JS) too;
         # behind a real web server, run collectstatic and let that server take /static/.
-        "http": ASGIStaticFilesHandler(django_asgi_app),
+        # The OpenAI-compatible ingress (/v1/) bypasses Django's middleware, sessions and CSRF.
+        "http": PathPrefixRouter("/v1/", build_ingress(), ASGIStaticFilesHandler(django_asgi_app)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -44,6 +44,10 @@ DISPATCH_COST_PER_PAGE = env.int("DISPATCH_COST_PER_PAGE", default=1)
 DISPATCH_COST_MAX = env.int("DISPATCH_COST_MAX", default=64)
 # The gateway identity every dispatcher span carries (rundispatcher --gateway-id overrides it).
 DISPATCH_GATEWAY_ID = env.str("DISPATCH_GATEWAY_ID", default="") or socket.gethostname()
+# OpenAI-compatible ingress: a revoked key is refused within the cache time; the deadline when the
+# request has no X-Dispatch-Timeout header.
+INGRESS_KEY_CACHE_S = env.float("INGRESS_KEY_CACHE_S", default=1.0)
+INGRESS_DEFAULT_TIMEOUT_S = env.float("INGRESS_DEFAULT_TIMEOUT_S", default=120.0)
 
 INSTALLED_APPS = [
     "daphne",
@@ -58,6 +62,7 @@ INSTALLED_APPS = [
     "history",
     "dashboard",
     "ops",
+    "ingress",
 ]
 
 MIDDLEWARE = [

@@ -85,8 +85,24 @@ class HistoryClient:
         names = result.column_names
         return [dict(zip(names, row, strict=True)) for row in result.result_rows]
 
-    def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: Sequence[str]) -> None:
-        self._call("insert", table, rows, column_names=list(column_names), database=self.database)
+    def insert(
+        self,
+        table: str,
+        rows: Sequence[Sequence[Any]],
+        column_names: Sequence[str],
+        *,
+        dedup_token: str | None = None,
+    ) -> None:
+        """Inserts rows; a repeated ``dedup_token`` makes the repeat a no-op, in the views' tables too."""
+        settings = None
+        if dedup_token:
+            settings = {
+                "insert_deduplication_token": dedup_token,
+                "deduplicate_blocks_in_dependent_materialized_views": 1,
+            }
+        self._call(
+            "insert", table, rows, column_names=list(column_names), database=self.database, settings=settings
+        )
 
     def close(self) -> None:
         with self._lock:

@@ -5,9 +5,10 @@ INSERT, then XACKs it and trims the stream up to its oldest still-pending entry 
 MAXLEN cap deletes later is exactly what was never stored; see ``runtime.telemetry.tracing``).
 On start it first re-reads its own pending entries (``XREADGROUP ... 0``: a killed ingester's
 in-flight batch) and claims entries other consumers left pending for longer than ``claim_idle_s``
-(XAUTOCLAIM). A crash between insert and XACK re-inserts that batch; the table's ReplacingMergeTree
-and ``FINAL`` reads remove the
-duplicates (see ``history.schema``). With ClickHouse or Valkey down the batch stays pending in the
+(XAUTOCLAIM). A crash between insert and XACK re-delivers that batch, the same entry ids in the same
+order (entries the stream's cap deleted meanwhile come back empty and are acknowledged with the rest);
+its insert carries a deduplication token made from those ids, so ClickHouse drops the repeat even when
+it holds fewer rows (see ``history.schema``). With ClickHouse or Valkey down the batch stays pending in the
 stream and the ingester retries with exponential backoff.
 
 ``python manage.py runhistory`` runs :class:`Ingester` in the foreground; the web process that owns an
@@ -16,6 +17,7 @@ embedded chDB database calls :func:`start_in_background`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -37,6 +39,9 @@ log = logging.getLogger(__name__)
 
 GROUP = "history"
 DEFAULT_CONSUMER = "history-ingester"
+# Each INSERT has a fixed cost (a part and a deduplication log entry per table and day); when the
+# ingester keeps up, rounds read what arrived meanwhile, so big batches only form under backlog.
+DEFAULT_BATCH_SIZE = 10_000
 
 # Trim everything the group has acknowledged: up to the oldest pending entry, or past the last delivered.
 _TRIM_ACKED = """
@@ -124,6 +129,12 @@ def span_row(doc: dict[str, Any]) -> list[Any]:
     ]
 
 
+def batch_token(entry_ids: list[bytes]) -> str:
+    """The insert deduplication token of a batch: the same entry ids give the same token."""
+    digest = hashlib.blake2b(b"\n".join(entry_ids), digest_size=16).hexdigest()
+    return f"spans-{entry_ids[0].decode()}-{entry_ids[-1].decode()}-{len(entry_ids)}-{digest}"
+
+
 class Ingester:
     """Reads the span stream with a consumer group and batch-inserts into ClickHouse."""
 
@@ -134,7 +145,7 @@ class Ingester:
         *,
         keys: KeySpace,
         consumer: str = DEFAULT_CONSUMER,
-        batch_size: int = 1000,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         block_ms: int = 500,
         claim_idle_s: float = 60.0,
         retention_days: int = 30,
@@ -175,14 +186,14 @@ class Ingester:
     def _read(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
         if not self._backlog_done:
             # Our own pending entries first: the batch a killed predecessor inserted but did not ack.
+            # Entries the cap deleted come back with no fields: they stay in the batch so that its
+            # ids, and so its deduplication token, are those of the first delivery.
             got = self.redis.xreadgroup(GROUP, self.consumer, {self.stream: "0"}, count=self.batch_size)
             entries = got[0][1] if got else []
-            live = [(i, f) for i, f in entries if f]
-            if live or entries:
-                self._ack_deleted([i for i, f in entries if not f])
-                if live:
-                    self.stats.redelivered += len(live)
-                    return live
+            if any(fields for _, fields in entries):
+                self.stats.redelivered += sum(1 for _, fields in entries if fields)
+                return entries
+            self._ack_deleted([i for i, _ in entries])
             self._backlog_done = True
             claimed = self.redis.xautoclaim(
                 self.stream, GROUP, self.consumer, int(self.claim_idle_s * 1000), "0-0", count=self.batch_size
@@ -202,6 +213,8 @@ class Ingester:
     def _rows(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[list[Any]]:
         rows = []
         for entry_id, fields in entries:
+            if not fields:  # deleted by the stream's cap after its first delivery
+                continue
             try:
                 rows.append(span_row(orjson.loads(fields[b"span"])))
             except Exception:
@@ -219,12 +232,12 @@ class Ingester:
         if not entries:
             return 0
         rows = self._rows(entries)
+        ids = [entry_id for entry_id, _ in entries]
         if rows:
-            self.history.insert(schema.TABLE, rows, schema.INSERT_COLUMNS)
+            self.history.insert(schema.TABLE, rows, schema.INSERT_COLUMNS, dedup_token=batch_token(ids))
             self.stats.inserted += len(rows)
         if self.after_insert is not None:
             self.after_insert(len(rows))
-        ids = [entry_id for entry_id, _ in entries]
         self.redis.xack(self.stream, GROUP, *ids)
         self._trim(keys=[self.stream], args=[GROUP])
         self.stats.acked += len(ids)

@@ -1,26 +1,54 @@
-"""The history table: the OpenTelemetry Collector ClickHouse exporter's ``otel_traces``, plus typed columns.
+"""The history schema: the OpenTelemetry Collector's ``otel_traces`` plus narrow tables fed by views.
 
-The first columns repeat the collector exporter's layout (database ``otel``, table ``otel_traces``) so a
-collector pipeline can write the same table and the history views read its rows too. The typed columns
-after them are ``MATERIALIZED`` from ``SpanAttributes``: computed once at insert, whoever inserts, and
-read by the analytics instead of map lookups.
+``otel_traces`` repeats the collector ClickHouse exporter's layout (database ``otel``) so a collector
+pipeline can write the same table; the typed columns after the collector's are ``MATERIALIZED`` from
+``SpanAttributes`` at insert, whoever inserts. Materialized views fan every insert out into tables laid
+out for one page each, so no page reads the wide table except by a pruned key:
+
+``llm_dispatch_executions``     executions only, narrow, sorted by time: the recent list, its paging
+                                and the exact analytics mode read it in order.
+``llm_dispatch_request_ids``    request id -> trace id and time range, sorted by request id: the
+                                detail page finds a request in one granule per day partition.
+``llm_dispatch_pool_minutes``   per group, pool and minute: counts, token sums and DDSketch quantile
+                                states; analytics cost grows with minutes x pools, not with traffic.
+``llm_dispatch_pool_hours``     the same per hour, rolled up from the minutes: long windows.
+``llm_dispatch_filter_values``  each filter value with the last time it was seen: the drop-downs.
 
 Duplicates: the ingester inserts a batch and then XACKs it; a crash between the two re-delivers the
-batch and inserts it again. The engine is a ``ReplacingMergeTree`` whose sorting key ends in
-``(TraceId, SpanId)``; a re-inserted span has the same sorting key (same service, name, timestamp and
-ids), so merges collapse it, and every history query reads the table with ``FINAL`` so no duplicate is
-ever counted even before a merge.
+batch. Each batch carries an ``insert_deduplication_token`` derived from its stream entry ids, and every
+table keeps the last ``DEDUP_WINDOW`` block hashes (``non_replicated_deduplication_window``), so the
+second insert is dropped, views included (``deduplicate_blocks_in_dependent_materialized_views``).
+Reads never need ``FINAL``.
 
-Retention: ``TTL toDateTime(Timestamp) + toIntervalDay(retention_days)``; :func:`migrate` re-applies it,
-so changing ``HISTORY_RETENTION_DAYS`` takes effect on the next start. Creation is idempotent.
+Retention: daily partitions and ``TTL ... + toIntervalDay(retention_days)`` with ``ttl_only_drop_parts``
+drop whole days; :func:`migrate` re-applies the TTL, so ``HISTORY_RETENTION_DAYS`` takes effect on the
+next start. :func:`migrate` is idempotent and brings a database created by an older version forward:
+it adds the dedup setting, creates the narrow tables and their views, and fills each new table once
+from the rows already stored. Rows inserted by another writer *during* that first fill may be counted
+twice in the new tables; run ``manage.py history_migrate`` before starting writers.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from history.client import HistoryClient
 from runtime.telemetry import semconv
 
 TABLE = "otel_traces"
+EXECUTIONS = "llm_dispatch_executions"
+REQUEST_IDS = "llm_dispatch_request_ids"
+POOL_MINUTES = "llm_dispatch_pool_minutes"
+POOL_HOURS = "llm_dispatch_pool_hours"
+FILTER_VALUES = "llm_dispatch_filter_values"
+
+DEDUP_WINDOW = 10_000  # blocks remembered per table: minutes of batches at full rate, per partition
+QUANTILE_LEVELS = (0.5, 0.95, 0.99)
+# DDSketch's accuracy parameter. ClickHouse's sketch reads high by up to about 2.8x this (bucket bound
+# plus rank rounding; measured on lognormal latencies), so the pages state STATED_ACCURACY.
+SKETCH_ACCURACY = 0.005
+STATED_ACCURACY = 0.02  # an approximate percentile is within 2 % of the exact value at that rank
+_DD = f"quantilesDD({SKETCH_ACCURACY}, {', '.join(str(q) for q in QUANTILE_LEVELS)})"
 
 
 def _attr(name: str) -> str:
@@ -32,7 +60,7 @@ TYPED_COLUMNS: list[tuple[str, str, str]] = [
     ("RequestId", "String", _attr(semconv.REQUEST_ID)),
     ("FabricGroup", "LowCardinality(String)", _attr(semconv.GROUP_ID)),
     ("PoolId", "LowCardinality(String)", _attr(semconv.POOL_ID)),
-    ("ProducerId", "String", _attr(semconv.PRODUCER_ID)),
+    ("ProducerId", "LowCardinality(String)", _attr(semconv.PRODUCER_ID)),
     ("GatewayId", "LowCardinality(String)", _attr(semconv.GATEWAY_ID)),
     ("DispatcherId", "LowCardinality(String)", _attr(semconv.DISPATCHER_ID)),
     ("Role", "LowCardinality(String)", _attr(semconv.SPAN_KIND_ROLE)),
@@ -46,6 +74,10 @@ TYPED_COLUMNS: list[tuple[str, str, str]] = [
     ("TotalS", "Nullable(Float64)", f"toFloat64OrNull({_attr(semconv.TOTAL_S)})"),
     ("InputTokens", "Nullable(UInt64)", f"toUInt64OrNull({_attr(semconv.GEN_AI_USAGE_INPUT_TOKENS)})"),
     ("OutputTokens", "Nullable(UInt64)", f"toUInt64OrNull({_attr(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)})"),
+    # An ingress request's key name: the producer an operator recognises (its id is per web process).
+    ("ProducerLabel", "LowCardinality(String)", _attr(semconv.PRODUCER_LABEL)),
+    ("TimeToFirstTokenS", "Nullable(Float64)", f"toFloat64OrNull({_attr(semconv.TIME_TO_FIRST_TOKEN_S)})"),
+    ("ChunkCount", "Nullable(UInt64)", f"toUInt64OrNull({_attr(semconv.CHUNK_COUNT)})"),
 ]
 
 # Columns the ingester writes (the collector layout, Events and Links flattened as Nested arrays).
@@ -74,9 +106,54 @@ INSERT_COLUMNS = [
     "Links.Attributes",
 ]
 
+# The execution columns the narrow table copies (names and types as in otel_traces).
+EXECUTION_COLUMNS = [
+    "RequestId",
+    "TraceId",
+    "SpanId",
+    "FabricGroup",
+    "PoolId",
+    "ProducerId",
+    "GatewayId",
+    "DispatcherId",
+    "Status",
+    "ErrorType",
+    "DropReason",
+    "RequestModel",
+    "ResponseModel",
+    "QueueWaitS",
+    "ExecutionS",
+    "TotalS",
+    "InputTokens",
+    "OutputTokens",
+    "ProducerLabel",
+    "TimeToFirstTokenS",
+    "ChunkCount",
+]
 
-def table_name(client: HistoryClient) -> str:
-    return f"`{client.database}`.`{TABLE}`"
+# Filter form field -> column, for the drop-downs' values.
+FILTER_COLUMNS = {
+    "group": "FabricGroup",
+    "pool": "PoolId",
+    # A producer is its label (an ingress request's key name) where it has one, else its id.
+    "producer": "if(ProducerLabel != '', ProducerLabel, ProducerId)",
+    "gateway": "GatewayId",
+    "status": "Status",
+    "error_type": "ErrorType",
+    "model": "RequestModel",
+}
+
+
+def table_name(client: HistoryClient, table: str = TABLE) -> str:
+    return f"`{client.database}`.`{table}`"
+
+
+def _ttl(expr: str, retention_days: int) -> str:
+    return f"TTL {expr} + toIntervalDay({int(retention_days)})"
+
+
+def _dedup_settings() -> str:
+    return f"non_replicated_deduplication_window = {DEDUP_WINDOW}"
 
 
 def create_table_sql(database: str, retention_days: int) -> str:
@@ -97,7 +174,7 @@ CREATE TABLE IF NOT EXISTS `{database}`.`{TABLE}` (
     ScopeName String CODEC(ZSTD(1)),
     ScopeVersion String CODEC(ZSTD(1)),
     SpanAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
-    Duration UInt64 CODEC(ZSTD(1)),
+    Duration UInt64 CODEC(T64, ZSTD(1)),
     StatusCode LowCardinality(String) CODEC(ZSTD(1)),
     StatusMessage String CODEC(ZSTD(1)),
     Events Nested (
@@ -117,30 +194,212 @@ CREATE TABLE IF NOT EXISTS `{database}`.`{TABLE}` (
     INDEX idx_res_attr_key mapKeys(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
     INDEX idx_span_attr_key mapKeys(SpanAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
     INDEX idx_duration Duration TYPE minmax GRANULARITY 1
-) ENGINE = ReplacingMergeTree
+) ENGINE = MergeTree
 PARTITION BY toDate(Timestamp)
 ORDER BY (ServiceName, SpanName, toDateTime(Timestamp), TraceId, SpanId)
-TTL toDateTime(Timestamp) + toIntervalDay({int(retention_days)})
-SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1
+{_ttl("toDateTime(Timestamp)", retention_days)}
+SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, {_dedup_settings()}
 """
 
 
+@dataclass(frozen=True, slots=True)
+class DerivedTable:
+    """A table filled by a materialized view over ``otel_traces`` (and once from its rows on creation)."""
+
+    name: str
+    columns: str  # the column list of CREATE TABLE
+    engine: str  # ENGINE ... SETTINGS, with {ttl} where the retention TTL goes
+    select: str  # the view's SELECT over {source}; also fills the table from existing rows
+    ttl_expr: str
+    source: str = TABLE  # the table whose inserts the view receives
+
+    @property
+    def view(self) -> str:
+        return f"{self.name}_mv"
+
+    def create_sql(self, database: str, retention_days: int) -> str:
+        engine = self.engine.format(ttl=_ttl(self.ttl_expr, retention_days), dedup=_dedup_settings())
+        return f"CREATE TABLE IF NOT EXISTS `{database}`.`{self.name}` ({self.columns}) {engine}"
+
+    def select_sql(self, database: str) -> str:
+        return self.select.format(source=f"`{database}`.`{self.source}`")
+
+    def view_sql(self, database: str) -> str:
+        return (
+            f"CREATE MATERIALIZED VIEW IF NOT EXISTS `{database}`.`{self.view}` "
+            f"TO `{database}`.`{self.name}` AS {self.select_sql(database)}"
+        )
+
+
+_POOL_SUMS = (
+    "Executions",
+    "Ok",
+    "Errors",
+    "Dropped",
+    "InputTokenSum",
+    "OutputTokenSum",
+    "RateOutputTokens",
+    "RateSeconds",
+)
+_POOL_SKETCHES = ("QueueWait", "Execution", "Total")
+_DD_MERGE_STATE = _DD.replace("quantilesDD", "quantilesDDMergeState")
+
+
+def _pool_columns(period: str) -> str:
+    sums = ", ".join(
+        f"{c} SimpleAggregateFunction(sum, {'Float64' if c == 'RateSeconds' else 'UInt64'})"
+        for c in _POOL_SUMS
+    )
+    sketches = ", ".join(f"{c} AggregateFunction({_DD}, Float64)" for c in _POOL_SKETCHES)
+    return (
+        f"{period} DateTime CODEC(Delta, ZSTD(1)), FabricGroup LowCardinality(String), "
+        f"PoolId LowCardinality(String), {sums}, {sketches}"
+    )
+
+
+def _pool_engine(period: str) -> str:
+    return (
+        f"ENGINE = AggregatingMergeTree PARTITION BY toDate({period}) "
+        f"ORDER BY (FabricGroup, PoolId, {period}) {{ttl}} "
+        # Small granules: a short window reads its few rows' sketches, not the day's.
+        "SETTINGS index_granularity = 256, ttl_only_drop_parts = 1, {dedup}"
+    )
+
+
+_EXECUTED = "Status IN ('ok', 'error')"
+_TOKEN_RATE = "Status = 'ok' AND ExecutionS > 0 AND OutputTokens IS NOT NULL"
+
+
+def _dd_state(column: str) -> str:
+    state = _DD.replace("quantilesDD", "quantilesDDStateIf")
+    return f"{state}(assumeNotNull({column}), {_EXECUTED} AND {column} IS NOT NULL)"
+
+
+_filter_pairs = ", ".join(f"('{name}', toString({col}))" for name, col in FILTER_COLUMNS.items())
+
+DERIVED: tuple[DerivedTable, ...] = (
+    DerivedTable(
+        name=EXECUTIONS,
+        columns="Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)), "
+        "RequestId String CODEC(ZSTD(1)), TraceId String CODEC(ZSTD(1)), SpanId String CODEC(ZSTD(1)), "
+        "FabricGroup LowCardinality(String), PoolId LowCardinality(String), "
+        "ProducerId LowCardinality(String), GatewayId LowCardinality(String), "
+        "DispatcherId LowCardinality(String), Status LowCardinality(String), "
+        "ErrorType LowCardinality(String), DropReason LowCardinality(String), "
+        "RequestModel LowCardinality(String), ResponseModel LowCardinality(String), "
+        "QueueWaitS Nullable(Float64) CODEC(ZSTD(1)), ExecutionS Nullable(Float64) CODEC(ZSTD(1)), "
+        "TotalS Nullable(Float64) CODEC(ZSTD(1)), InputTokens Nullable(UInt64) CODEC(T64, ZSTD(1)), "
+        "OutputTokens Nullable(UInt64) CODEC(T64, ZSTD(1)), ProducerLabel LowCardinality(String), "
+        "TimeToFirstTokenS Nullable(Float64) CODEC(ZSTD(1)), "
+        "ChunkCount Nullable(UInt64) CODEC(T64, ZSTD(1)), "
+        # Filters on rare values skip granules instead of reading the whole window.
+        "INDEX idx_group FabricGroup TYPE set(64) GRANULARITY 1, "
+        "INDEX idx_pool PoolId TYPE set(256) GRANULARITY 1, "
+        "INDEX idx_producer ProducerId TYPE bloom_filter(0.01) GRANULARITY 1, "
+        "INDEX idx_gateway GatewayId TYPE set(64) GRANULARITY 1, "
+        "INDEX idx_status Status TYPE set(8) GRANULARITY 1, "
+        "INDEX idx_error_type ErrorType TYPE set(64) GRANULARITY 1, "
+        "INDEX idx_model RequestModel TYPE set(64) GRANULARITY 1",
+        engine="ENGINE = MergeTree PARTITION BY toDate(Timestamp) ORDER BY (Timestamp, SpanId) {ttl} "
+        "SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, {dedup}",
+        select=f"SELECT Timestamp, {', '.join(EXECUTION_COLUMNS)} FROM {{source}} WHERE Status != ''",
+        ttl_expr="toDateTime(Timestamp)",
+    ),
+    DerivedTable(
+        name=REQUEST_IDS,
+        columns="RequestId String CODEC(ZSTD(1)), TraceId String CODEC(ZSTD(1)), "
+        "Start DateTime64(9) CODEC(Delta, ZSTD(1)), End DateTime64(9) CODEC(Delta, ZSTD(1))",
+        engine="ENGINE = MergeTree PARTITION BY toDate(Start) ORDER BY (RequestId, TraceId) {ttl} "
+        "SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, {dedup}",
+        select="SELECT RequestId, TraceId, min(Timestamp) AS Start, max(Timestamp) AS End "
+        "FROM {source} WHERE RequestId != '' GROUP BY RequestId, TraceId",
+        ttl_expr="toDateTime(Start)",
+    ),
+    DerivedTable(
+        name=POOL_MINUTES,
+        columns=_pool_columns("Minute"),
+        engine=_pool_engine("Minute"),
+        select="SELECT toStartOfMinute(Timestamp) AS Minute, FabricGroup, PoolId, "
+        "count() AS Executions, countIf(Status = 'ok') AS Ok, countIf(Status = 'error') AS Errors, "
+        "countIf(Status = 'dropped') AS Dropped, "
+        "sum(ifNull(InputTokens, 0)) AS InputTokenSum, sum(ifNull(OutputTokens, 0)) AS OutputTokenSum, "
+        f"sumIf(assumeNotNull(OutputTokens), {_TOKEN_RATE}) AS RateOutputTokens, "
+        f"sumIf(assumeNotNull(ExecutionS), {_TOKEN_RATE}) AS RateSeconds, "
+        f"{_dd_state('QueueWaitS')} AS QueueWait, {_dd_state('ExecutionS')} AS Execution, "
+        f"{_dd_state('TotalS')} AS Total "
+        "FROM {source} WHERE Status != '' GROUP BY Minute, FabricGroup, PoolId",
+        ttl_expr="Minute",
+    ),
+    DerivedTable(
+        # Rolled up from the minutes as they are inserted: long windows merge 60x fewer sketches.
+        name=POOL_HOURS,
+        columns=_pool_columns("Hour"),
+        engine=_pool_engine("Hour"),
+        select="SELECT toStartOfHour(m.Minute) AS Hour, m.FabricGroup AS FabricGroup, m.PoolId AS PoolId, "
+        + ", ".join(f"sum(m.{c}) AS {c}" for c in _POOL_SUMS)
+        + ", "
+        + ", ".join(f"{_DD_MERGE_STATE}(m.{c}) AS {c}" for c in _POOL_SKETCHES)
+        + " FROM {source} AS m GROUP BY Hour, FabricGroup, PoolId",
+        ttl_expr="Hour",
+        source=POOL_MINUTES,
+    ),
+    DerivedTable(
+        name=FILTER_VALUES,
+        columns="Name LowCardinality(String), Value String, LastSeen SimpleAggregateFunction(max, DateTime)",
+        engine="ENGINE = AggregatingMergeTree ORDER BY (Name, Value) {ttl} SETTINGS {dedup}",
+        select="SELECT pair.1 AS Name, pair.2 AS Value, max(toDateTime(Timestamp)) AS LastSeen "
+        f"FROM {{source}} ARRAY JOIN [{_filter_pairs}] AS pair "
+        "WHERE Status != '' AND Value != '' GROUP BY Name, Value",
+        ttl_expr="LastSeen",
+    ),
+)
+
+
+def _engine(client: HistoryClient, table: str) -> str:
+    rows = client.query(
+        "SELECT engine_full FROM system.tables WHERE database = {db:String} AND name = {table:String}",
+        {"db": client.database, "table": table},
+    )
+    return str(rows[0]["engine_full"]) if rows else ""
+
+
+def _apply_ttl(client: HistoryClient, table: str, expr: str, retention_days: int) -> None:
+    wanted = f"toIntervalDay({int(retention_days)})"
+    engine = _engine(client, table)
+    if engine and wanted not in engine:
+        client.command(
+            f"ALTER TABLE {table_name(client, table)} MODIFY TTL {expr} + {wanted} "
+            "SETTINGS materialize_ttl_after_modify = 0"
+        )
+
+
 def migrate(client: HistoryClient, *, retention_days: int) -> None:
-    """Creates the database and table if missing and (re)applies the retention TTL. Idempotent.
+    """Creates or brings forward the history tables and views, and (re)applies the TTL. Idempotent.
 
     Raises ``HistoryUnavailable`` when ClickHouse cannot be reached.
     """
     if retention_days < 1:
         raise ValueError("retention_days must be at least 1")
-    client.command(f"CREATE DATABASE IF NOT EXISTS `{client.database}`")
-    client.command(create_table_sql(client.database, retention_days))
-    rows = client.query(
-        "SELECT engine_full FROM system.tables WHERE database = {db:String} AND name = {table:String}",
-        {"db": client.database, "table": TABLE},
-    )
-    wanted = f"toIntervalDay({int(retention_days)})"
-    if rows and wanted not in str(rows[0]["engine_full"]):
+    db = client.database
+    client.command(f"CREATE DATABASE IF NOT EXISTS `{db}`")
+    client.command(create_table_sql(db, retention_days))
+    # A table made by an older version: enable insert deduplication (the engine itself cannot change).
+    client.command(f"ALTER TABLE {table_name(client)} MODIFY SETTING {_dedup_settings()}")
+    for name, ctype, expr in TYPED_COLUMNS:  # columns added since the table was made
         client.command(
-            f"ALTER TABLE {table_name(client)} MODIFY TTL toDateTime(Timestamp) + {wanted} "
-            "SETTINGS materialize_ttl_after_modify = 0"
+            f"ALTER TABLE {table_name(client)} ADD COLUMN IF NOT EXISTS `{name}` {ctype} "
+            f"MATERIALIZED {expr} CODEC(ZSTD(1))"
         )
+    _apply_ttl(client, TABLE, "toDateTime(Timestamp)", retention_days)
+    fresh_tables = [d for d in DERIVED if not _engine(client, d.name)]
+    if fresh_tables and _engine(client, TABLE).startswith("ReplacingMergeTree"):
+        # Brought forward from a version that read with FINAL: collapse its stored duplicates once,
+        # before they are copied into the new tables (a full merge: minutes on a very large table).
+        client.command(f"OPTIMIZE TABLE {table_name(client)} FINAL")
+    for derived in DERIVED:
+        fresh = derived in fresh_tables
+        client.command(derived.create_sql(db, retention_days))
+        client.command(derived.view_sql(db))
+        if fresh:
+            client.command(f"INSERT INTO {table_name(client, derived.name)} {derived.select_sql(db)}")
+        _apply_ttl(client, derived.name, derived.ttl_expr, retention_days)

@@ -13,7 +13,7 @@ from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from history import queries, svg
+from history import queries, schema, svg
 from history.client import HistoryUnavailable, history_client
 from history.forms import WINDOWS, AnalyticsForm, ExecutionFilterForm
 
@@ -35,10 +35,13 @@ def recent(request: HttpRequest) -> HttpResponse:
     context: dict[str, Any] = {"form": form, "nav": "recent"}
     try:
         client = history_client()
+        filters = form.to_filter()
         page = queries.executions_recent(
-            client=client, filters=form.to_filter(), page=form.page_number(), page_size=PAGE_SIZE
+            client=client, filters=filters, page=form.page_number(), page_size=PAGE_SIZE
         )
-        context["choices"] = queries.filter_choices(client=client)
+        context["choices"] = queries.filter_choices(client=client, since=filters.since)
+        # An empty bounded window: say whether anything is stored at all, so the operator can widen it.
+        context["any_stored"] = bool(page.rows) or queries.executions_exist(client=client)
     except HistoryUnavailable as exc:
         return _unavailable(request, "history/recent.html", context, exc)
     params = {k: v for k, v in request.GET.items() if k != "page" and v}
@@ -46,7 +49,9 @@ def recent(request: HttpRequest) -> HttpResponse:
         page=page,
         prev_query=urlencode({**params, "page": page.page - 1}),
         next_query=urlencode({**params, "page": page.page + 1}),
-        filtered=bool(params),
+        filtered=bool({k for k in params if k != "window"}),
+        window=form.window_name(),
+        since=filters.since,
     )
     return render(request, "history/recent.html", context)
 
@@ -94,7 +99,7 @@ def pools(request: HttpRequest) -> HttpResponse:
     }
     try:
         stats = queries.pool_analytics(
-            client=history_client(), since=since, until=until, group=form.group_id()
+            client=history_client(), since=since, until=until, group=form.group_id(), exact=form.exact_mode()
         )
     except HistoryUnavailable as exc:
         return _unavailable(request, "history/pools.html", context, exc)
@@ -122,5 +127,7 @@ def pools(request: HttpRequest) -> HttpResponse:
         stats=[{"s": s, "spark": svg.sparkline(s.timeline)} for s in stats],
         charts=charts,
         levels=queries.LEVELS,
+        exact=form.exact_mode(),
+        accuracy_pct=f"{schema.STATED_ACCURACY * 100:g}",
     )
     return render(request, "history/pools.html", context)

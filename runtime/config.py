@@ -51,7 +51,8 @@ class DispatcherSettings:
     shutdown_grace_s: float = 30.0
     lease_s: float = keys.INFLIGHT_LEASE_S
     reply_ttl_s: float = keys.REPLY_LIST_TTL_S
-    # Fallback poll while idle, for producers that push without publishing a wake-up.
+    # Idle poll, shared by the fleet (one poll per interval per group): for producers that push without
+    # a wake-up token, deadlines, expired leases and breakers.
     idle_poll_s: float = 0.05
     # How many items of each pool's head are read per scheduling round.
     peek_depth: int = 8

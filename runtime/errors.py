@@ -19,6 +19,7 @@ a stable ``error_type`` string: replies, counters and ClickHouse rows use that s
     ├── RequestTimeout                 the producer gave up waiting for its reply
     ├── RequestExpired                 the deadline passed before the request left its queue
     ├── ProducerClosed                 submit on a closed producer, or closed while waiting
+    ├── Cancelled                      the producer withdrew the request (its caller went away)
     └── Rejected                       refused by policy (queueing disabled, admission control)
         └── QueueFull                  refused at submit by the pool's admission limits; nothing queued
 
@@ -133,6 +134,12 @@ class ProducerClosed(DispatchError):
     """The producer was closed."""
 
     error_type = "producer_closed"
+
+
+class Cancelled(DispatchError):
+    """The producer withdrew the request: queued ones are never executed, running ones are cut off."""
+
+    error_type = "cancelled"
 
 
 class Rejected(DispatchError):

@@ -19,17 +19,20 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Coroutine, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from redis.commands.core import AsyncScript
 
 from runtime.backends.adapter import BackendPool, OpenAIBackend
 from runtime.config import ProducerSettings
+from runtime.dispatch.wakeup import PUSH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
 from runtime.errors import (
+    Cancelled,
     DispatchError,
     MalformedEnvelope,
     ProducerClosed,
@@ -40,7 +43,16 @@ from runtime.errors import (
 )
 from runtime.telemetry import semconv
 from runtime.valkey.client import REDIS_ERRORS, connect
-from runtime.wire.contract import ChatCall, Envelope, Metadata, Reply, Timing
+from runtime.wire.contract import (
+    ChatCall,
+    Envelope,
+    Metadata,
+    Reply,
+    StreamChunk,
+    StreamOptions,
+    Timing,
+    decode_reply_item,
+)
 from runtime.wire.groupconfig import GroupConfig
 from runtime.wire.keys import DEFAULT_KEYS, KeySpace
 
@@ -66,6 +78,7 @@ class ProducerStats:
     completed: int = 0
     failed: int = 0
     timed_out: int = 0
+    cancelled: int = 0  # withdrawn by the caller (e.g. an ingress client that disconnected)
     late_replies: int = 0
     malformed_replies: int = 0
     pump_reconnects: int = 0
@@ -113,6 +126,7 @@ class Producer:
         self.stats = ProducerStats()
         self._tracer = tracer or trace.get_tracer("llm_dispatch.producer")
         self._waiters: dict[str, _Waiter] = {}
+        self._streams: dict[str, asyncio.Queue[Reply | StreamChunk]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._registry = _PoolRegistry()
         self._started = False
@@ -120,6 +134,9 @@ class Producer:
         self._closing = asyncio.Event()
         self._alive_key = keys.producer_alive(self.producer_id)
         self._reply_key = keys.replies(self.producer_id)
+        # The request and a wake token for one idle dispatcher, in one script run by SHA; registered on
+        # first use, since a direct-mode producer may have no Valkey client at all.
+        self._push_script: AsyncScript | None = None
 
     def __repr__(self) -> str:
         mode = "direct" if self.direct_backend else "queued"
@@ -154,10 +171,15 @@ class Producer:
             return
         self._closed = True
         await self._stop_tasks()
+        closed_reply = Reply(
+            "", "error", error_type=ProducerClosed.error_type, error_message="producer closed"
+        )
         for waiter in self._waiters.values():
             if not waiter.future.done():
                 waiter.future.set_exception(ProducerClosed(f"producer {self.producer_id} closed"))
         self._waiters.clear()
+        for inbox in self._streams.values():
+            inbox.put_nowait(closed_reply)
         if self.direct_backend is None:
             with contextlib.suppress(*REDIS_ERRORS):
                 await self.client.delete(self._alive_key)
@@ -189,15 +211,20 @@ class Producer:
         pool_id: str,
         metadata: Metadata | None = None,
         timeout: float | None = None,
+        request_id: str | None = None,
     ) -> CompletionResult:
-        """Runs one chat completion through ``pool_id``; returns it or raises a DispatchError."""
+        """Runs one chat completion through ``pool_id``; returns it or raises a DispatchError.
+
+        Cancelling the caller withdraws the request: still queued, it is taken out of its list and never
+        runs; already running, its dispatcher is told to cut the backend call off.
+        """
         if self._closed or not self._started:
             raise ProducerClosed(
                 f"producer {self.producer_id} is {'closed' if self._closed else 'not started'}"
             )
         chat = call if isinstance(call, ChatCall) else ChatCall.from_openai(call)
         timeout_s = self.settings.default_timeout_s if timeout is None else timeout
-        request_id = uuid.uuid4().hex
+        request_id = request_id or uuid.uuid4().hex
         span = self._tracer.start_span(
             semconv.SPAN_NAME_SUBMIT,
             kind=trace.SpanKind.PRODUCER,
@@ -245,6 +272,38 @@ class Producer:
         timeout_s: float,
         span: trace.Span,
     ) -> CompletionResult:
+        raw = self._envelope(chat, request_id, pool_id, metadata, timeout_s, span)
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._waiters[request_id] = _Waiter(future, pool_id)
+        try:
+            await self._push(pool_id, request_id, raw)
+            try:
+                reply = await asyncio.wait_for(future, timeout_s)
+            except TimeoutError:
+                self.stats.timed_out += 1
+                raise RequestTimeout(
+                    f"request {request_id} to pool {pool_id!r} got no reply within {timeout_s:g}s"
+                ) from None
+            except asyncio.CancelledError:
+                await self.withdraw(pool_id, request_id, raw)
+                raise
+        finally:
+            self._waiters.pop(request_id, None)
+        if not reply.ok:
+            raise error_from_type(reply.error_type or "dispatch_error", reply.error_message or "")
+        assert reply.completion is not None
+        return CompletionResult(request_id, pool_id, reply.completion, reply.timing)
+
+    def _envelope(
+        self,
+        chat: ChatCall,
+        request_id: str,
+        pool_id: str,
+        metadata: Metadata,
+        timeout_s: float,
+        span: trace.Span,
+        stream: StreamOptions | None = None,
+    ) -> bytes:
         carrier: dict[str, str] = {}
         _propagator.inject(carrier, context=trace.set_span_in_context(span))
         now = time.time()
@@ -257,36 +316,142 @@ class Producer:
             deadline=now + timeout_s,
             trace=carrier,
             metadata=metadata,
+            stream=stream,
         )
-        raw = envelope.encode(max_bytes=self.settings.max_envelope_bytes)
-        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self._waiters[request_id] = _Waiter(future, pool_id)
+        return envelope.encode(max_bytes=self.settings.max_envelope_bytes)
+
+    async def _push(self, pool_id: str, request_id: str, raw: bytes) -> None:
         try:
-            try:
-                async with self.client.pipeline(transaction=False) as pipe:
-                    pipe.rpush(self.keys.requests(pool_id), raw)
-                    pipe.publish(self.keys.wake_channel(pool_id), b"1")
-                    await pipe.execute()
-            except REDIS_ERRORS as exc:
-                raise QueueUnavailable(f"could not enqueue request {request_id}: {exc}") from exc
-            try:
-                reply = await asyncio.wait_for(future, timeout_s)
-            except TimeoutError:
-                self.stats.timed_out += 1
-                raise RequestTimeout(
-                    f"request {request_id} to pool {pool_id!r} got no reply within {timeout_s:g}s"
-                ) from None
+            # One script: the push, and a wake-up token only when the list was empty (wake one, not all).
+            if self._push_script is None:
+                self._push_script = self.client.register_script(PUSH)
+            await self._push_script(
+                keys=[self.keys.requests(pool_id), self.keys.wake_list(pool_id)],
+                args=[raw, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
+            )
+        except REDIS_ERRORS as exc:
+            raise QueueUnavailable(f"could not enqueue request {request_id}: {exc}") from exc
+
+    def stream(
+        self,
+        call: ChatCall | Mapping[str, Any],
+        *,
+        pool_id: str,
+        metadata: Metadata | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        include_usage: bool = False,
+    ) -> ChatStream:
+        """Streams one chat completion through ``pool_id``: ``async for chunk in producer.stream(...)``
+        yields OpenAI ``chat.completion.chunk`` objects as the backend sends them.
+
+        The dispatcher relays each chunk through this producer's reply list; errors before or during the
+        stream raise the typed errors ``submit`` raises. Leaving the loop early (or cancelling it)
+        withdraws the request like a cancelled ``submit``.
+        """
+        if self._closed or not self._started:
+            raise ProducerClosed(
+                f"producer {self.producer_id} is {'closed' if self._closed else 'not started'}"
+            )
+        if not isinstance(call, ChatCall):
+            # This method is the stream switch: the body's own OpenAI streaming fields are not needed.
+            call = ChatCall.from_openai(
+                {k: v for k, v in call.items() if k not in ("stream", "stream_options")}
+            )
+        return ChatStream(
+            self,
+            call,
+            pool_id=pool_id,
+            metadata=metadata or Metadata(),
+            timeout_s=self.settings.default_timeout_s if timeout is None else timeout,
+            request_id=request_id or uuid.uuid4().hex,
+            include_usage=include_usage,
+        )
+
+    async def _stream_events(self, stream: ChatStream) -> AsyncIterator[Mapping[str, Any]]:
+        pool_id, request_id = stream.pool_id, stream.request_id
+        self.stats.submitted += 1
+        backend = self.direct_backend or await self._route(pool_id)
+        if backend is not None:
+            body = {**stream.call.to_openai(), "stream_options": {"include_usage": stream.include_usage}}
+            async with contextlib.aclosing(backend.stream(body)) as chunks:  # type: ignore[type-var]
+                async for chunk in chunks:
+                    yield chunk
+            self.stats.completed += 1
+            return
+        with self._tracer.start_as_current_span(
+            semconv.SPAN_NAME_SUBMIT, kind=trace.SpanKind.PRODUCER
+        ) as span:
+            span.set_attributes({semconv.REQUEST_ID: request_id, semconv.POOL_ID: pool_id})
+            raw = self._envelope(
+                stream.call, request_id, pool_id, stream.metadata, stream.timeout_s, span,
+                StreamOptions(include_usage=stream.include_usage),
+            )  # fmt: skip
+        inbox: asyncio.Queue[Reply | StreamChunk] = asyncio.Queue()
+        self._streams[request_id] = inbox
+        finished = False
+        try:
+            await self._push(pool_id, request_id, raw)
+            deadline = time.monotonic() + stream.timeout_s
+            while True:
+                try:
+                    item = await asyncio.wait_for(inbox.get(), deadline - time.monotonic())
+                except TimeoutError:
+                    self.stats.timed_out += 1
+                    raise RequestTimeout(
+                        f"streamed request {request_id} to pool {pool_id!r} did not finish within "
+                        f"{stream.timeout_s:g}s"
+                    ) from None
+                if isinstance(item, StreamChunk):
+                    if item.queue_wait_s is not None:
+                        stream.queue_wait_s = item.queue_wait_s
+                    yield item.chunk
+                    continue
+                finished = True
+                stream.timing = item.timing
+                if not item.ok:
+                    self.stats.failed += 1
+                    raise error_from_type(item.error_type or "dispatch_error", item.error_message or "")
+                self.stats.completed += 1
+                return
         finally:
-            self._waiters.pop(request_id, None)
-        if not reply.ok:
-            raise error_from_type(reply.error_type or "dispatch_error", reply.error_message or "")
-        assert reply.completion is not None
-        return CompletionResult(request_id, pool_id, reply.completion, reply.timing)
+            self._streams.pop(request_id, None)
+            if not finished:
+                await self.withdraw(pool_id, request_id, raw)
+
+    async def withdraw(self, pool_id: str, request_id: str, raw: bytes) -> None:
+        """Takes a queued request back out of its list (counted ``dropped:cancelled`` in its group);
+        one a dispatcher already claimed is cancelled through the group's cancel channel."""
+        self.stats.cancelled += 1
+        group_id = self._registry.pools.get(pool_id)
+        try:
+            removed = await self.client.lrem(self.keys.requests(pool_id), 1, raw)  # type: ignore[arg-type]
+            if not group_id:
+                return
+            if removed:
+                await self.client.hincrby(self.keys.counters(group_id), f"dropped:{Cancelled.error_type}", 1)
+            else:
+                await self.client.publish(self.keys.cancel_channel(group_id), request_id.encode())
+        except REDIS_ERRORS as exc:
+            log.warning("producer %s could not withdraw request %s: %s", self.producer_id, request_id, exc)
 
     async def _route(self, pool_id: str) -> OpenAIBackend | None:
         """None to queue the request; the backend to call when the pool's group has queueing disabled.
 
         Refuses a pool no fabric group has; the check is skipped while no configuration is published.
+        """
+        group = await self.pool_group(pool_id)
+        if group is None or group.queueing_enabled:
+            return None
+        if self._backends is None:
+            self._backends = BackendPool()
+        api_key = self.secrets.get(group.api_key_env) if group.api_key_env else None
+        return self._backends.get(group.endpoint_for(pool_id), api_key)
+
+    async def pool_group(self, pool_id: str) -> GroupConfig | None:
+        """The published configuration of the group serving ``pool_id``; UnknownPool if no group has it.
+
+        None while nothing is published (the check is then skipped).
         """
         registry = self._registry
         if time.monotonic() - registry.read_at > self.settings.pool_registry_refresh_s or (
@@ -296,13 +461,7 @@ class Producer:
         if registry.pools and pool_id not in registry.pools:
             known = ", ".join(sorted(registry.pools))
             raise UnknownPool(f"no fabric group has an enabled pool {pool_id!r} (known pools: {known})")
-        group = registry.groups.get(registry.pools.get(pool_id, ""))
-        if group is None or group.queueing_enabled:
-            return None
-        if self._backends is None:
-            self._backends = BackendPool()
-        api_key = self.secrets.get(group.api_key_env) if group.api_key_env else None
-        return self._backends.get(group.endpoint_for(pool_id), api_key)
+        return registry.groups.get(registry.pools.get(pool_id, ""))
 
     async def _read_registry(self) -> _PoolRegistry:
         try:
@@ -367,16 +526,42 @@ class Producer:
         if raw == _WAKE_SENTINEL:
             return
         try:
-            reply = Reply.decode(raw)
+            reply = decode_reply_item(raw)
         except MalformedEnvelope as exc:
             self.stats.malformed_replies += 1
             log.warning("producer %s dropped a malformed reply: %s", self.producer_id, exc)
+            return
+        inbox = self._streams.get(reply.request_id)
+        if inbox is not None:
+            inbox.put_nowait(reply)
+            return
+        if isinstance(reply, StreamChunk):
+            self.stats.late_replies += 1
             return
         waiter = self._waiters.pop(reply.request_id, None)
         if waiter is None or waiter.future.done():
             self.stats.late_replies += 1
             return
         waiter.future.set_result(reply)
+
+
+@dataclass(slots=True)
+class ChatStream:
+    """One streamed call: iterate it for the chunks; ``queue_wait_s`` is known from the first chunk on,
+    ``timing`` once the stream ended."""
+
+    producer: Producer
+    call: ChatCall
+    pool_id: str
+    metadata: Metadata
+    timeout_s: float
+    request_id: str
+    include_usage: bool = False
+    queue_wait_s: float | None = None
+    timing: Timing | None = None
+
+    def __aiter__(self) -> AsyncIterator[Mapping[str, Any]]:
+        return self.producer._stream_events(self)
 
 
 class SyncProducer:

@@ -22,7 +22,8 @@ there is no password, its username) is used as the bearer token. Messages and :a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import contextlib
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,6 +158,47 @@ class OpenAIBackend:
             raise self._transport_error(exc, budget) from exc
         return self._completion(response)
 
+    async def stream(self, body: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """POST the call with ``stream: true``; yields each SSE chunk object until ``data: [DONE]``.
+
+        The caller bounds the whole stream (``asyncio.timeout`` around its loop); each read here is
+        bounded by the backend's timeout. Failures are translated like :meth:`complete`'s.
+        """
+        content = orjson.dumps({**body, "stream": True})
+        headers = {**self._headers, "accept": "text/event-stream"}
+        timeout = httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s)
+        try:
+            async with self._client.stream(
+                "POST", self._url, content=content, headers=headers, timeout=timeout
+            ) as response:
+                if not 200 <= response.status_code < 300:
+                    self._completion(httpx.Response(response.status_code, content=await response.aread()))
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        return
+                    yield self._chunk(data, response.status_code)
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc, self.timeout_s) from exc
+
+    def _chunk(self, data: str, status: int) -> dict[str, Any]:
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise BackendInvalidResponse(
+                f"backend {self.display_url} streamed an event that is not JSON: {data[:_SNIPPET]!r}"
+            ) from exc
+        if not isinstance(chunk, dict):
+            raise BackendInvalidResponse(f"backend {self.display_url} streamed a chunk that is not an object")
+        if isinstance(chunk.get("error"), dict):
+            raise BackendHTTPError(
+                f"backend {self.display_url} failed mid-stream: {provider_message(data.encode())}",
+                status_code=status,
+            )
+        return chunk
+
     def _transport_error(self, exc: httpx.HTTPError, budget: float) -> BackendError:
         kind = type(exc).__name__
         if isinstance(exc, httpx.ConnectTimeout):
@@ -239,6 +281,17 @@ class ShardedClient:
         busy[index] += 1
         try:
             return await self.shards[index].post(url, **kwargs)
+        finally:
+            busy[index] -= 1
+
+    @contextlib.asynccontextmanager
+    async def stream(self, method: str, url: str | httpx.URL, **kwargs: Any) -> AsyncIterator[httpx.Response]:
+        busy = self._busy
+        index = busy.index(min(busy))
+        busy[index] += 1
+        try:
+            async with self.shards[index].stream(method, url, **kwargs) as response:
+                yield response
         finally:
             busy[index] -= 1
 

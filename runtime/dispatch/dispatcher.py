@@ -32,9 +32,10 @@ from runtime.dispatch import scripts
 from runtime.dispatch.execution import Executor, Running
 from runtime.dispatch.listener import ChangeListener
 from runtime.dispatch.peek import PeekCache, PeekedItem
-from runtime.dispatch.queue import ClaimRequest, QueueOps, QueueView, lease_member
+from runtime.dispatch.queue import ClaimRequest, QueueOps, QueueView, TurnEnd, lease_member
 from runtime.dispatch.snapshot import SnapshotPublisher, SnapshotSink, build_snapshot
 from runtime.dispatch.stats import DROP_EXPIRED, DROP_MALFORMED, DROP_PRODUCER_GONE, DispatcherStats
+from runtime.dispatch.wakeup import WakeWaiter
 from runtime.errors import DispatchError, RequestExpired
 from runtime.policy import scheduler
 from runtime.telemetry.spans import Identity, Outcome, record_span
@@ -97,12 +98,19 @@ class Dispatcher:
         self._peek = PeekCache(settings.cost)
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
+        self._waiting = False  # the scheduling loop waits for a reason to run a round
+        self._slots = settings.concurrency  # local slots, within this dispatcher's share of the group
+        self._idle = asyncio.Event()  # ... and has a free slot: the wake waiter may take a token
         self._stopping = asyncio.Event()
         self._finished = asyncio.Event()  # set once in-flight calls are done: helpers then exit
         self.listener = ChangeListener(
             client, channels=self._channels, on_message=self._on_message, poll=self._reload_config,
             on_error=self._valkey_lost, finished=self._finished, poll_s=CONFIG_POLL_S,
             retry_s=settings.reconnect_backoff_s[0] * 5,
+        )  # fmt: skip
+        self.waiter = WakeWaiter(
+            client, keys=self._wake_lists, idle=self._idle, finished=self._finished, on_wake=self._woken,
+            on_error=self._valkey_lost, retry_s=settings.reconnect_backoff_s[0] * 5,
         )  # fmt: skip
 
     def __repr__(self) -> str:
@@ -142,6 +150,7 @@ class Dispatcher:
             async with asyncio.TaskGroup() as group:
                 helpers = [
                     group.create_task(self.listener.run()),
+                    group.create_task(self.waiter.run()),
                     group.create_task(self._renew_leases()),
                     group.create_task(self._publish_snapshots()),
                 ]
@@ -213,10 +222,15 @@ class Dispatcher:
     async def _schedule_loop(self) -> None:
         backoff_min, backoff_max = self.settings.reconnect_backoff_s
         backoff = backoff_min
+        poll = False
         while not self._stopping.is_set():
             self._wake.clear()
             try:
-                progressed = await self.schedule_round()
+                # The idle poll is shared by the fleet: one dispatcher's poll is enough for the group.
+                if poll and not await self.queue.take_poll(self.settings.idle_poll_s):
+                    progressed = False
+                else:
+                    progressed = await self.schedule_round()
             except REDIS_ERRORS as exc:
                 self._valkey_lost(exc)
                 with contextlib.suppress(TimeoutError):
@@ -225,9 +239,30 @@ class Dispatcher:
                 continue
             self._valkey_back()
             backoff = backoff_min
+            poll = False
             if not progressed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.settings.idle_poll_s)
+                poll = not await self._wait_for_work()
+
+    async def _wait_for_work(self) -> bool:
+        """Until woken (a token, a config change, stop: True) or the idle poll is due (False).
+
+        Tokens are taken only while a slot is free, so they go to a dispatcher that can use them.
+        """
+        self._waiting = True
+        if len(self.running) < self._slots:
+            self._idle.set()
+        try:
+            await asyncio.wait_for(self._wake.wait(), self.settings.idle_poll_s)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._waiting = False
+            self._idle.clear()
+
+    def _woken(self) -> None:
+        self._idle.clear()  # one token per wait: the next is for another dispatcher
+        self._wake.set()
 
     def _valkey_lost(self, exc: BaseException) -> None:
         if self.valkey_ok:
@@ -243,15 +278,25 @@ class Dispatcher:
         self.valkey_ok = True
 
     async def schedule_round(self) -> bool:
-        """One observe → decide → claim round; True if anything changed in the queues."""
+        """One observe → decide → claim round; True if anything changed in the queues.
+
+        The round runs only in the group's scheduling turn (:mod:`runtime.dispatch.turn`), taken in the
+        observe pipeline and given back in the claim pipeline: the fleet decides as one scheduler.
+        """
         assert self._policy is not None and self.config is not None
         policy = self._policy
         pool_ids = [p.pool_id for p in policy.pools]
         depth = (
             max(self.settings.peek_depth, *(p.max_burst_per_visit for p in policy.pools)) if pool_ids else 1
         )
-        views, self.group_in_flight = await self.queue.observe(pool_ids, depth)
+        holder = self.identity.dispatcher_id if pool_ids else ""
+        views, self.group_in_flight = await self.queue.observe(
+            pool_ids, depth, take_turn=holder, local_slots=self.settings.concurrency
+        )
         self.last_views = views
+        if holder and not self.queue.has_turn:
+            self.stats.turn_busy += 1
+            return False  # another dispatcher is deciding; the note we left makes it run once more
         now = time.time()
         drops: list[tuple[PeekedItem, str]] = []
         peeked: dict[str, list[PeekedItem]] = {}
@@ -272,7 +317,15 @@ class Dispatcher:
             )
         if drops:
             await self._drop(drops)
-        free = self.settings.concurrency - len(self.running)
+        # Keep to our share of the group's slots, so the fleet splits the work evenly.
+        own = self.settings.concurrency
+        self._slots = scheduler.fleet_share(policy.total_concurrency, own, self.queue.fleet_slots or (own,))
+        free = self._slots - len(self.running)
+        protected = tuple(
+            (p.pool_id, min(p.min_concurrent, p.max_concurrent))
+            for p in policy.pools
+            if p.min_concurrent > 0 and not p.paused and not observations[p.pool_id].blocked
+        )
         decision = scheduler.decide(
             policy,
             self._state,
@@ -282,8 +335,17 @@ class Dispatcher:
         )
         self._state = decision.state
         self.stats.skips.update(decision.skips)
-        launched = await self._claim(policy, decision.launches, peeked)
-        return bool(drops) or launched
+        end_turn = None
+        if holder:
+            left = any(reason == scheduler.SKIP_LOCAL_CAPACITY for _, reason in decision.skips)
+            end_turn = TurnEnd(holder=holder, left_work=left, wake_pool=pool_ids[0])
+        claimed = await self._claim(policy, decision.launches, peeked, protected, end_turn)
+        # Run again at once only if this round may have left launchable work behind (e.g. more
+        # backlog than peeked). With the group full, FINISH tokens bring the next round; with our own
+        # slots full, the turn's release woke another dispatcher. Rounds of our own beyond that would
+        # take every freed slot for the finisher, and the work would not spread over the fleet.
+        room = self.group_in_flight + claimed < policy.total_concurrency and free > claimed
+        return bool(drops) or (claimed > 0 and room)
 
     def _usable_heads(
         self, view: QueueView, now: float, drops: list[tuple[PeekedItem, str]]
@@ -345,10 +407,19 @@ class Dispatcher:
         policy: scheduler.GroupPolicy,
         launches: tuple[scheduler.Launch, ...],
         peeked: dict[str, list[PeekedItem]],
-    ) -> bool:
+        protected: tuple[tuple[str, int], ...],
+        end_turn: TurnEnd | None,
+    ) -> int:
+        """Claims the launches; caps and the other pools' protected slots are checked in the claim.
+
+        The same pipeline gives the scheduling turn back. Returns how many were claimed.
+        """
         if not launches:
-            return False
+            if end_turn is not None:
+                await self.queue.claim([], self.settings.lease_s, end_turn=end_turn)
+            return 0
         caps = {p.pool_id: p.max_concurrent for p in policy.pools}
+        own = dict(protected)
         chosen: list[tuple[scheduler.Launch, PeekedItem]] = []
         requests: list[ClaimRequest] = []
         for launch in launches:
@@ -364,12 +435,14 @@ class Dispatcher:
                     producer_id=item.envelope.producer_id,
                     pool_max=caps[launch.pool_id],
                     group_limit=policy.total_concurrency,
+                    protected=own.get(launch.pool_id, 0),
+                    reserved_for=tuple(p for p in protected if p[0] != launch.pool_id),
                 )
             )
-        results = await self.queue.claim(requests, self.settings.lease_s)
+        results = await self.queue.claim(requests, self.settings.lease_s, end_turn=end_turn)
         for (launch, item), request, (code, _) in zip(chosen, requests, results, strict=True):
             self._after_claim(launch, item, request, code)
-        return True
+        return sum(code == scripts.CLAIMED for code, _ in results)
 
     def _after_claim(
         self, launch: scheduler.Launch, item: PeekedItem, request: ClaimRequest, code: str
@@ -391,7 +464,7 @@ class Dispatcher:
                 self.identity,
                 Outcome("dropped", now, now, drop_reason=DROP_PRODUCER_GONE, cost=launch.cost),
             )
-        elif code in (scheduler.SKIP_POOL_CAP, scheduler.SKIP_GROUP_CAP):
+        elif code in (scripts.CLAIM_POOL_CAP, scripts.CLAIM_GROUP_CAP, scripts.CLAIM_RESERVED):
             self.stats.skips[(launch.pool_id, code)] += 1
         else:
             self._peek.forget(item.raw)
@@ -418,7 +491,10 @@ class Dispatcher:
             await self.executor.execute(run, self.config)
         finally:
             self.running.pop(run.envelope.request_id, None)
-            self._wake.set()
+            # No round of our own: FINISH pushed a wake token, which goes to the dispatcher of the
+            # group that has waited longest (maybe this one), so freed slots spread over the fleet.
+            if self._waiting and len(self.running) < self._slots:
+                self._idle.set()
 
     # --- background helpers -----------------------------------------------------------------------
     async def _pause(self, seconds: float) -> bool:
@@ -428,10 +504,13 @@ class Dispatcher:
         return self._finished.is_set()
 
     def _channels(self) -> frozenset[str]:
-        """The config channel and one wake-up channel per enabled pool."""
-        assert self.config is not None
-        pools = [self.keys.wake_channel(p.pool_id) for p in self.config.enabled_pools]
-        return frozenset([self.keys.config_channel(self.settings.group_id), *pools])
+        """The config channel and the group's cancel channel (wake-ups travel as tokens, not messages)."""
+        group_id = self.settings.group_id
+        return frozenset([self.keys.config_channel(group_id), self.keys.cancel_channel(group_id)])
+
+    def _wake_lists(self) -> list[str]:
+        """The wake-up token list of every enabled pool of the group."""
+        return [self.keys.wake_list(p.pool_id) for p in self.config.enabled_pools] if self.config else []
 
     def _on_message(self, channel: str, data: bytes) -> None:
         if channel == self.keys.config_channel(self.settings.group_id):
@@ -439,7 +518,8 @@ class Dispatcher:
                 with contextlib.suppress(DispatchError):
                     self.apply_config(GroupConfig.decode(data))
             return
-        self._wake.set()
+        if channel == self.keys.cancel_channel(self.settings.group_id):
+            self.executor.cancel(data.decode())
 
     async def _renew_leases(self) -> None:
         while not await self._pause(self.settings.lease_s / 3):

@@ -10,19 +10,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry import trace
 
-from runtime.backends.adapter import BackendPool, Completion
+from runtime.backends.adapter import BackendPool, Completion, OpenAIBackend
 from runtime.backends.health import EndpointBreakers
 from runtime.backends.redact import redact_url
 from runtime.config import DispatcherSettings
 from runtime.dispatch.queue import QueueOps
 from runtime.dispatch.stats import DROP_REPLY_PRODUCER_GONE, DROP_REPLY_UNDELIVERED, DispatcherStats
-from runtime.errors import BreakerOpen, DispatchError, Rejected, RequestExpired
+from runtime.dispatch.streaming import StreamRelay, StreamSummary, stream_timeout
+from runtime.errors import BreakerOpen, Cancelled, DispatchError, Rejected, RequestExpired
 from runtime.telemetry.spans import Identity, Outcome, content_attributes, record_span
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire.contract import STATUS_ERROR, STATUS_OK, Envelope, Reply, Timing
@@ -30,6 +31,10 @@ from runtime.wire.groupconfig import GroupConfig
 
 log = logging.getLogger(__name__)
 FINISH_ATTEMPTS = 5
+# A cancel can beat its call (claimed, call not started yet): such ids are kept this long, this many.
+EARLY_CANCEL_S = 30.0
+EARLY_CANCELS_MAX = 1024
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -71,6 +76,22 @@ class Executor:
         self.secrets = secrets
         self.store_content = store_content
         self.on_valkey_error = on_valkey_error
+        self._calls: dict[str, asyncio.Future[Any]] = {}
+        self._early_cancels: dict[str, float] = {}
+        self.relay = StreamRelay(queue.client, queue.keys, reply_ttl_s=settings.reply_ttl_s)
+
+    def cancel(self, request_id: str) -> bool:
+        """Cuts off the backend call of a request whose producer withdrew it; False if none runs here."""
+        call = self._calls.get(request_id)
+        if call is not None:
+            return call.cancel()
+        # Every dispatcher of the group hears every cancel, so most of these ids never run here.
+        now = time.monotonic()
+        if len(self._early_cancels) >= EARLY_CANCELS_MAX:
+            self._early_cancels = {r: t for r, t in self._early_cancels.items() if now - t < EARLY_CANCEL_S}
+        if len(self._early_cancels) < EARLY_CANCELS_MAX:
+            self._early_cancels[request_id] = now
+        return False
 
     async def execute(self, run: Running, config: GroupConfig) -> None:
         """Calls the backend, replies, releases the lease and records the span; never raises."""
@@ -79,8 +100,9 @@ class Executor:
         started = time.time()
         completion: Completion | None = None
         error: DispatchError | None = None
+        summary = StreamSummary() if envelope.stream is not None else None
         try:
-            completion = await self._call_backend(envelope, endpoint, config)
+            completion = await self._call_backend(envelope, endpoint, config, summary)
         except DispatchError as exc:
             error = exc
         except asyncio.CancelledError:
@@ -90,8 +112,9 @@ class Executor:
             error = DispatchError(f"internal dispatcher error: {exc}")
         ended = time.time()
         run.stage = "replying"
-        delivered = await self._finish(run, self._reply(envelope, completion, error, started, ended))
-        self._record(run, endpoint, completion, error, started, ended, delivered)
+        reply = self._reply(envelope, completion, error, started, ended)
+        delivered = await self._finish(run, reply, tuple(p.pool_id for p in config.enabled_pools))
+        self._record(run, endpoint, completion, error, started, ended, delivered, summary)
 
     def _reply(
         self,
@@ -117,7 +140,9 @@ class Executor:
             timing=timing,
         ).encode()
 
-    async def _call_backend(self, envelope: Envelope, endpoint: str, config: GroupConfig) -> Completion:
+    async def _call_backend(
+        self, envelope: Envelope, endpoint: str, config: GroupConfig, summary: StreamSummary | None = None
+    ) -> Completion:
         timeout = self.settings.backend_timeout_s
         if envelope.deadline is not None:
             timeout = min(timeout, envelope.deadline - time.time())
@@ -130,14 +155,45 @@ class Executor:
         if not self.breakers.acquire(endpoint):
             raise BreakerOpen(f"the circuit breaker of {redact_url(endpoint)} is open")
         try:
-            completion = await backend.complete(envelope.call.to_openai(), timeout_s=timeout)
+            call = (
+                self._stream(backend, envelope, timeout, summary)
+                if summary is not None
+                else backend.complete(envelope.call.to_openai(), timeout_s=timeout)
+            )
+            completion = await self._cancellable(envelope.request_id, call)
         except DispatchError as exc:
             self.breakers.record(endpoint, exc)
             raise
         self.breakers.record(endpoint, None)
         return completion
 
-    async def _finish(self, run: Running, reply: bytes) -> bool:
+    async def _stream(
+        self, backend: OpenAIBackend, envelope: Envelope, timeout: float, summary: StreamSummary
+    ) -> Completion:
+        try:
+            async with asyncio.timeout(timeout):
+                return await self.relay.run(backend, envelope, started_at=time.time(), summary=summary)
+        except TimeoutError:
+            raise stream_timeout(timeout, backend.display_url) from None
+
+    async def _cancellable(self, request_id: str, call: Coroutine[Any, Any, _T]) -> _T:
+        """Runs the backend call as a task :meth:`cancel` can cut off, telling that apart from shutdown."""
+        if self._early_cancels.pop(request_id, None) is not None:
+            call.close()
+            raise Cancelled(f"request {request_id} was cancelled by its producer before its call started")
+        task = asyncio.ensure_future(call)
+        self._calls[request_id] = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            raise Cancelled(f"request {request_id} was cancelled by its producer while it ran") from None
+        finally:
+            self._calls.pop(request_id, None)
+
+    async def _finish(self, run: Running, reply: bytes, group_pools: tuple[str, ...]) -> bool:
         """Delivers the reply (if the producer is alive) and releases the lease, retrying Valkey briefly."""
         delay, max_delay = self.settings.reconnect_backoff_s
         for attempt in range(FINISH_ATTEMPTS):
@@ -148,6 +204,7 @@ class Executor:
                     member=run.member,
                     reply=reply,
                     reply_ttl_s=self.settings.reply_ttl_s,
+                    group_pools=group_pools,
                 )
             except REDIS_ERRORS as exc:
                 self.on_valkey_error(exc)
@@ -171,8 +228,10 @@ class Executor:
         started: float,
         ended: float,
         delivered: bool,
+        summary: StreamSummary | None = None,
     ) -> None:
         usage = completion.usage if completion is not None else None
+        first_chunk_at = summary.first_chunk_at if summary is not None else None
         outcome = Outcome(
             STATUS_OK if error is None else STATUS_ERROR,
             started,
@@ -186,6 +245,8 @@ class Executor:
             reply_delivered=delivered,
             cost=run.cost,
             drop_reason="" if delivered else DROP_REPLY_PRODUCER_GONE,
+            time_to_first_token_s=first_chunk_at - started if first_chunk_at is not None else None,
+            chunk_count=summary.chunks if summary is not None else None,
         )
         content: dict[str, Any] | None = None
         if self.store_content:

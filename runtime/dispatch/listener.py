@@ -1,9 +1,10 @@
-"""The dispatcher's ears: producers' wake-ups and the group's config notices over pub/sub.
+"""The dispatcher's ears for the group's config notices over pub/sub.
 
-Wake-ups let an idle dispatcher start a round at once instead of on its next poll; config notices
-carry a new configuration within milliseconds. Pub/sub is best effort, so the group's configuration
-is also polled, and a broken subscription is re-made with a pause. The loop exits on its own once the
-dispatcher has finished (cancelling redis-py mid-command can hang).
+Config notices carry a new configuration within milliseconds (producers' wake-ups are tokens in a
+list instead, so that each wakes one dispatcher: see :mod:`runtime.dispatch.wakeup`). Pub/sub is
+best effort, so the group's configuration is also polled, and a broken subscription is re-made with
+a pause. The loop exits on its own once the dispatcher has finished (cancelling redis-py mid-command
+can hang).
 """
 
 from __future__ import annotations

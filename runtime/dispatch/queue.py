@@ -2,7 +2,8 @@
 
 Each operation is one round trip: observation is one pipeline over every pool of the group, a batch
 of claims is one pipeline of atomic scripts, and finishing a request (liveness check, reply,
-lease release) is one script.
+lease release, waking one idle dispatcher) is one script. Scripts run by SHA (loaded once, reloaded
+on NOSCRIPT), so no pipeline pays redis-py's SCRIPT EXISTS round trip.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aioredis
 
-from runtime.dispatch import scripts
+from runtime.dispatch import scripts, turn
+from runtime.dispatch.wakeup import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
+from runtime.valkey.lua import LuaScript, run_pipeline
 from runtime.wire.keys import KeySpace
 
 
@@ -36,6 +40,18 @@ class ClaimRequest:
     producer_id: str = ""
     pool_max: int = 0
     group_limit: int = 0
+    protected: int = 0  # this pool's protected slots (min concurrent)
+    # The group's other protected pools that may claim their slots: (pool id, protected slots).
+    reserved_for: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnd:
+    """Giving the group's scheduling turn back (see :mod:`runtime.dispatch.turn`)."""
+
+    holder: str  # the dispatcher id that took the turn
+    left_work: bool  # the round was cut by this dispatcher's own free slots: wake another
+    wake_pool: str  # a pool of the group, whose wake list gets that token
 
 
 # Expired leases (a killed dispatcher's) are reaped at observation at most this often: lease expiry is
@@ -60,30 +76,55 @@ class QueueOps:
         self.keys = keys
         self.group_id = group_id
         self._group_inflight = keys.group_inflight(group_id)
-        self._claim = client.register_script(scripts.CLAIM)
-        self._finish = client.register_script(scripts.FINISH)
-        self._renew = client.register_script(scripts.RENEW)
-        self._reap = client.register_script(scripts.REAP)
+        self._claim = LuaScript(scripts.CLAIM)
+        self._finish = client.register_script(scripts.FINISH)  # not pipelined: redis-py runs it by SHA
+        self._renew = LuaScript(scripts.RENEW)
+        self._reap = LuaScript(scripts.REAP)
+        self._acquire = LuaScript(turn.ACQUIRE)
+        self._release = LuaScript(turn.RELEASE)
+        self._turn = keys.schedule_turn(group_id)
+        self._again = keys.schedule_again(group_id)
+        self._poll = keys.group_poll(group_id)
+        self._fleet = keys.group_fleet(group_id)
+        self.fleet_slots: tuple[int, ...] = ()  # local slots of each dispatcher of the group, as last seen
         self._reaped_at = float("-inf")
+        self.has_turn = False  # whether the last observe took the group's scheduling turn
 
-    async def observe(self, pool_ids: Sequence[str], depth: int) -> tuple[dict[str, QueueView], int]:
-        """Backlog, the first ``depth`` items and global in-flight of each pool, and the group's in-flight."""
+    async def observe(
+        self, pool_ids: Sequence[str], depth: int, *, take_turn: str = "", local_slots: int = 0
+    ) -> tuple[dict[str, QueueView], int]:
+        """Backlog, the first ``depth`` items and global in-flight of each pool, and the group's in-flight.
+
+        With ``take_turn`` (a dispatcher id) the same round trip tries to take the group's scheduling
+        turn; ``has_turn`` tells whether it did. It also registers this dispatcher (with its
+        ``local_slots``) in the group's fleet and reads the fleet into ``fleet_slots``.
+        """
         reap = time.monotonic() - self._reaped_at >= REAP_INTERVAL_S
-        async with self.client.pipeline(transaction=False) as pipe:
-            if reap:
-                self._reaped_at = time.monotonic()
-                await self._reap(
-                    keys=[self._group_inflight, *(self.keys.pool_inflight(p) for p in pool_ids)],
-                    args=[],
-                    client=pipe,
+        if reap:
+            self._reaped_at = time.monotonic()
+
+        def build(pipe: Any) -> None:
+            if take_turn:
+                self._acquire.queue(
+                    pipe,
+                    [self._turn, self._again, self._fleet],
+                    [take_turn, turn.TURN_LEASE_MS, turn.FLEET_MEMBER_S, f"{take_turn} {local_slots}"],
                 )
+            if reap:
+                self._reap.queue(pipe, [self._group_inflight, *map(self.keys.pool_inflight, pool_ids)], [])
             for pool_id in pool_ids:
                 queue = self.keys.requests(pool_id)
                 pipe.llen(queue)
                 pipe.lrange(queue, 0, depth - 1)
                 pipe.zcard(self.keys.pool_inflight(pool_id))
             pipe.zcard(self._group_inflight)
-            results = await pipe.execute()
+
+        results = await run_pipeline(self.client, [self._acquire, self._reap], build)
+        if take_turn:
+            got, fleet = results[0]
+            self.has_turn = bool(int(got))
+            self.fleet_slots = tuple(int(member.rsplit(b" ", 1)[-1]) for member in fleet)
+            results = results[1:]
         if reap:
             results = results[1:]  # the reap count
         views = {
@@ -92,44 +133,79 @@ class QueueOps:
         }
         return views, int(results[-1])
 
-    async def claim(self, requests: Sequence[ClaimRequest], lease_s: float) -> list[tuple[str, int]]:
-        """Runs the claim script for each request in order, in one pipeline."""
-        if not requests:
+    async def take_poll(self, interval_s: float) -> bool:
+        """True when this dispatcher's idle poll is the group's next one (one SET NX per attempt)."""
+        return bool(await self.client.set(self._poll, b"1", nx=True, px=max(1, int(interval_s * 1000))))
+
+    async def claim(
+        self, requests: Sequence[ClaimRequest], lease_s: float, *, end_turn: TurnEnd | None = None
+    ) -> list[tuple[str, int]]:
+        """Runs the claim script for each request in order, in one pipeline.
+
+        With ``end_turn`` the same pipeline then gives the scheduling turn back (waking another
+        dispatcher if one asked for a round meanwhile or work was left).
+        """
+        if not requests and end_turn is None:
             return []
-        async with self.client.pipeline(transaction=False) as pipe:
+
+        def build(pipe: Any) -> None:
             for req in requests:
-                await self._claim(
-                    keys=[
-                        self.keys.requests(req.pool_id),
-                        self._group_inflight,
-                        self.keys.pool_inflight(req.pool_id),
-                        self.keys.producer_alive(req.producer_id),
-                    ],
-                    args=[
-                        item_digest(req.raw),
-                        req.mode,
-                        req.lease_member,
-                        lease_s,
-                        req.pool_max,
-                        req.group_limit,
-                    ],
-                    client=pipe,
+                keys = [
+                    self.keys.requests(req.pool_id),
+                    self._group_inflight,
+                    self.keys.pool_inflight(req.pool_id),
+                    self.keys.producer_alive(req.producer_id),
+                ]
+                args: list[object] = [
+                    item_digest(req.raw),
+                    req.mode,
+                    req.lease_member,
+                    lease_s,
+                    req.pool_max,
+                    req.group_limit,
+                    req.protected,
+                ]
+                for other, slots in req.reserved_for:
+                    keys += [self.keys.requests(other), self.keys.pool_inflight(other)]
+                    args.append(slots)
+                self._claim.queue(pipe, keys, args)
+            if end_turn is not None:
+                self._release.queue(
+                    pipe,
+                    [self._turn, self._again, self.keys.wake_list(end_turn.wake_pool)],
+                    [end_turn.holder, "1" if end_turn.left_work else "0", WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
                 )
-            results = await pipe.execute()
+
+        results = await run_pipeline(self.client, [self._claim, self._release], build)
+        if end_turn is not None:
+            results.pop()  # whether someone asked for a round: the release already woke one
+            self.has_turn = False
         return [(code.decode() if isinstance(code, bytes) else str(code), int(n)) for code, n in results]
 
     async def finish(
-        self, *, pool_id: str, producer_id: str, member: str, reply: bytes, reply_ttl_s: float
+        self,
+        *,
+        pool_id: str,
+        producer_id: str,
+        member: str,
+        reply: bytes,
+        reply_ttl_s: float,
+        group_pools: Sequence[str] = (),
     ) -> bool:
-        """Releases the lease and delivers the reply if the producer is alive; False if it was dropped."""
+        """Releases the lease and delivers the reply if the producer is alive; False if it was dropped.
+
+        While one of ``group_pools`` has backlog, the freed slot wakes one idle dispatcher of the group.
+        """
         delivered = await self._finish(
             keys=[
                 self.keys.producer_alive(producer_id),
                 self.keys.replies(producer_id),
                 self._group_inflight,
                 self.keys.pool_inflight(pool_id),
+                self.keys.wake_list(pool_id),
+                *map(self.keys.requests, group_pools),
             ],
-            args=[reply, int(reply_ttl_s * 1000), member],
+            args=[reply, int(reply_ttl_s * 1000), member, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
         )
         return bool(int(delivered))
 
@@ -137,11 +213,11 @@ class QueueOps:
         """Extends the leases (pool id, member) this dispatcher still holds."""
         if not leases:
             return
-        async with self.client.pipeline(transaction=False) as pipe:
+
+        def build(pipe: Any) -> None:
             for pool_id, member in leases:
-                await self._renew(
-                    keys=[self._group_inflight, self.keys.pool_inflight(pool_id)],
-                    args=[lease_s, member],
-                    client=pipe,
+                self._renew.queue(
+                    pipe, [self._group_inflight, self.keys.pool_inflight(pool_id)], [lease_s, member]
                 )
-            await pipe.execute()
+
+        await run_pipeline(self.client, [self._renew], build)

@@ -2,15 +2,22 @@
 
 CLAIM takes exactly the request the dispatcher peeked: it compares the SHA-1 of the list head with
 the peeked bytes, so a request taken by another dispatcher in between is never run under the wrong
-cost. A launch also checks the producer's liveness and the hard caps and records an in-flight lease
-in the same step; a drop just removes the item.
+cost. A launch also checks the producer's liveness, the hard caps and the protected slots of the
+group's other pools against the fleet-wide counts of that instant, and records an in-flight lease in
+the same step; a drop just removes the item.
 """
 
 from __future__ import annotations
 
-# KEYS: requests list, group lease zset, pool lease zset, producer alive key
-# ARGV: expected sha1, mode ("launch" | "drop"), lease member, lease seconds, pool max, group limit
+from runtime.dispatch.wakeup import wake_lua
+
+# KEYS: requests list, group lease zset, pool lease zset, producer alive key,
+#       then per other protected pool: its requests list, its pool lease zset
+# ARGV: expected sha1, mode ("launch" | "drop"), lease member, lease seconds, pool max, group limit,
+#       this pool's protected slots, then per other protected pool: its protected slots
 # Returns {code, in_flight_of_pool}; code is one of the CLAIM_* strings below.
+# Protected slots as in the scheduler: outside its own protected slots a pool may take a group slot
+# only if the slots still owed to the other backlogged protected pools stay free.
 CLAIM = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -29,7 +36,19 @@ if redis.call('EXISTS', KEYS[4]) == 0 then
 end
 local in_pool = redis.call('ZCARD', KEYS[3])
 if in_pool >= tonumber(ARGV[5]) then return {'pool_cap', in_pool} end
-if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[6]) then return {'group_cap', in_pool} end
+local in_group = redis.call('ZCARD', KEYS[2])
+local limit = tonumber(ARGV[6])
+if in_group >= limit then return {'group_cap', in_pool} end
+if #KEYS > 4 and in_pool >= tonumber(ARGV[7]) then
+  local reserved = 0
+  for i = 5, #KEYS, 2 do
+    if redis.call('LLEN', KEYS[i]) > 0 then
+      local owed = tonumber(ARGV[8 + (i - 5) / 2]) - redis.call('ZCARD', KEYS[i + 1])
+      if owed > 0 then reserved = reserved + owed end
+    end
+  end
+  if in_group >= limit - reserved then return {'reserved', in_pool} end
+end
 local expiry = now + tonumber(ARGV[4])
 redis.call('ZADD', KEYS[2], expiry, ARGV[3])
 redis.call('ZADD', KEYS[3], expiry, ARGV[3])
@@ -42,19 +61,33 @@ CLAIM_DROPPED = "dropped"
 CLAIM_PRODUCER_GONE = "producer_gone"
 CLAIM_POOL_CAP = "pool_cap"
 CLAIM_GROUP_CAP = "group_cap"
+CLAIM_RESERVED = "reserved"
 
-# KEYS: producer alive key, replies list, group lease zset, pool lease zset
-# ARGV: reply bytes (empty: release only), reply list TTL ms, lease member
+# KEYS: producer alive key, replies list, group lease zset, pool lease zset, pool wake list,
+#       then the requests list of every pool of the group
+# ARGV: reply bytes (empty: release only), reply list TTL ms, lease member, wake token cap, token TTL ms
 # Returns 1 when the reply was delivered, 0 when the producer is gone (reply dropped).
-FINISH = """
+# While the group has backlog, the freed slot wakes one idle dispatcher of the group (the one
+# waiting longest), not necessarily the finisher, so the work spreads over the fleet.
+FINISH = (
+    """
 redis.call('ZREM', KEYS[3], ARGV[3])
 redis.call('ZREM', KEYS[4], ARGV[3])
+for i = 6, #KEYS do
+  if redis.call('LLEN', KEYS[i]) > 0 then
+"""
+    + wake_lua("KEYS[5]", "ARGV[4]", "ARGV[5]")
+    + """
+    break
+  end
+end
 if ARGV[1] == '' then return 1 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('RPUSH', KEYS[2], ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return 1
 """
+)
 
 # KEYS: group lease zset, pool lease zset; ARGV: new expiry offset seconds, member
 # Extends a lease only if it still exists (XX), so a lease reaped after expiry is not revived.

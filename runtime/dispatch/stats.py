@@ -30,6 +30,7 @@ class DispatcherStats:
     cost_by_pool: Counter[str] = field(default_factory=Counter)
     valkey_outages: int = 0
     claim_lost: int = 0  # peeked item taken by someone else before our claim
+    turn_busy: int = 0  # rounds skipped because another dispatcher of the group was deciding
     _flushed: Counter[str] = field(default_factory=Counter)
 
     def totals(self) -> dict[str, int]:

@@ -39,7 +39,11 @@ With unlimited burst and caps that do not bind, the launch sequence is exactly t
 whatever the local capacity and peek depth (a test checks this).
 
 Credit bound: a pool's deficit never exceeds ``quantum + largest head cost seen while it was
-backlogged`` (the top-up is clamped to that). Idle pools hold no credit: a pool that is drained by a
+backlogged`` (the top-up is clamped to that; a pool refused by its cap would otherwise hoard quanta),
+plus the credit :func:`refund` gave back that the pool has not spent yet. Refunded credit is never
+clamped away: a fleet of dispatchers loses claims to each other all the time, and clamping refunds
+shorted the busiest pool a little on every lost claim, a bias that grew with the fleet. Launches
+spend refunded credit first. Idle pools hold no credit: a pool that is drained by a
 launch, or seen with backlog 0, drops its credit at once; at each wrap of the ring, credit of pools that
 are no longer backlogged (e.g. drained by another dispatcher) is dropped too.
 
@@ -57,7 +61,7 @@ the other pools' heads). FIFO keeps no credit and does not apply protected slots
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -80,6 +84,7 @@ __all__ = [
     "PoolPolicy",
     "SchedulerState",
     "decide",
+    "fleet_share",
     "refund",
     "validate_policy",
 ]
@@ -171,6 +176,7 @@ class SchedulerState:
     round: int = 0  # current DRR round (a label; only equality matters)
     credited: dict[str, int] = field(default_factory=dict)  # round in which a pool last got its quantum
     max_cost: dict[str, int] = field(default_factory=dict)  # largest head cost seen while backlogged
+    refunded: dict[str, int] = field(default_factory=dict)  # refunded credit not spent yet (never clamped)
     carry: bool = False  # a pool stopped by its burst limit still holds credit: another pass this round
     index: _Index | None = field(default=None, repr=False, compare=False)
 
@@ -190,6 +196,7 @@ class SchedulerState:
         self.deficits.pop(pool_id, None)
         self.credited.pop(pool_id, None)
         self.max_cost.pop(pool_id, None)
+        self.refunded.pop(pool_id, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,7 +409,7 @@ def _visit(
     deficit = state.deficits.get(pid, 0)
     if state.credited.get(pid) != state.round:
         state.credited[pid] = state.round
-        deficit = min(deficit + pool.quantum, pool.quantum + seen)
+        deficit = _top_up(state, pid, deficit, pool.quantum, pool.quantum + seen)
     state.deficits[pid] = deficit
     stop = _serve(pool, obs, state, call)
     if stop == _CREDIT and call.launched.get(pid, 0) == index:
@@ -445,10 +452,27 @@ def _serve(pool: PoolPolicy, obs: PoolObservation, state: SchedulerState, call: 
         deficit -= cost
         index += 1
         burst += 1
+    spent = state.deficits[pid] - deficit
+    if spent and pid in state.refunded:
+        _spend_refund(state, pid, spent)
     state.deficits[pid] = deficit
     if stop == _BURST and deficit > 0:
         state.carry = True  # credit left over: another pass of this round before the next quantum
     return stop
+
+
+def _top_up(state: SchedulerState, pool_id: str, deficit: int, credit: int, bound: int) -> int:
+    """``deficit + credit`` clamped to ``bound``; refunded credit not spent yet is kept above the bound."""
+    refunded = state.refunded.get(pool_id, 0)
+    return min(deficit + credit, bound + refunded)
+
+
+def _spend_refund(state: SchedulerState, pool_id: str, spent: int) -> None:
+    left = state.refunded[pool_id] - spent
+    if left > 0:
+        state.refunded[pool_id] = left
+    else:
+        del state.refunded[pool_id]
 
 
 def _end_pass(state: SchedulerState, observations: Mapping[str, PoolObservation]) -> None:
@@ -491,7 +515,9 @@ def _jump(state: SchedulerState, call: _Call, starved: _Starved) -> tuple[int, b
         pid = pool.pool_id
         visits = target_round - credited[pid] - (1 if pos > target_pos else 0)
         if visits > 0:
-            deficits[pid] = min(deficits[pid] + visits * pool.quantum, pool.quantum + state.max_cost[pid])
+            deficits[pid] = _top_up(
+                state, pid, deficits[pid], visits * pool.quantum, pool.quantum + state.max_cost[pid]
+            )
             credited[pid] += visits
         if pool is not winner:
             call.skip(pid, SKIP_NO_CREDIT)
@@ -504,14 +530,14 @@ def _jump(state: SchedulerState, call: _Call, starved: _Starved) -> tuple[int, b
 def refund(state: SchedulerState, launch: Launch) -> None:
     """Give back the credit of a launch the dispatcher could not claim.
 
-    Refunding the launches of the last call restores the credit held before it, so the bound holds.
+    The credit survives the next round: while it pays the pool's head, the pool resumes its visit
+    instead of receiving (and clamping) a new quantum, so a fleet's lost claims cost no fairness.
     A pool that the launch drained has left the rotation and gets nothing back.
     """
     pid = launch.pool_id
-    if pid in state.deficits:
-        state.deficits[pid] += launch.cost
-    elif pid in state.credited:
-        state.deficits[pid] = launch.cost
+    if pid in state.deficits or pid in state.credited:
+        state.deficits[pid] = state.deficits.get(pid, 0) + launch.cost
+        state.refunded[pid] = state.refunded.get(pid, 0) + launch.cost
 
 
 def _decide_fifo(
@@ -526,6 +552,7 @@ def _decide_fifo(
         state.deficits.clear()
         state.credited.clear()
         state.max_cost.clear()
+        state.refunded.clear()
     call = _Call(policy.total_concurrency, group_in_flight, local_free_slots, 0)
     heap: list[tuple[float, int, int]] = []
     pools = policy.pools
@@ -552,6 +579,20 @@ def _decide_fifo(
             at = obs.heads[index].enqueued_at if index < len(obs.heads) else obs.heads[-1].enqueued_at
             heapq.heappush(heap, (at, pos, index))
     return Decision(tuple(call.launches), state, call.skips)
+
+
+def fleet_share(total_concurrency: int, own_slots: int, fleet_slots: Sequence[int]) -> int:
+    """Slots of the group a dispatcher with ``own_slots`` local slots may hold, in a fleet whose
+    members (this one included) have ``fleet_slots``: the group total split in proportion to local
+    slots (evenly for equal dispatchers), rounded up, never more than ``own_slots``.
+
+    Rounded up and proportional, the shares add up to at least the total (or to every local slot when
+    the fleet has fewer than the total), so the group's slots can all be used: work-conserving.
+    """
+    capacity = sum(fleet_slots)
+    if capacity <= total_concurrency or own_slots <= 0:
+        return max(0, own_slots)
+    return min(own_slots, -(-total_concurrency * own_slots // capacity))
 
 
 def validate_policy(policy: GroupPolicy) -> list[str]:

@@ -35,6 +35,11 @@ ATTEMPT = "llm_dispatch.attempt"
 COST_UNITS = "llm_dispatch.cost_units"
 REPLY_DELIVERED = "llm_dispatch.reply_delivered"
 SPAN_KIND_ROLE = "llm_dispatch.role"
+TIME_TO_FIRST_TOKEN_S = "llm_dispatch.time_to_first_token_s"
+CHUNK_COUNT = "llm_dispatch.chunk_count"
+# A request's free-form metadata labels, e.g. llm_dispatch.label.producer (the ingress key's name).
+LABEL_PREFIX = "llm_dispatch.label."
+PRODUCER_LABEL = f"{LABEL_PREFIX}producer"
 
 SPAN_NAME_SUBMIT = "llm_dispatch.submit"
 SPAN_NAME_DISPATCH = "chat"  # GenAI convention: "{operation} {model}" is built from this

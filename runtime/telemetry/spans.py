@@ -42,6 +42,8 @@ class Outcome:
     response_model: str | None = None
     reply_delivered: bool = False
     cost: int = 0
+    time_to_first_token_s: float | None = None  # streamed calls only
+    chunk_count: int | None = None  # streamed calls only
 
 
 def content_attributes(envelope: Envelope, completion: Mapping[str, Any] | None) -> dict[str, str]:
@@ -96,7 +98,11 @@ def record_span(
         semconv.GEN_AI_USAGE_INPUT_TOKENS: outcome.input_tokens,
         semconv.GEN_AI_USAGE_OUTPUT_TOKENS: outcome.output_tokens,
         semconv.GEN_AI_RESPONSE_MODEL: outcome.response_model,
+        semconv.TIME_TO_FIRST_TOKEN_S: outcome.time_to_first_token_s,
+        semconv.CHUNK_COUNT: outcome.chunk_count,
     }
+    for label, value in envelope.metadata.labels.items():
+        attributes[f"{semconv.LABEL_PREFIX}{label}"] = value
     attributes.update({k: v for k, v in optional.items() if v not in (None, "")})
     if content:
         attributes.update(content)

@@ -48,6 +48,7 @@ PARAMETER_TYPES: dict[str, tuple[type, ...]] = {
 }
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
+STATUS_CHUNK = "chunk"  # one streamed chunk, relayed ahead of the request's final reply
 
 
 def _fail(what: str) -> MalformedEnvelope:
@@ -210,9 +211,11 @@ class Envelope:
     deadline: float | None = None
     trace: Mapping[str, str] = field(default_factory=dict)
     metadata: Metadata = field(default_factory=Metadata)
+    stream: StreamOptions | None = None  # set: the dispatcher relays the backend's chunks as they come
 
     def encode(self, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -> bytes:
         """Serializes the envelope; refuses one over ``max_bytes`` with EnvelopeTooLarge."""
+        optional = {"stream": self.stream.to_json()} if self.stream is not None else {}
         raw = orjson.dumps(
             {
                 "request_id": self.request_id,
@@ -224,6 +227,7 @@ class Envelope:
                 "enqueued_at": self.enqueued_at,
                 "deadline": self.deadline,
                 "metadata": self.metadata.to_json(),
+                **optional,
             }
         )
         if len(raw) > max_bytes:
@@ -256,8 +260,62 @@ class Envelope:
             deadline=deadline,
             trace=trace,
             metadata=Metadata.from_json(data.get("metadata")),
+            stream=StreamOptions.from_json(data["stream"]) if data.get("stream") is not None else None,
             **ids,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOptions:
+    """A streamed call: ``include_usage`` asks for the final usage-only chunk, as OpenAI's option does."""
+
+    include_usage: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"include_usage": self.include_usage}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> StreamOptions:
+        _expect(raw, dict, "envelope.stream")
+        return cls(
+            include_usage=_expect(raw.get("include_usage", False), bool, "envelope.stream.include_usage")
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    """One chunk of a streamed completion on its way to the producer (OpenAI's chunk object as is).
+
+    The first chunk of a request also carries its queue wait.
+    """
+
+    request_id: str
+    chunk: Mapping[str, Any]
+    queue_wait_s: float | None = None
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {
+                "request_id": self.request_id,
+                "v": CONTRACT_VERSION,
+                "status": STATUS_CHUNK,
+                "chunk": self.chunk,
+                "queue_wait_s": self.queue_wait_s,
+            }
+        )
+
+
+def decode_reply_item(raw: bytes | str) -> Reply | StreamChunk:
+    """An item of a reply list: a final :class:`Reply` or a :class:`StreamChunk`."""
+    data = _load(raw, "reply")
+    if data.get("status") != STATUS_CHUNK:
+        return Reply.decode(raw)
+    queue_wait = data.get("queue_wait_s")
+    return StreamChunk(
+        _non_empty_str(data.get("request_id"), "chunk.request_id"),
+        _expect(data.get("chunk"), dict, "chunk.chunk"),
+        float(_expect(queue_wait, _NUMBER, "chunk.queue_wait_s")) if queue_wait is not None else None,
+    )
 
 
 def _non_empty_str(value: Any, what: str) -> str:

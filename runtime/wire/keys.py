@@ -46,9 +46,29 @@ class KeySpace:
         return f"{self.prefix}key:llm:producer:{producer_id}:alive"
 
     # --- runtime bookkeeping -------------------------------------------------------------------
-    def wake_channel(self, pool_id: str) -> str:
-        """Pub/sub channel a producer pings after pushing, so idle dispatchers wake at once."""
-        return f"{self.prefix}chan:llm:wake:{pool_id}"
+    def wake_list(self, pool_id: str) -> str:
+        """Wake-up tokens of a pool: pushed with a request or a freed slot, BLPOPed by one idle dispatcher."""
+        return f"{self.prefix}list:llm:wake:{pool_id}"
+
+    def schedule_turn(self, group_id: str) -> str:
+        """Short lease of the dispatcher whose scheduling round is running (one at a time per group)."""
+        return f"{self.prefix}key:llm:turn:{group_id}"
+
+    def schedule_again(self, group_id: str) -> str:
+        """Note left by a dispatcher that found the turn taken: the holder runs one more round."""
+        return f"{self.prefix}key:llm:turn-again:{group_id}"
+
+    def group_fleet(self, group_id: str) -> str:
+        """Sorted set of the group's dispatchers (score: membership expiry), refreshed each round."""
+        return f"{self.prefix}zset:llm:fleet:{group_id}"
+
+    def group_poll(self, group_id: str) -> str:
+        """Short marker of the group's last idle poll: the fleet polls as often as one dispatcher."""
+        return f"{self.prefix}key:llm:poll:{group_id}"
+
+    def cancel_channel(self, group_id: str) -> str:
+        """Pub/sub channel carrying request ids whose producer gave up while they run."""
+        return f"{self.prefix}chan:llm:cancel:{group_id}"
 
     def group_inflight(self, group_id: str) -> str:
         """Sorted set of in-flight leases of a group (member: pool + request id, score: expiry)."""

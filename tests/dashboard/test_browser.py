@@ -97,6 +97,9 @@ async def test_pause_and_resume_take_one_plain_click_each_while_the_feed_is_busy
     async def published_paused() -> bool:
         return GroupConfig.decode(await aredis.get(keys.group_config("demo"))).pool("backfill").paused
 
+    async def published_resumed() -> bool:
+        return not await published_paused()
+
     calls: list[asyncio.Task] = []
     async with (
         async_playwright() as pw,
@@ -129,12 +132,12 @@ async def test_pause_and_resume_take_one_plain_click_each_while_the_feed_is_busy
             for _ in range(3):
                 await row.locator("button.pause").click(delay=PRESS_MS)
                 await page.wait_for_selector('tr[data-pool="backfill"].paused button.resume', timeout=5_000)
-                assert await published_paused() is True
+                await until(published_paused, "the pause published to the dispatchers", timeout=5)
                 await row.locator("button.resume").click(delay=PRESS_MS)
                 await page.wait_for_selector(
                     'tr[data-pool="backfill"]:not(.paused) button.pause', timeout=5_000
                 )
-                assert await published_paused() is False
+                await until(published_resumed, "the resume published to the dispatchers", timeout=5)
         finally:
             await browser.close()
             for task in calls:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from history import queries
+from history import queries, schema
 from history.client import HistoryClient
 from history.queries import LEVELS, ExecutionFilter
 from tests.history.factories import execution_doc, store
@@ -37,7 +37,7 @@ def test_percentiles_equal_exact_values(history: HistoryClient) -> None:
     docs += [execution_doc(pool="a", status="dropped", queue_wait=99.0, execution=0.0)]  # not in latency
     store(history, docs)
     since, until = _window()
-    (stats,) = queries.pool_analytics(client=history, since=since, until=until)
+    (stats,) = queries.pool_analytics(client=history, since=since, until=until, exact=True)
     waits.append(9.0)
     execs.append(2.0)
     totals = [d["attributes"]["llm_dispatch.total_s"] for d in docs[:-1]]
@@ -54,7 +54,7 @@ def test_percentiles_equal_exact_values(history: HistoryClient) -> None:
 def test_small_known_percentiles(history: HistoryClient) -> None:
     store(history, [execution_doc(pool="p", queue_wait=float(v), execution=1.0) for v in (1, 2, 3, 4)])
     since, until = _window()
-    (stats,) = queries.pool_analytics(client=history, since=since, until=until)
+    (stats,) = queries.pool_analytics(client=history, since=since, until=until, exact=True)
     assert stats.queue_wait == {0.5: 2.5, 0.95: pytest.approx(3.85), 0.99: pytest.approx(3.97)}
 
 
@@ -141,3 +141,120 @@ def test_detail_includes_trace(history: HistoryClient) -> None:
     assert detail["execution"]["trace_id"] == chat["trace_id"]
     assert [s["service"] for s in detail["trace"]] == ["llm-dispatch-producer", "llm-dispatch-dispatcher"]
     assert queries.execution_detail(client=history, request_id="nope") is None
+
+
+def _value_band(values: list[float], p: float) -> tuple[float, float]:
+    """The values at the ranks around level p (h = (n - 1) * p), widened by the stated accuracy."""
+    xs = sorted(values)
+    h = (len(xs) - 1) * p
+    lo, hi = xs[math.floor(h)], xs[math.ceil(h)]
+    alpha = schema.STATED_ACCURACY
+    return lo * (1 - alpha), hi * (1 + alpha)
+
+
+def test_approximate_analytics_match_exact_figures_within_the_stated_accuracy(history: HistoryClient) -> None:
+    """The per-minute aggregates (materialized view) against figures computed here from the raw rows."""
+    rng = random.Random(11)
+    docs = []
+    for i in range(1500):
+        status = "error" if i % 97 == 0 else "dropped" if i % 131 == 0 else "ok"
+        docs.append(
+            execution_doc(
+                pool=("a", "b")[i % 2],
+                status=status,
+                error_type="timeout" if status == "error" else "",
+                queue_wait=round(rng.lognormvariate(-3, 1.2), 6),
+                execution=round(rng.lognormvariate(0, 0.6), 6),
+                output_tokens=rng.randint(1, 500),
+                ago_s=rng.uniform(60, 3000),
+            )
+        )
+    store(history, docs)
+    since, until = _window()
+    exact = {s.pool: s for s in queries.pool_analytics(client=history, since=since, until=until, exact=True)}
+    minutes = queries.pool_analytics(client=history, since=since, until=until)
+    hours = queries.pool_analytics(client=history, since=until - timedelta(days=1), until=until)  # roll-up
+    assert [s.pool for s in minutes] == [s.pool for s in hours] == sorted(exact) == ["a", "b"]
+    for stats in [*minutes, *hours]:
+        pool = stats.pool
+        mine = [d["attributes"] for d in docs if d["attributes"]["llm_dispatch.pool_id"] == pool]
+        executed = [a for a in mine if a["llm_dispatch.status"] != "dropped"]
+        statuses = [a["llm_dispatch.status"] for a in mine]
+        assert (stats.count, stats.ok, stats.errors, stats.dropped) == (
+            len(mine),
+            statuses.count("ok"),
+            statuses.count("error"),
+            statuses.count("dropped"),
+        )
+        assert stats.error_rate == exact[pool].error_rate
+        assert stats.tokens_per_s == pytest.approx(exact[pool].tokens_per_s, rel=1e-9)
+        assert sum(stats.timeline) == len(mine)
+        for attr, key in (
+            ("queue_wait", "llm_dispatch.queue_wait_s"),
+            ("execution", "llm_dispatch.execution_s"),
+            ("total", "llm_dispatch.total_s"),
+        ):
+            values = [float(a[key]) for a in executed]
+            for level in LEVELS:
+                low, high = _value_band(values, level)
+                assert low <= getattr(stats, attr)[level] <= high, (pool, attr, level)
+
+
+def test_bounded_recent_list_returns_the_newest_rows_across_days(history: HistoryClient) -> None:
+    store(
+        history,
+        [
+            execution_doc(request_id="now", ago_s=30),
+            execution_doc(request_id="hour-ago", ago_s=2 * 3600),
+            execution_doc(request_id="days-ago", ago_s=3 * 86400),
+            *(execution_doc(request_id=f"fill-{i}", ago_s=600 + i) for i in range(5)),
+        ],
+    )
+    recent = queries.executions_recent(
+        client=history, filters=ExecutionFilter(since=datetime.now(UTC) - timedelta(hours=1)), page_size=3
+    )
+    assert [r["request_id"] for r in recent.rows] == ["now", "fill-0", "fill-1"] and recent.has_next
+    everything = queries.executions_recent(client=history, page=2, page_size=3)
+    assert [r["request_id"] for r in everything.rows] == ["fill-2", "fill-3", "fill-4"]
+    last = queries.executions_recent(client=history, page=3, page_size=3)
+    assert [r["request_id"] for r in last.rows] == ["hour-ago", "days-ago"]
+    choices = queries.filter_choices(client=history, since=datetime.now(UTC) - timedelta(hours=1))
+    assert choices["pool"] == ["interactive"] and choices["status"] == ["ok"]
+
+
+def test_filter_choices_only_show_values_seen_in_the_window(history: HistoryClient) -> None:
+    store(history, [execution_doc(pool="fresh", ago_s=60), execution_doc(pool="stale", ago_s=2 * 86400)])
+    day = queries.filter_choices(client=history, since=datetime.now(UTC) - timedelta(days=1))
+    assert day["pool"] == ["fresh"]
+    assert queries.filter_choices(client=history)["pool"] == ["fresh", "stale"]
+
+
+def test_detail_finds_old_and_new_requests(history: HistoryClient) -> None:
+    old = execution_doc(request_id="old-one", ago_s=6 * 86400, status="error", error_type="timeout")
+    new = execution_doc(request_id="new-one", ago_s=5)
+    store(history, [old, new, *(execution_doc(ago_s=i * 3600) for i in range(50))])
+    found_old = queries.execution_detail(client=history, request_id="old-one")
+    found_new = queries.execution_detail(client=history, request_id="new-one")
+    assert found_old is not None and found_new is not None
+    assert found_old["execution"]["trace_id"] == old["trace_id"]
+    assert found_old["execution"]["error_type"] == "timeout"
+    assert [s["span_id"] for s in found_new["trace"]] == [new["span_id"]]
+
+
+def test_request_lookup_prunes_to_a_few_granules(history: HistoryClient) -> None:
+    """EXPLAIN indexes: the id lookup reads one granule of the request id table, not all of them."""
+    history.command(
+        f"INSERT INTO {schema.table_name(history)} (Timestamp, TraceId, SpanId, SpanName, SpanAttributes) "
+        "SELECT now64(9) - toIntervalMillisecond(number), hex(cityHash64(number)), hex(number), 'chat', "
+        "map('llm_dispatch.request_id', concat('r-', toString(number)), 'llm_dispatch.status', 'ok') "
+        "FROM numbers(120000)"
+    )
+    plan = history.query(
+        f"EXPLAIN indexes = 1 SELECT TraceId FROM {schema.table_name(history, schema.REQUEST_IDS)} "
+        "WHERE RequestId = 'r-77777'"
+    )
+    lines = [str(next(iter(r.values()))).strip() for r in plan]
+    primary = lines[lines.index("PrimaryKey") :]
+    selected, total = next(line for line in primary if line.startswith("Granules:")).split()[1].split("/")
+    assert int(total) >= 14 and int(selected) <= 2, "\n".join(lines)
+    assert queries.execution_detail(client=history, request_id="r-77777") is not None

@@ -108,3 +108,51 @@ def test_admin_links_to_history(staff_client: Client) -> None:
     User.objects.filter(username="ops").update(is_superuser=True)
     text = staff_client.get("/admin/").content.decode()
     assert 'href="/history/"' in text and 'href="/history/pools/"' in text
+
+
+def test_recent_reads_the_last_hour_by_default_and_widens_on_demand(
+    staff_client: Client, with_history: HistoryClient, no_valkey: None
+) -> None:
+    store(
+        with_history,
+        [
+            execution_doc(request_id="fresh-one", pool="fresh"),
+            execution_doc(request_id="day-old", ago_s=86400 + 600),
+        ],
+    )
+    default = staff_client.get("/history/").content.decode()
+    assert "fresh-one" in default and "day-old" not in default and "last 1h" in default
+    widened = staff_client.get("/history/", {"window": "7d"}).content.decode()
+    assert widened.index("fresh-one") < widened.index("day-old")  # newest first
+
+
+def test_empty_window_says_older_history_exists(
+    staff_client: Client, with_history: HistoryClient, no_valkey: None
+) -> None:
+    store(with_history, [execution_doc(request_id="day-old", ago_s=86400 + 600)])
+    text = staff_client.get("/history/").content.decode()
+    assert "No executions in this window" in text and "choose a longer window" in text
+
+
+def test_detail_page_finds_old_and_new_requests(
+    staff_client: Client, with_history: HistoryClient, no_valkey: None
+) -> None:
+    old = execution_doc(request_id="req-old", ago_s=6 * 86400)
+    new = execution_doc(request_id="req-new", ago_s=1)
+    store(with_history, [old, new])
+    for doc in (old, new):
+        response = staff_client.get(f"/history/request/{doc['attributes']['llm_dispatch.request_id']}/")
+        assert response.status_code == 200 and doc["trace_id"] in response.content.decode()
+
+
+def test_pools_page_states_approximation_and_offers_exact_for_short_windows(
+    staff_client: Client, with_history: HistoryClient, no_valkey: None
+) -> None:
+    store(with_history, [execution_doc(pool="a", queue_wait=w) for w in (1.0, 2.0, 3.0, 4.0)])
+    approx = staff_client.get("/history/pools/").content.decode()
+    assert "Percentiles are approximate" in approx and "within 2%" in approx
+    exact = staff_client.get("/history/pools/", {"exact": "on"}).content.decode()
+    assert "Percentiles are exact" in exact and "2.50 s" in exact  # p50 of 1..4 by interpolation
+    refused = staff_client.get("/history/pools/", {"exact": "on", "window": "7d"}).content.decode()
+    assert "Exact percentiles are offered for windows up to 1h" in refused
+    assert "Percentiles are approximate" in refused and "last 7d" in refused

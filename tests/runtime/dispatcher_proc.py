@@ -1,13 +1,16 @@
 """A dispatcher in its own process, so tests can race several of them and really kill one.
 
 Usage: python -m tests.runtime.dispatcher_proc URL PREFIX GROUP_ID DISPATCHER_ID CONCURRENCY LEASE_S
-Prints "ready" once it has loaded the group's configuration.
+Prints "ready" once it has loaded the group's configuration, and on exit one line
+``stats {"completed": ..., "claim_lost": ..., "wake_tokens": ...}`` for fleet tests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+
+import orjson
 
 from runtime.config import DispatcherSettings
 from runtime.dispatch.dispatcher import Dispatcher
@@ -33,6 +36,13 @@ async def main(
     print("ready", flush=True)
     await task
     await client.aclose()
+    stats = {
+        "completed": dispatcher.stats.completed,
+        "claim_lost": dispatcher.stats.claim_lost,
+        "wake_tokens": dispatcher.waiter.tokens,
+        "turn_busy": dispatcher.stats.turn_busy,
+    }
+    print("stats", orjson.dumps(stats).decode(), flush=True)
 
 
 if __name__ == "__main__":

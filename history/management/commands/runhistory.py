@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from history.ingester import build_from_settings
+from history.ingester import DEFAULT_BATCH_SIZE, build_from_settings
 
 
 class Command(BaseCommand):
@@ -19,7 +19,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--batch-size",
             type=int,
-            default=1000,
+            default=DEFAULT_BATCH_SIZE,
             help="most spans read and inserted into ClickHouse at once (default: %(default)s)",
         )
 

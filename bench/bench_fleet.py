@@ -1,0 +1,329 @@
+"""A fleet of dispatchers: does it behave as one? 1, 2 and 3 dispatcher processes of one group.
+
+Run: ``python bench/bench_fleet.py [--quick] [--runs N]``.
+
+Like bench_fairness: every pool is preloaded so it stays backlogged (costs uniform in 1..4 for even
+pools, 1..16 for odd pools, seeded), a zero-latency simulator process, group total 8, each dispatcher
+with 8 local slots, so the scheduler decides who gets every slot. The dispatched cost share is read
+from the lists (items gone from each head), not from the dispatchers' counters.
+
+Each configuration runs without and with *live wake-ups*: a producer pushes real requests into the
+pools at ~500/s (at the tail, behind the backlog) and, so that wake-ups really flow whatever the
+wake-up rule is, a wake token with each push (worst case: every push wakes a dispatcher).
+
+Measured per configuration: max share error (pp) and Jain index (share/target), lost claims per
+completion, each dispatcher's share of the completions (max deviation from an even split), throughput,
+Valkey commands and Valkey CPU (user+sys) per completion (``INFO commandstats`` / ``INFO cpu`` deltas
+over the measured window), and cap / protected-slot violations in 10 ms samples (each sample one
+MULTI over the lease sets and lists). In 4:1 the heavy pool has two protected slots (min concurrent 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import (
+    CALL,
+    client,
+    group,
+    machine,
+    median,
+    new_keys,
+    preload,
+    private_valkey,
+    publish,
+    run_benchmark,
+    scratch,
+    simulator_proc,
+    spawn,
+    stop_proc,
+    table,
+)
+from bench.bench_fairness import jain
+from runtime.dispatch.wakeup import PUSH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, wake_lua
+from runtime.producer import Producer
+from runtime.valkey.lua import LuaScript, run_pipeline
+from runtime.wire.contract import ChatCall, Envelope, Metadata
+from runtime.wire.groupconfig import GroupConfig, PoolConfig
+from runtime.wire.keys import KeySpace
+
+SCENARIOS = {"4:1": (4, 1), "1:1:2:4": (1, 1, 2, 4)}
+FLEETS = (1, 2, 3)
+GROUP_TOTAL = 8
+LIVE_RATE = 500.0  # pushes per second with live wake-ups
+SAMPLE_S = 0.01
+WAKE = LuaScript(wake_lua("KEYS[1]", "ARGV[1]", "ARGV[2]"))
+PUSH_SCRIPT = LuaScript(PUSH)
+
+
+@contextlib.contextmanager
+def fleet(url: str, prefix: str, group_id: str, count: int) -> Iterator[list[dict[str, Any]]]:
+    """``count`` dispatcher processes; the yielded list gets each one's exit stats once they stopped."""
+    with scratch() as stats_dir:
+        stats: list[dict[str, Any]] = []
+        paths = [stats_dir / f"d{i}.json" for i in range(count)]
+        with _processes(url, prefix, group_id, paths):
+            yield stats
+        stats.extend(orjson.loads(path.read_bytes()) for path in paths)
+
+
+@contextlib.contextmanager
+def _processes(url: str, prefix: str, group_id: str, paths: list[Path]) -> Iterator[None]:
+    procs = [
+        spawn(
+            ["-m", "bench._dispatcher_proc", url, prefix, group_id, str(GROUP_TOTAL), f"d{i}"],
+            env={"BENCH_STATS": str(path)},
+        )
+        for i, path in enumerate(paths)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            if "ready" not in proc.stdout.readline():
+                raise RuntimeError("dispatcher did not start")
+        yield
+    finally:
+        for proc in procs:
+            stop_proc(proc)
+
+
+async def live_pushes(
+    conn: Any, keys: KeySpace, producer_id: str, pushed: dict[str, int], stop: asyncio.Event
+) -> None:
+    """Pushes one request (+ a wake token) every 1/LIVE_RATE s, round robin; counts them in ``pushed``."""
+    chat = ChatCall.from_openai(CALL)
+    pools, count, started = list(pushed), 0, time.perf_counter()
+    while not stop.is_set():
+        pool_id = pools[count % len(pools)]
+        raw = Envelope(
+            request_id=uuid.uuid4().hex,
+            producer_id=producer_id,
+            pool_id=pool_id,
+            call=chat,
+            enqueued_at=time.time(),
+            deadline=time.time() + 3600,
+            metadata=Metadata(cost_units=1),
+        ).encode()
+
+        def build(pipe: Any, pool_id: str = pool_id, raw: bytes = raw) -> None:
+            args = [WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS]
+            PUSH_SCRIPT.queue(pipe, [keys.requests(pool_id), keys.wake_list(pool_id)], [raw, *args])
+            WAKE.queue(pipe, [keys.wake_list(pool_id)], args)
+
+        await run_pipeline(conn, [PUSH_SCRIPT, WAKE], build)
+        pushed[pool_id] += 1
+        count += 1
+        delay = started + count / LIVE_RATE - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+async def valkey_counters(conn: Any) -> tuple[int, float]:
+    stats = await conn.info("commandstats")
+    cpu = await conn.info("cpu")
+    calls = sum(int(v["calls"]) for v in stats.values())
+    return calls, float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+
+
+async def sample_caps(conn: Any, keys: KeySpace, config: GroupConfig, stop: asyncio.Event) -> tuple[int, int]:
+    """(samples, violations): a cap exceeded, or others inside a backlogged pool's protected slots."""
+    samples = violations = 0
+    pools = config.pools
+    while not stop.is_set():
+        async with conn.pipeline(transaction=True) as pipe:
+            pipe.zcard(keys.group_inflight(config.group_id))
+            for p in pools:
+                pipe.zcard(keys.pool_inflight(p.pool_id))
+                pipe.llen(keys.requests(p.pool_id))
+            res = await pipe.execute()
+        in_group, per_pool = res[0], res[1:]
+        owed = sum(
+            max(0, p.min_concurrent - per_pool[2 * i]) for i, p in enumerate(pools) if per_pool[2 * i + 1] > 0
+        )
+        over_cap = any(per_pool[2 * i] > p.max_concurrent for i, p in enumerate(pools))
+        if in_group > config.total_concurrency or over_cap or in_group + owed > config.total_concurrency:
+            violations += 1
+        samples += 1
+        await asyncio.sleep(SAMPLE_S)
+    return samples, violations
+
+
+async def one_run(
+    valkey_url: str,
+    sim_url: str,
+    weights: tuple[int, ...],
+    dispatchers: int,
+    live: bool,
+    total: int,
+    seed: int,
+) -> dict[str, Any]:
+    rng = random.Random(seed)
+    keys = new_keys()
+    pools = [f"p{i}" for i in range(len(weights))]
+    # In 4:1 the heavy pool gets two protected slots: fewer than its share of the 8 slots, so they do
+    # not bend the weights, but every claim checks them and every sample verifies them.
+    heaviest = weights.index(max(weights)) if len(weights) == 2 else -1  # 1:1:2:4: cost mix bends it
+    config = group(
+        sim_url,
+        [
+            PoolConfig(p, quantum=4 * w, max_concurrent=GROUP_TOTAL, min_concurrent=2 if i == heaviest else 0)
+            for i, (p, w) in enumerate(zip(pools, weights, strict=True))
+        ],
+        total=GROUP_TOTAL,
+    )
+    share = [w / sum(weights) for w in weights]
+    costs = {
+        p: [rng.randint(1, 4 if i % 2 == 0 else 16) for _ in range(total + 300)] for i, p in enumerate(pools)
+    }
+    async with client(valkey_url) as conn, Producer(conn, keys=keys, producer_id="fleet") as producer:
+        for p in pools:
+            await preload(conn, keys, p, producer.producer_id, costs[p])
+        await publish(conn, keys, config)
+        with fleet(valkey_url, keys.prefix, config.group_id, dispatchers) as per:
+            stop = asyncio.Event()
+            calls0, cpu0 = await valkey_counters(conn)
+            started = time.perf_counter()
+            sampler = asyncio.create_task(sample_caps(conn, keys, config, stop))
+            pushed = dict.fromkeys(pools, 0)
+            pusher = (
+                asyncio.create_task(live_pushes(conn, keys, producer.producer_id, pushed, stop))
+                if live
+                else None
+            )
+            while True:
+                async with conn.pipeline(transaction=False) as pipe:
+                    for p in pools:
+                        pipe.llen(keys.requests(p))
+                    lengths = await pipe.execute()
+                # Live pushes land behind the backlog: what left is the preloaded head side.
+                left = [len(costs[p]) + pushed[p] - n for p, n in zip(pools, lengths, strict=True)]
+                if sum(left) >= total:
+                    break
+                await asyncio.sleep(0.02)
+            elapsed = time.perf_counter() - started
+            calls1, cpu1 = await valkey_counters(conn)
+            stop.set()
+            samples, violations = await sampler
+            if pusher:
+                await pusher
+    dispatched = [sum(costs[p][:g]) for p, g in zip(pools, left, strict=True)]
+    measured = [d / sum(dispatched) for d in dispatched]
+    completions = sum(s["completed"] for s in per)
+    done = max(1, sum(left))
+    return {
+        "requests": done,
+        "rate": done / elapsed,
+        "error_pp": max(abs(m - t) * 100 for m, t in zip(measured, share, strict=True)),
+        "jain": jain([m / t for m, t in zip(measured, share, strict=True)]),
+        "lost_per_completion": sum(s["claim_lost"] for s in per) / max(1, completions),
+        "split_dev_pct": max(abs(s["completed"] / max(1, completions) * dispatchers - 1) * 100 for s in per),
+        "split": [s["completed"] for s in per],
+        "commands_per_completion": (calls1 - calls0) / done,
+        "cpu_us_per_completion": (cpu1 - cpu0) * 1e6 / done,
+        "samples": samples,
+        "violations": violations,
+        "tokens_per_completion": sum(s["wake_tokens"] for s in per) / max(1, completions),
+        "backlogged": all(g < len(costs[p]) for p, g in zip(pools, left, strict=True)),
+    }
+
+
+async def measure(quick: bool, runs: int) -> dict[tuple[str, int, bool], list[dict[str, Any]]]:
+    total = 1500 if quick else 10_000
+    results: dict[tuple[str, int, bool], list[dict[str, Any]]] = {}
+    with private_valkey() as valkey_url, simulator_proc() as sim_url:
+        for run in range(runs):
+            for name, weights in SCENARIOS.items():
+                for live in (False, True):
+                    for n in FLEETS:
+                        r = await one_run(valkey_url, sim_url, weights, n, live, total, seed=run)
+                        results.setdefault((name, n, live), []).append(r)
+                        print(f"run {run} {name} n={n} live={live}: {r}", file=sys.stderr, flush=True)
+    return results
+
+
+def report(
+    results: dict[tuple[str, int, bool], list[dict[str, Any]]], runs: int, quick: bool
+) -> list[dict[str, Any]]:
+    def med(rs: list[dict[str, Any]], key: str) -> float:
+        return median([r[key] for r in rs])
+
+    rows, summary = [], []
+    for (name, n, live), rs in results.items():
+        base = results[(name, 1, live)]
+        ratio = med(rs, "commands_per_completion") / med(base, "commands_per_completion")
+        rows.append(
+            [
+                name,
+                n,
+                "yes" if live else "no",
+                f"{med(rs, 'error_pp'):.3f}",
+                f"{med(rs, 'jain'):.6f}",
+                f"{med(rs, 'lost_per_completion'):.3f}",
+                f"{med(rs, 'split_dev_pct'):.1f}",
+                f"{med(rs, 'rate'):.0f}",
+                f"{med(rs, 'commands_per_completion'):.1f} ({ratio:.2f}x)",
+                f"{med(rs, 'cpu_us_per_completion'):.0f}",
+                f"{med(rs, 'tokens_per_completion'):.2f}",
+                f"{sum(r['violations'] for r in rs)}/{sum(r['samples'] for r in rs)}",
+                "yes" if all(r["backlogged"] for r in rs) else "NO",
+            ]
+        )
+        keep = ("error_pp", "lost_per_completion", "split_dev_pct", "cpu_us_per_completion")
+        summary.append({"scenario": name, "dispatchers": n, "live": live, "ratio": ratio, **{
+            k: med(rs, k) for k in keep}, "violations": sum(r["violations"] for r in rs)})  # fmt: skip
+    print(f"# fleet: 1-3 dispatcher processes, median of {runs} runs{' (quick)' if quick else ''}")
+    print(f"# {machine()}")
+    print(
+        table(
+            [
+                "weights",
+                "dispatchers",
+                "live wake-ups",
+                "max error pp",
+                "Jain",
+                "lost claims/completion",
+                "split dev % (max)",
+                "req/s",
+                "Valkey cmds/completion (vs 1)",
+                "Valkey CPU us/completion",
+                "wake tokens/completion",
+                "violations/samples",
+                "backlogged",
+            ],
+            rows,
+        )
+    )
+    three = [s for s in summary if s["dispatchers"] == 3 and s["live"]]
+    checks = {
+        "fairness error <= 0.1 pp": all(s["error_pp"] <= 0.1 for s in three),
+        "lost claims <= 0.1 per completion": all(s["lost_per_completion"] <= 0.1 for s in three),
+        "work split within +-15 %": all(s["split_dev_pct"] <= 15 for s in three),
+        "commands/completion <= 1-dispatcher + 10 %": all(s["ratio"] <= 1.1 for s in three),
+        "zero cap or protected-slot violations": all(s["violations"] == 0 for s in summary),
+    }
+    for check, ok in checks.items():
+        print(f"target (3 dispatchers, live wake-ups): {check} ->", "met" if ok else "MISSED")
+    cpu1 = [s["cpu_us_per_completion"] for s in summary if s["dispatchers"] == 1]
+    if cpu1:
+        print(f"estimate: one Valkey core carries ~{1e6 / median(cpu1):.0f} completions/s (1 dispatcher)")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    return run_benchmark(__doc__ or "", measure, report, argv)  # type: ignore[no-any-return]
+
+
+if __name__ == "__main__":
+    main()

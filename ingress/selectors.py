@@ -1,0 +1,40 @@
+"""Reads of producer keys: what a presented key grants."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from ingress.models import ProducerKey
+
+
+@dataclass(frozen=True, slots=True)
+class KeyGrant:
+    """What one enabled producer key allows; the ingress caches these briefly."""
+
+    key_id: int
+    name: str
+    pools: frozenset[str]
+    default_pool: str
+    max_in_flight: int | None
+    max_queued: int | None
+
+
+def key_digest(raw_key: str) -> str:
+    # Keys are 256-bit random tokens, so a plain SHA-256 cannot be brute-forced: no slow hash needed.
+    return hashlib.sha256(raw_key.encode()).hexdigest()
+
+
+def producer_key_grant(*, raw_key: str) -> KeyGrant | None:
+    """The grant of an enabled key, None for an unknown or revoked one."""
+    key = ProducerKey.objects.filter(key_hash=key_digest(raw_key), enabled=True).first()
+    if key is None:
+        return None
+    return KeyGrant(
+        key_id=key.pk,
+        name=key.name,
+        pools=frozenset(key.pools),
+        default_pool=key.default_pool,
+        max_in_flight=key.max_in_flight,
+        max_queued=key.max_queued,
+    )

@@ -1,0 +1,120 @@
+"""Wake one dispatcher, not the whole group: tokens in a short Valkey list that idle dispatchers BLPOP.
+
+Pub/sub woke every dispatcher of a group on every push, and they all raced for the same head (about
+one lost claim per completion with three dispatchers). A list hands each token to exactly one
+client, and Valkey serves blocked clients in the order they blocked, so the token goes to the
+dispatcher that has waited longest: work spreads evenly over the fleet instead of going to whoever
+finished a call last.
+
+A token says "a round now could launch something", and only then is one pushed, since every token
+costs a round somewhere and two near-simultaneous rounds race for the same head:
+
+* the producer's :data:`PUSH` wakes a dispatcher only when its request made the pool's list
+  non-empty; behind a backlog, a new request changes nothing a round could act on (the backlog is
+  served as slots free);
+* the FINISH script (a slot freed) wakes one only while some pool of the group has backlog.
+
+A list holds at most :data:`WAKE_TOKEN_CAP` tokens, so nobody waiting costs nothing but one short key.
+A dispatcher that gets no token still polls every ``idle_poll_s`` (deadlines, expired leases and
+breakers wake nobody).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+
+import redis.asyncio as aioredis
+
+from runtime.valkey.client import REDIS_ERRORS
+
+# One pending token per pool is enough: the dispatcher it wakes takes every launch it can, and a
+# dispatcher waiting at the time of the push takes the token at once, leaving room for the next.
+WAKE_TOKEN_CAP = 1
+# A token nobody takes (no dispatcher running) lapses instead of lingering.
+WAKE_TOKEN_TTL_MS = 5_000
+# How long one BLPOP blocks; short, so a finished dispatcher's waiter returns soon.
+WAKE_BLOCK_S = 0.5
+
+# Lua: add a token to KEYS[w] unless it already holds WAKE_TOKEN_CAP (ARGV cap, ttl ms).
+_WAKE_LUA = """
+if redis.call('LLEN', {key}) < tonumber({cap}) then
+  redis.call('RPUSH', {key}, '1')
+  redis.call('PEXPIRE', {key}, {ttl})
+end
+"""
+
+
+def wake_lua(key: str, cap: str, ttl: str) -> str:
+    """The token push as a Lua fragment, for scripts that wake a dispatcher as part of their step."""
+    return _WAKE_LUA.format(key=key, cap=cap, ttl=ttl)
+
+
+# KEYS: requests list, wake list; ARGV: envelope bytes, token cap, token ttl ms. Returns the new length.
+PUSH = (
+    "local n = redis.call('RPUSH', KEYS[1], ARGV[1])\nif n == 1 then\n"
+    + wake_lua("KEYS[2]", "ARGV[2]", "ARGV[3]")
+    + "end\nreturn n\n"
+)
+
+
+class WakeWaiter:
+    """Blocks on the group's wake lists while the dispatcher is idle; calls ``on_wake`` per token.
+
+    ``idle`` is set by the dispatcher while it waits with free slots. Only then does the waiter
+    block, so a token goes to a dispatcher that can use it. Exits on its own once ``finished`` is set
+    (cancelling redis-py mid-command can hang).
+    """
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        keys: Callable[[], Sequence[str]],
+        idle: asyncio.Event,
+        finished: asyncio.Event,
+        on_wake: Callable[[], None],
+        on_error: Callable[[BaseException], None],
+        retry_s: float = 0.5,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.idle = idle
+        self.finished = finished
+        self.on_wake = on_wake
+        self.on_error = on_error
+        self.retry_s = retry_s
+        self.tokens = 0
+
+    def __repr__(self) -> str:
+        return f"<WakeWaiter tokens={self.tokens} idle={self.idle.is_set()}>"
+
+    async def run(self) -> None:
+        # A connection of its own: a blocking command would hold one of the shared pool's, and one
+        # broken mid-BLPOP (a Valkey restart) must not be handed back to the dispatcher's commands.
+        kwargs = dict(self.client.connection_pool.connection_kwargs)
+        own = aioredis.Redis(connection_pool=aioredis.ConnectionPool(max_connections=1, **kwargs))
+        try:
+            await self._loop(own)
+        finally:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await own.aclose()
+
+    async def _loop(self, own: aioredis.Redis) -> None:
+        while not self.finished.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.idle.wait(), WAKE_BLOCK_S)
+            keys = self.keys()
+            if not self.idle.is_set() or not keys:
+                continue
+            try:
+                token = await own.blpop(list(keys), timeout=WAKE_BLOCK_S)
+            except REDIS_ERRORS as exc:
+                self.on_error(exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.finished.wait(), self.retry_s)
+                continue
+            if token is not None:
+                self.tokens += 1
+                self.on_wake()

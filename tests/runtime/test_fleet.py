@@ -1,0 +1,180 @@
+"""A fleet of dispatcher processes behaves as one: wake-ups reach one dispatcher, work spreads evenly,
+claims are rarely lost, and protected slots hold fleet-wide (checked in the claim, not per process)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from dataclasses import replace
+
+import orjson
+import pytest
+
+from runtime.dispatch import scripts
+from runtime.dispatch.queue import ClaimRequest, QueueOps, lease_member
+from runtime.producer import Producer
+from runtime.valkey.client import connect
+from runtime.wire import groupconfig
+from runtime.wire.contract import ChatCall, Envelope
+from runtime.wire.groupconfig import GroupConfig, PoolConfig
+from runtime.wire.keys import KeySpace
+from simulator.server import SimulatorConfig, SimulatorServer
+from tests.runtime.test_fair_pools import call, fill, start_dispatcher, stop, wait_queued
+
+
+def exit_stats(procs: list[subprocess.Popen]) -> list[dict[str, int]]:
+    """Stops the processes and reads the stats line each prints on exit."""
+    assert stop(procs) == [0] * len(procs)
+    out = []
+    for proc in procs:
+        assert proc.stdout is not None
+        lines = [line for line in proc.stdout.read().splitlines() if line.startswith("stats ")]
+        out.append(orjson.loads(lines[-1].split(" ", 1)[1]))
+    return out
+
+
+@pytest.mark.slow
+async def test_live_wake_ups_reach_one_dispatcher_and_spread_the_work(aredis, keys, valkey_url) -> None:
+    """Producers push one request at a time: each push wakes one idle dispatcher, not all three."""
+    config = GroupConfig(
+        group_id="herd",
+        policy="drr",
+        total_concurrency=3,
+        version=1,
+        pools=(PoolConfig("a", quantum=1, max_concurrent=3), PoolConfig("b", quantum=1, max_concurrent=3)),
+    )
+    async with SimulatorServer(SimulatorConfig()) as sim:
+        await groupconfig.publish(aredis, keys, replace(config, default_endpoint_url=sim.url))
+        procs = [start_dispatcher(valkey_url, keys.prefix, "herd", f"d{i}", concurrency=3) for i in range(3)]
+        try:
+            async with Producer(aredis, keys=keys) as producer:
+
+                async def client(pool_id: str, first: int) -> None:
+                    for i in range(first, first + 100):
+                        await producer.submit(call(pool_id, i, latency_ms=5), pool_id=pool_id, timeout=60)
+
+                clients = [client("a", 0), client("b", 0), client("a", 100), client("b", 100)]
+                await asyncio.wait_for(asyncio.gather(*clients), 90)
+        finally:
+            stats = exit_stats(procs)
+    completed = [s["completed"] for s in stats]
+    lost = sum(s["claim_lost"] for s in stats)
+    assert sum(completed) == 400 and set(sim.calls_by_user.values()) == {1}
+    assert lost / sum(completed) <= 0.1, stats
+    assert all(s["wake_tokens"] > 0 for s in stats), stats  # each woke on tokens, not on polls
+    assert min(completed) >= 400 / 3 * 0.5, f"uneven split {completed}"
+
+
+@pytest.mark.slow
+async def test_protected_slots_hold_fleet_wide_in_every_sample(aredis, keys, valkey_url) -> None:
+    """Three dispatchers; a heavy pool must never take the slots owed to a backlogged protected pool.
+
+    Each 10 ms sample reads the leases and the backlog in one MULTI, so it is an exact instant.
+    """
+    total, protected = 4, 2
+    config = GroupConfig(
+        group_id="guard",
+        policy="drr",
+        total_concurrency=total,
+        version=1,
+        pools=(
+            PoolConfig("bulk", quantum=8, max_concurrent=total),
+            PoolConfig("vip", quantum=1, max_concurrent=total, min_concurrent=protected),
+        ),
+    )
+    violations, samples = [], 0
+    async with SimulatorServer(SimulatorConfig()) as sim:
+        await groupconfig.publish(aredis, keys, replace(config, default_endpoint_url=sim.url))
+        async with Producer(aredis, keys=keys) as producer:
+            # Short protected calls free their slots often; long bulk calls hold a stolen slot long
+            # enough for the 10 ms samples to see it.
+            tasks = await fill(producer, "vip", 400, latency_ms=1)
+            tasks += await fill(producer, "bulk", 600, latency_ms=20)
+            await wait_queued(aredis, keys, "bulk", 600)
+            procs = [
+                start_dispatcher(valkey_url, keys.prefix, "guard", f"d{i}", concurrency=4) for i in range(3)
+            ]
+            try:
+                while await aredis.llen(keys.requests("vip")) > 0:
+                    async with aredis.pipeline(transaction=True) as pipe:
+                        pipe.llen(keys.requests("vip"))
+                        pipe.zcard(keys.pool_inflight("vip"))
+                        pipe.zcard(keys.group_inflight("guard"))
+                        backlog, vip, group = await pipe.execute()
+                    samples += 1
+                    owed = max(0, protected - vip) if backlog else 0
+                    if group + owed > total:
+                        violations.append((backlog, vip, group))
+                    await asyncio.sleep(0.01)
+                await asyncio.wait_for(asyncio.gather(*tasks), 60)
+            finally:
+                exit_stats(procs)
+    assert samples >= 20
+    assert violations == [], f"{len(violations)} of {samples} samples had others in protected slots"
+    assert sim.peak_active <= total
+
+
+async def _queued(aredis, keys, pool_id: str, n: int) -> list[bytes]:
+    raws = [
+        Envelope(
+            request_id=f"{pool_id}-{i}",
+            producer_id="p",
+            pool_id=pool_id,
+            call=ChatCall.from_openai(call(pool_id, i)),
+            enqueued_at=time.time(),
+        ).encode()
+        for i in range(n)
+    ]
+    await aredis.rpush(keys.requests(pool_id), *raws)
+    await aredis.set(keys.producer_alive("p"), b"1", px=60_000)
+    return raws
+
+
+def _launch(pool_id: str, raw: bytes, n: int, **kw: object) -> ClaimRequest:
+    return ClaimRequest(
+        pool_id=pool_id,
+        raw=raw,
+        mode="launch",
+        lease_member=lease_member(pool_id, f"{pool_id}-{n}"),
+        producer_id="p",
+        pool_max=4,
+        group_limit=4,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def test_claim_refuses_a_slot_protected_for_another_backlogged_pool(aredis, keys) -> None:
+    """The claim itself checks the fleet-wide counts: a decision from a stale view cannot steal."""
+    queue = QueueOps(aredis, keys, "g")
+    bulk = await _queued(aredis, keys, "bulk", 4)
+    await _queued(aredis, keys, "vip", 2)
+    guard = (("vip", 2),)
+    claims = [_launch("bulk", raw, i, reserved_for=guard) for i, raw in enumerate(bulk[:3])]
+    results = await queue.claim(claims, lease_s=30)
+    # Two of four slots stay owed to vip (backlogged, nothing running): bulk gets two, then is refused.
+    assert [code for code, _ in results] == [scripts.CLAIMED, scripts.CLAIMED, scripts.CLAIM_RESERVED]
+    vip_raw = (await aredis.lrange(keys.requests("vip"), 0, 0))[0]
+    results = await queue.claim([_launch("vip", vip_raw, 0, protected=2)], lease_s=30)
+    assert results[0][0] == scripts.CLAIMED  # inside its own protected slots
+    assert await aredis.llen(keys.requests("bulk")) == 2
+
+
+async def test_claim_batches_run_by_sha_and_survive_a_script_flush(private_valkey) -> None:
+    """No SCRIPT EXISTS per claim batch (one round trip); after SCRIPT FLUSH the scripts reload."""
+    client = connect(private_valkey.url)
+    keys = KeySpace("t:")
+    try:
+        queue = QueueOps(client, keys, "g")
+        raws = await _queued(client, keys, "a", 3)
+        assert (await queue.claim([_launch("a", raws[0], 0)], lease_s=30))[0][0] == scripts.CLAIMED
+        await client.config_resetstat()
+        assert (await queue.claim([_launch("a", raws[1], 1)], lease_s=30))[0][0] == scripts.CLAIMED
+        stats = await client.info("commandstats")
+        assert not [name for name in stats if name.startswith("cmdstat_script")], stats  # SCRIPT EXISTS|LOAD
+        assert stats["cmdstat_evalsha"]["calls"] == 1, stats
+        await client.script_flush()
+        assert (await queue.claim([_launch("a", raws[2], 2)], lease_s=30))[0][0] == scripts.CLAIMED
+        await queue.observe(["a"], 4)
+    finally:
+        await client.aclose()
