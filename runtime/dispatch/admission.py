@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.dispatch.wakeup import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, wake_lua
 from runtime.errors import QueueFull
 from runtime.policy.admission import DRAIN_WINDOW_S, AdmissionLimits, refusal
 from runtime.wire.keys import KeySpace
@@ -79,12 +80,13 @@ if reason then
 end
 """.replace("RING", str(DRAIN_RING)).replace("WINDOW", str(DRAIN_WINDOW_S))
 
-# The push itself, as the producer's plain push does it: RPUSH and a wake-up for idle dispatchers.
-_PUSH = """
-local n = redis.call('RPUSH', KEYS[1], ARGV[1])
-redis.call('PUBLISH', KEYS[2], '1')
-return {1, n}
-"""
+# The push itself, as the producer's plain PUSH does it: RPUSH, and a wake token for one idle
+# dispatcher when the request made the list non-empty (ARGV[2], ARGV[3]: token cap and TTL).
+_PUSH = (
+    "local n = redis.call('RPUSH', KEYS[1], ARGV[1])\nif n == 1 then\n"
+    + wake_lua("KEYS[2]", "ARGV[2]", "ARGV[3]")
+    + "end\nreturn {1, n}\n"
+)
 
 ADMIT_PUSH = _ADMIT + _PUSH
 
@@ -95,14 +97,14 @@ def admission_args(
     """KEYS and ARGV of :data:`ADMIT_PUSH`."""
     script_keys = [
         keys.requests(pool_id),
-        keys.wake_channel(pool_id),
+        keys.wake_list(pool_id),
         keys.pool_drain(pool_id),
         keys.rejections(),
     ]
     args: list[Any] = [
         raw,
-        "",
-        "",
+        WAKE_TOKEN_CAP,
+        WAKE_TOKEN_TTL_MS,
         "" if limits.max_queued is None else limits.max_queued,
         "" if limits.max_queue_wait_s is None else repr(limits.max_queue_wait_s),
         pool_id,
