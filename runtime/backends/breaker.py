@@ -17,7 +17,9 @@ Typical use::
 
     if breaker.blocked(state, now):                  # before deciding: the pool can't launch
         observation = PoolObservation(..., blocked=SKIP_BREAKER_OPEN)
-    ok, state = breaker.allow(state, now)            # when launching: may consume a probe slot
+    limit = breaker.allowance(state, now)            # before deciding: offer at most this many heads
+    ok, state = breaker.allow(state, now)            # when claiming: may consume a probe slot
+    state = breaker.release(state)                   # the claim failed: give the probe slot back
     ...
     state = breaker.record_success(state, now)       # or record_failure(state, now)
 """
@@ -78,6 +80,29 @@ class Breaker:
         """``"breaker_open"`` if a request would be refused now, else None. Changes nothing."""
         allowed, _ = self.allow(state, now)
         return None if allowed else BLOCKED_REASON
+
+    def allowance(self, state: BreakerState, now: float) -> int | None:
+        """How many more calls may go now: None when closed (no limit), 0 while open, else probes left.
+
+        The dispatcher offers a pool at most this many heads, so it never claims work the breaker
+        would then refuse.
+        """
+        policy = self.policy
+        if state.mode == CLOSED:
+            return None
+        if state.mode == OPEN:
+            return 0 if now < state.since + policy.open_s else policy.half_open_probes
+        left = max(0, policy.half_open_probes - state.probes)
+        if now >= state.since + policy.open_s:
+            return left + policy.half_open_probes  # probes never reported back: then a fresh round
+        return left
+
+    def release(self, state: BreakerState) -> BreakerState:
+        """Gives back a call slot taken by :meth:`allow` for a call that was never made, or whose
+        outcome says nothing about the backend (cut short by the caller's deadline)."""
+        if state.mode != HALF_OPEN or state.probes <= 0:
+            return state
+        return replace(state, probes=state.probes - 1)
 
     def retry_in(self, state: BreakerState, now: float) -> float:
         """Seconds until a request may be let through again (0 when one may go now)."""
