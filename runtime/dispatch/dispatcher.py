@@ -26,6 +26,7 @@ import redis.asyncio as aioredis
 from opentelemetry import trace
 
 from runtime.backends.adapter import BackendPool
+from runtime.backends.fleet import BackendFleet
 from runtime.backends.health import EndpointBreakers
 from runtime.config import DispatcherSettings
 from runtime.dispatch import scripts
@@ -78,8 +79,12 @@ class Dispatcher:
         self.identity = Identity(settings.group_id, settings.gateway_id, settings.dispatcher_id)
         self.stats = DispatcherStats()
         self.breakers = EndpointBreakers(settings.breaker)
+        # Backend rows: load gate, shared breaker and the fleet's scraper (bare endpoint URLs keep
+        # the per-process breakers above).
+        self.fleet = BackendFleet(client, keys, owner_id=settings.dispatcher_id)
         self.executor = Executor(
             queue=self.queue, settings=settings, backends=self.backends, breakers=self.breakers,
+            shared_breakers=self.fleet.breakers,
             stats=self.stats, tracer=self.tracer, identity=self.identity, secrets=dict(secrets or {}),
             store_content=store_content, on_valkey_error=self._valkey_lost,
         )  # fmt: skip
@@ -153,6 +158,7 @@ class Dispatcher:
                     group.create_task(self.waiter.run()),
                     group.create_task(self._renew_leases()),
                     group.create_task(self._publish_snapshots()),
+                    group.create_task(self.fleet.scraper.run(self._finished, on_error=self._valkey_lost)),
                 ]
                 await self._schedule_loop()
                 await self._drain()
@@ -206,6 +212,7 @@ class Dispatcher:
         previous = {p.pool_id for p in self._policy.pools} if self._policy else set()
         self.config = config
         self._policy = config.scheduler_policy()
+        self.fleet.configure(config.backends)
         for gone in previous - {p.pool_id for p in self._policy.pools}:
             self._state.forget(gone)
         self._wake.set()
@@ -290,9 +297,11 @@ class Dispatcher:
             max(self.settings.peek_depth, *(p.max_burst_per_visit for p in policy.pools)) if pool_ids else 1
         )
         holder = self.identity.dispatcher_id if pool_ids else ""
+        await self.fleet.refresh()
         views, self.group_in_flight = await self.queue.observe(
-            pool_ids, depth, take_turn=holder, local_slots=self.settings.concurrency
-        )
+            pool_ids, depth, take_turn=holder, local_slots=self.settings.concurrency,
+            backend_ids=sorted(self.fleet.backends),
+        )  # fmt: skip
         self.last_views = views
         if holder and not self.queue.has_turn:
             self.stats.turn_busy += 1
@@ -308,10 +317,10 @@ class Dispatcher:
                 pool_id=pool_id,
                 backlog=view.backlog,
                 in_flight=view.in_flight,
-                blocked=self.breakers.blocked(self.config.endpoint_for(pool_id)),
+                blocked=self._blocked(pool_id),
                 heads=tuple(
                     scheduler.HeadItem(cost=i.cost, enqueued_at=i.envelope.enqueued_at)
-                    for i in heads
+                    for i in heads[: self._allowance(pool_id)]
                     if i.envelope
                 ),
             )
@@ -346,6 +355,23 @@ class Dispatcher:
         # take every freed slot for the finisher, and the work would not spread over the fleet.
         room = self.group_in_flight + claimed < policy.total_concurrency and free > claimed
         return bool(drops) or (claimed > 0 and room)
+
+    def _backend_id(self, pool_id: str) -> str:
+        backend = self.config.backend_for(pool_id) if self.config else None
+        return backend.backend_id if backend else ""
+
+    def _blocked(self, pool_id: str) -> str | None:
+        """Why the pool's backend takes nothing now (breaker, saturation, cap); None when it may."""
+        backend_id = self._backend_id(pool_id)
+        if backend_id:
+            return self.fleet.blocked(backend_id)
+        assert self.config is not None
+        return self.breakers.blocked(self.config.endpoint_for(pool_id))
+
+    def _allowance(self, pool_id: str) -> int | None:
+        """Most heads offered for the pool: nothing is claimed that its backend would refuse."""
+        backend_id = self._backend_id(pool_id)
+        return self.fleet.allowance(backend_id) if backend_id else None
 
     def _usable_heads(
         self, view: QueueView, now: float, drops: list[tuple[PeekedItem, str]]
@@ -426,6 +452,7 @@ class Dispatcher:
             item = peeked[launch.pool_id][launch.index]
             assert item.envelope is not None
             chosen.append((launch, item))
+            backend_id = self._backend_id(launch.pool_id)
             requests.append(
                 ClaimRequest(
                     pool_id=launch.pool_id,
@@ -437,6 +464,8 @@ class Dispatcher:
                     group_limit=policy.total_concurrency,
                     protected=own.get(launch.pool_id, 0),
                     reserved_for=tuple(p for p in protected if p[0] != launch.pool_id),
+                    backend_id=backend_id,
+                    backend_limit=self.fleet.limit(backend_id) if backend_id else None,
                 )
             )
         results = await self.queue.claim(requests, self.settings.lease_s, end_turn=end_turn)
@@ -466,13 +495,15 @@ class Dispatcher:
             )
         elif code in (scripts.CLAIM_POOL_CAP, scripts.CLAIM_GROUP_CAP, scripts.CLAIM_RESERVED):
             self.stats.skips[(launch.pool_id, code)] += 1
+        elif code == scripts.CLAIM_BACKEND_CAP:
+            self.stats.skips[(launch.pool_id, self.fleet.skip_reason(request.backend_id))] += 1
         else:
             self._peek.forget(item.raw)
             self.stats.claim_lost += 1
 
     # --- execution --------------------------------------------------------------------------------
     def _start(self, envelope: Envelope, pool_id: str, member: str, cost: int) -> None:
-        running = Running(envelope, pool_id, member, cost, time.time())
+        running = Running(envelope, pool_id, member, cost, time.time(), backend_id=self._backend_id(pool_id))
         self.running[envelope.request_id] = running
         self.stats.launched_by_pool[pool_id] += 1
         self.stats.cost_by_pool[pool_id] += cost
@@ -523,7 +554,7 @@ class Dispatcher:
 
     async def _renew_leases(self) -> None:
         while not await self._pause(self.settings.lease_s / 3):
-            leases = [(r.pool_id, r.member) for r in list(self.running.values())]
+            leases = [(r.pool_id, r.member, r.backend_id) for r in list(self.running.values())]
             try:
                 await self.queue.renew(leases, self.settings.lease_s)
             except REDIS_ERRORS as exc:

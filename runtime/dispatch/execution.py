@@ -19,6 +19,7 @@ from opentelemetry import trace
 from runtime.backends.adapter import BackendPool, Completion, OpenAIBackend
 from runtime.backends.health import EndpointBreakers
 from runtime.backends.redact import redact_url
+from runtime.backends.shared_breaker import SharedBreakers
 from runtime.config import DispatcherSettings
 from runtime.dispatch.queue import QueueOps
 from runtime.dispatch.stats import DROP_REPLY_PRODUCER_GONE, DROP_REPLY_UNDELIVERED, DispatcherStats
@@ -47,6 +48,7 @@ class Running:
     cost: int
     started_at: float
     stage: str = "executing"
+    backend_id: str = ""  # the backend row the call goes to ("" for a bare endpoint URL)
 
 
 class Executor:
@@ -59,6 +61,7 @@ class Executor:
         settings: DispatcherSettings,
         backends: BackendPool,
         breakers: EndpointBreakers,
+        shared_breakers: SharedBreakers | None = None,
         stats: DispatcherStats,
         tracer: trace.Tracer,
         identity: Identity,
@@ -70,6 +73,7 @@ class Executor:
         self.settings = settings
         self.backends = backends
         self.breakers = breakers
+        self.shared_breakers = shared_breakers
         self.stats = stats
         self.tracer = tracer
         self.identity = identity
@@ -102,7 +106,7 @@ class Executor:
         error: DispatchError | None = None
         summary = StreamSummary() if envelope.stream is not None else None
         try:
-            completion = await self._call_backend(envelope, endpoint, config, summary)
+            completion = await self._call_backend(envelope, endpoint, config, summary, run.backend_id)
         except DispatchError as exc:
             error = exc
         except asyncio.CancelledError:
@@ -141,18 +145,31 @@ class Executor:
         ).encode()
 
     async def _call_backend(
-        self, envelope: Envelope, endpoint: str, config: GroupConfig, summary: StreamSummary | None = None
+        self,
+        envelope: Envelope,
+        endpoint: str,
+        config: GroupConfig,
+        summary: StreamSummary | None = None,
+        backend_id: str = "",
     ) -> Completion:
-        timeout = self.settings.backend_timeout_s
+        row = config.backend(backend_id) if backend_id else None
+        timeout = (
+            self.settings.backend_timeout_s
+            if row is None
+            else min(self.settings.backend_timeout_s, row.timeout_s)
+        )
         if envelope.deadline is not None:
             timeout = min(timeout, envelope.deadline - time.time())
             if timeout <= 0:
                 raise RequestExpired(f"request {envelope.request_id} expired before its call started")
         if not endpoint:
             raise Rejected(f"fabric group {config.group_id} has no endpoint for pool {envelope.pool_id}")
-        api_key = self.secrets.get(config.api_key_env) if config.api_key_env else None
+        key_env = row.api_key_env if row is not None else config.api_key_env
+        api_key = self.secrets.get(key_env) if key_env else None
         backend = self.backends.get(endpoint, api_key)
-        if not self.breakers.acquire(endpoint):
+        shared = self.shared_breakers if row is not None else None
+        allowed = await self._acquire(shared, backend_id, endpoint)
+        if not allowed:
             raise BreakerOpen(f"the circuit breaker of {redact_url(endpoint)} is open")
         try:
             call = (
@@ -162,10 +179,31 @@ class Executor:
             )
             completion = await self._cancellable(envelope.request_id, call)
         except DispatchError as exc:
-            self.breakers.record(endpoint, exc)
+            await self._record_outcome(shared, backend_id, endpoint, exc)
             raise
-        self.breakers.record(endpoint, None)
+        await self._record_outcome(shared, backend_id, endpoint, None)
         return completion
+
+    async def _acquire(self, shared: SharedBreakers | None, backend_id: str, endpoint: str) -> bool:
+        if shared is None:
+            return self.breakers.acquire(endpoint)
+        try:
+            return await shared.acquire(backend_id)
+        except REDIS_ERRORS as exc:  # Valkey away: the call itself may still work, let it try
+            self.on_valkey_error(exc)
+            return True
+
+    async def _record_outcome(
+        self, shared: SharedBreakers | None, backend_id: str, endpoint: str, error: DispatchError | None
+    ) -> None:
+        """The call's outcome for its breaker: the fleet's shared one for a backend row."""
+        if shared is None:
+            self.breakers.record(endpoint, error)
+            return
+        try:
+            await shared.record(backend_id, error)
+        except REDIS_ERRORS as exc:  # the call's reply matters more than the breaker's bookkeeping
+            self.on_valkey_error(exc)
 
     async def _stream(
         self, backend: OpenAIBackend, envelope: Envelope, timeout: float, summary: StreamSummary
@@ -205,6 +243,7 @@ class Executor:
                     reply=reply,
                     reply_ttl_s=self.settings.reply_ttl_s,
                     group_pools=group_pools,
+                    backend_id=run.backend_id,
                 )
             except REDIS_ERRORS as exc:
                 self.on_valkey_error(exc)

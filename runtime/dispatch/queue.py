@@ -43,6 +43,8 @@ class ClaimRequest:
     protected: int = 0  # this pool's protected slots (min concurrent)
     # The group's other protected pools that may claim their slots: (pool id, protected slots).
     reserved_for: tuple[tuple[str, int], ...] = ()
+    backend_id: str = ""  # the backend row the call goes to ("" for a bare endpoint URL)
+    backend_limit: int | None = None  # its fleet-wide in-flight limit now (None: not checked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +93,13 @@ class QueueOps:
         self.has_turn = False  # whether the last observe took the group's scheduling turn
 
     async def observe(
-        self, pool_ids: Sequence[str], depth: int, *, take_turn: str = "", local_slots: int = 0
+        self,
+        pool_ids: Sequence[str],
+        depth: int,
+        *,
+        take_turn: str = "",
+        local_slots: int = 0,
+        backend_ids: Sequence[str] = (),
     ) -> tuple[dict[str, QueueView], int]:
         """Backlog, the first ``depth`` items and global in-flight of each pool, and the group's in-flight.
 
@@ -111,7 +119,12 @@ class QueueOps:
                     [take_turn, turn.TURN_LEASE_MS, turn.FLEET_MEMBER_S, f"{take_turn} {local_slots}"],
                 )
             if reap:
-                self._reap.queue(pipe, [self._group_inflight, *map(self.keys.pool_inflight, pool_ids)], [])
+                leases = [
+                    self._group_inflight,
+                    *map(self.keys.pool_inflight, pool_ids),
+                    *map(self.keys.backend_inflight, backend_ids),
+                ]
+                self._reap.queue(pipe, leases, [])
             for pool_id in pool_ids:
                 queue = self.keys.requests(pool_id)
                 pipe.llen(queue)
@@ -155,6 +168,8 @@ class QueueOps:
                     self._group_inflight,
                     self.keys.pool_inflight(req.pool_id),
                     self.keys.producer_alive(req.producer_id),
+                    self.keys.backend_inflight(req.backend_id),
+                    self.keys.pool_drain(req.pool_id),
                 ]
                 args: list[object] = [
                     item_digest(req.raw),
@@ -164,6 +179,7 @@ class QueueOps:
                     req.pool_max,
                     req.group_limit,
                     req.protected,
+                    "" if req.backend_limit is None else req.backend_limit,
                 ]
                 for other, slots in req.reserved_for:
                     keys += [self.keys.requests(other), self.keys.pool_inflight(other)]
@@ -191,6 +207,7 @@ class QueueOps:
         reply: bytes,
         reply_ttl_s: float,
         group_pools: Sequence[str] = (),
+        backend_id: str = "",
     ) -> bool:
         """Releases the lease and delivers the reply if the producer is alive; False if it was dropped.
 
@@ -203,21 +220,25 @@ class QueueOps:
                 self._group_inflight,
                 self.keys.pool_inflight(pool_id),
                 self.keys.wake_list(pool_id),
+                self.keys.backend_inflight(backend_id),
                 *map(self.keys.requests, group_pools),
             ],
             args=[reply, int(reply_ttl_s * 1000), member, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
         )
         return bool(int(delivered))
 
-    async def renew(self, leases: Sequence[tuple[str, str]], lease_s: float) -> None:
-        """Extends the leases (pool id, member) this dispatcher still holds."""
+    async def renew(self, leases: Sequence[tuple[str, str, str]], lease_s: float) -> None:
+        """Extends the leases (pool id, member, backend id) this dispatcher still holds."""
         if not leases:
             return
 
         def build(pipe: Any) -> None:
-            for pool_id, member in leases:
-                self._renew.queue(
-                    pipe, [self._group_inflight, self.keys.pool_inflight(pool_id)], [lease_s, member]
-                )
+            for pool_id, member, backend_id in leases:
+                zsets = [
+                    self._group_inflight,
+                    self.keys.pool_inflight(pool_id),
+                    self.keys.backend_inflight(backend_id),
+                ]
+                self._renew.queue(pipe, zsets, [lease_s, member])
 
         await run_pipeline(self.client, [self._renew], build)

@@ -9,16 +9,22 @@ the same step; a drop just removes the item.
 
 from __future__ import annotations
 
+from runtime.dispatch.admission import drain_lua
 from runtime.dispatch.wakeup import wake_lua
 
-# KEYS: requests list, group lease zset, pool lease zset, producer alive key,
-#       then per other protected pool: its requests list, its pool lease zset
+# KEYS: requests list, group lease zset, pool lease zset, producer alive key, backend lease zset,
+#       pool drain hash, then per other protected pool: its requests list, its pool lease zset
 # ARGV: expected sha1, mode ("launch" | "drop"), lease member, lease seconds, pool max, group limit,
-#       this pool's protected slots, then per other protected pool: its protected slots
+#       this pool's protected slots, backend in-flight limit ('' = none: no backend row), then per
+#       other protected pool: its protected slots
+# The backend's limit (max_in_flight, or less while the load gate holds work) is checked against
+# the backend's fleet-wide leases, across every group that uses it. A request that leaves the queue
+# (launched or dropped) is counted in the pool's drain ring, which admission control reads.
 # Returns {code, in_flight_of_pool}; code is one of the CLAIM_* strings below.
 # Protected slots as in the scheduler: outside its own protected slots a pool may take a group slot
 # only if the slots still owed to the other backlogged protected pools stay free.
-CLAIM = """
+CLAIM = (
+    """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
@@ -28,6 +34,9 @@ if not head then return {'moved', 0} end
 if redis.sha1hex(head) ~= ARGV[1] then return {'moved', 0} end
 if ARGV[2] == 'drop' then
   redis.call('LPOP', KEYS[1])
+"""
+    + drain_lua("KEYS[6]")
+    + """
   return {'dropped', 0}
 end
 if redis.call('EXISTS', KEYS[4]) == 0 then
@@ -39,22 +48,32 @@ if in_pool >= tonumber(ARGV[5]) then return {'pool_cap', in_pool} end
 local in_group = redis.call('ZCARD', KEYS[2])
 local limit = tonumber(ARGV[6])
 if in_group >= limit then return {'group_cap', in_pool} end
-if #KEYS > 4 and in_pool >= tonumber(ARGV[7]) then
+if #KEYS > 6 and in_pool >= tonumber(ARGV[7]) then
   local reserved = 0
-  for i = 5, #KEYS, 2 do
+  for i = 7, #KEYS, 2 do
     if redis.call('LLEN', KEYS[i]) > 0 then
-      local owed = tonumber(ARGV[8 + (i - 5) / 2]) - redis.call('ZCARD', KEYS[i + 1])
+      local owed = tonumber(ARGV[9 + (i - 7) / 2]) - redis.call('ZCARD', KEYS[i + 1])
       if owed > 0 then reserved = reserved + owed end
     end
   end
   if in_group >= limit - reserved then return {'reserved', in_pool} end
 end
+local backend_limit = tonumber(ARGV[8])
+if backend_limit then
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+  if redis.call('ZCARD', KEYS[5]) >= backend_limit then return {'backend_cap', in_pool} end
+end
 local expiry = now + tonumber(ARGV[4])
 redis.call('ZADD', KEYS[2], expiry, ARGV[3])
 redis.call('ZADD', KEYS[3], expiry, ARGV[3])
+if backend_limit then redis.call('ZADD', KEYS[5], expiry, ARGV[3]) end
 redis.call('LPOP', KEYS[1])
+"""
+    + drain_lua("KEYS[6]")
+    + """
 return {'claimed', in_pool + 1}
 """
+)
 CLAIMED = "claimed"
 CLAIM_MOVED = "moved"
 CLAIM_DROPPED = "dropped"
@@ -62,9 +81,10 @@ CLAIM_PRODUCER_GONE = "producer_gone"
 CLAIM_POOL_CAP = "pool_cap"
 CLAIM_GROUP_CAP = "group_cap"
 CLAIM_RESERVED = "reserved"
+CLAIM_BACKEND_CAP = "backend_cap"  # the backend's in-flight limit; the dispatcher names the reason
 
 # KEYS: producer alive key, replies list, group lease zset, pool lease zset, pool wake list,
-#       then the requests list of every pool of the group
+#       backend lease zset, then the requests list of every pool of the group
 # ARGV: reply bytes (empty: release only), reply list TTL ms, lease member, wake token cap, token TTL ms
 # Returns 1 when the reply was delivered, 0 when the producer is gone (reply dropped).
 # While the group has backlog, the freed slot wakes one idle dispatcher of the group (the one
@@ -73,7 +93,8 @@ FINISH = (
     """
 redis.call('ZREM', KEYS[3], ARGV[3])
 redis.call('ZREM', KEYS[4], ARGV[3])
-for i = 6, #KEYS do
+redis.call('ZREM', KEYS[6], ARGV[3])
+for i = 7, #KEYS do
   if redis.call('LLEN', KEYS[i]) > 0 then
 """
     + wake_lua("KEYS[5]", "ARGV[4]", "ARGV[5]")
@@ -89,17 +110,18 @@ return 1
 """
 )
 
-# KEYS: group lease zset, pool lease zset; ARGV: new expiry offset seconds, member
+# KEYS: group lease zset, pool lease zset, backend lease zset; ARGV: new expiry offset seconds, member
 # Extends a lease only if it still exists (XX), so a lease reaped after expiry is not revived.
 RENEW = """
 local t = redis.call('TIME')
 local expiry = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[1])
 redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[2])
 redis.call('ZADD', KEYS[2], 'XX', expiry, ARGV[2])
+redis.call('ZADD', KEYS[3], 'XX', expiry, ARGV[2])
 return 1
 """
 
-# KEYS: the group lease zset and every pool lease zset of the group
+# KEYS: the group lease zset, every pool lease zset of the group and its backends' lease zsets
 # Drops leases past their expiry (a killed dispatcher's), so observation counts only live ones.
 REAP = """
 local t = redis.call('TIME')
