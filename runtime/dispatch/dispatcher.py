@@ -320,7 +320,7 @@ class Dispatcher:
                 blocked=self._blocked(pool_id),
                 heads=tuple(
                     scheduler.HeadItem(cost=i.cost, enqueued_at=i.envelope.enqueued_at)
-                    for i in heads[: self._allowance(pool_id)]
+                    for i in heads[: self._allowance(pool_id) or None]
                     if i.envelope
                 ),
             )
@@ -369,7 +369,8 @@ class Dispatcher:
         return self.breakers.blocked(self.config.endpoint_for(pool_id))
 
     def _allowance(self, pool_id: str) -> int | None:
-        """Most heads offered for the pool: nothing is claimed that its backend would refuse."""
+        """Most heads offered for the pool: nothing is claimed that its backend would refuse. (At 0 the
+        pool is blocked, and its heads stay offered so the scheduler counts the reason it skips it.)"""
         backend_id = self._backend_id(pool_id)
         return self.fleet.allowance(backend_id) if backend_id else None
 

@@ -84,10 +84,12 @@ class GroupConfig:
         )
 
     def endpoint_for(self, pool_id: str) -> str:
-        for pool in self.pools:
-            if pool.pool_id == pool_id and pool.endpoint_url:
-                return pool.endpoint_url
-        return self.default_endpoint_url
+        """The pool's URL: as published, else its backend's, else the group's default."""
+        pool = self.pool(pool_id)
+        if pool is not None and pool.endpoint_url:
+            return pool.endpoint_url
+        backend = self.backend_for(pool_id)
+        return backend.base_url if backend is not None else self.default_endpoint_url
 
     def backend_for(self, pool_id: str) -> BackendConfig | None:
         """The backend a pool's calls go to: its own, else the group's; None for a bare-URL config."""
