@@ -154,8 +154,6 @@ class PoolAdmin(admin.ModelAdmin):
         "min_concurrent",
         "max_concurrent",
         "max_burst_per_visit",
-        "max_queued",
-        "backend",
         "state",
         "queued",
         "sort_order",
