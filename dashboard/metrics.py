@@ -47,6 +47,17 @@ class _Families:
             f"{PREFIX}_skips", "Scheduler skips by reason, live dispatchers", labels=[*GP, "reason"]
         )
         self.launched = c(f"{PREFIX}_launched", "Requests launched, live dispatchers", labels=GP)
+        self.lost_in_flight = c(
+            f"{PREFIX}_lost_in_flight",
+            "Calls lost with a dispatcher that died (lease expired), counted by live dispatchers",
+            labels=GP,
+        )
+        self.internal_errors = c(
+            f"{PREFIX}_internal_errors", "Unexpected errors a dispatcher caught and survived", labels=GR
+        )
+        self.config_rejected = c(
+            f"{PREFIX}_config_rejected", "Published configurations a dispatcher refused", labels=GR
+        )
         self.completions = c(f"{PREFIX}_completions", "Completed calls", labels=GR)
         self.failures = c(f"{PREFIX}_failures", "Failed calls by error type", labels=[*GR, "error_type"])
         self.drops = c(f"{PREFIX}_drops", "Dropped requests or replies by reason", labels=[*GR, "reason"])
@@ -112,8 +123,11 @@ class _Families:
                 self.skips.add_metric([*labels, reason], int(count))
             self.launched.add_metric(labels, int(pool.get("launched") or 0))
             self.add_rejections(labels, pool.get("rejected", {}))
+            self.lost_in_flight.add_metric(labels, int(pool.get("lost_in_flight") or 0))
         totals = view["totals"]
         self.completions.add_metric([group], int(totals["completed"]))
+        self.internal_errors.add_metric([group], int(totals.get("internal_error", 0)))
+        self.config_rejected.add_metric([group], int(totals.get("config_rejected", 0)))
         for error_type, count in totals["failed"].items():
             self.failures.add_metric([group, error_type], count)
         for reason, count in totals["dropped"].items():

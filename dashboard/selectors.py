@@ -20,7 +20,9 @@ import redis
 from pools.connections import VALKEY_ERRORS, key_space, sync_client
 from runtime.backends.status import queue_reads, status_from_replies
 from runtime.dispatch.stats import (
+    DROP_DUPLICATE,
     DROP_EXPIRED,
+    DROP_LOST_IN_FLIGHT,
     DROP_MALFORMED,
     DROP_PRODUCER_GONE,
     DROP_REASONS,
@@ -60,6 +62,10 @@ def _sum_counts(target: Counter[str], counts: Mapping[str, Any] | None) -> None:
         target[name] += int(value)
 
 
+# Per-pool counts each dispatcher keeps for itself: the group's figure is their sum.
+PER_DISPATCHER_COUNTS = ("lost_in_flight",)
+
+
 def _merge_pools(ordered: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per pool: shared figures from the freshest snapshot, per-dispatcher figures summed or listed."""
     pools: dict[str, dict[str, Any]] = {}
@@ -73,9 +79,13 @@ def _merge_pools(ordered: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     k: v
                     for k, v in pool.items()
                     if k not in ("skips", "in_flight_local", "deficit", "launched", "cost_dispatched")
+                    and k not in PER_DISPATCHER_COUNTS
                 }
                 merged.update(skips=Counter(), in_flight_local=0, deficit={}, launched=0, cost_dispatched=0)
+                merged.update(dict.fromkeys(PER_DISPATCHER_COUNTS, 0))
                 pools[pool_id] = merged
+            for name in PER_DISPATCHER_COUNTS:
+                merged[name] += int(pool.get(name, 0))
             _sum_counts(merged["skips"], pool.get("skips"))
             merged["in_flight_local"] += int(pool.get("in_flight_local", 0))
             merged["launched"] += int(pool.get("launched", 0))
@@ -104,6 +114,8 @@ def _dispatcher_row(snap: Mapping[str, Any], now: float) -> dict[str, Any]:
         "failed": dict(snap.get("failed") or {}),
         "failed_total": sum(int(v) for v in (snap.get("failed") or {}).values()),
         "dropped": dict(snap.get("dropped") or {}),
+        "internal_errors": int(snap.get("internal_errors", 0)),
+        "config_rejected": int(snap.get("config_rejected", 0)),
         "config_version": snap.get("config_version"),
         "at": snap.get("at"),
         "age_s": round(max(0.0, now - float(snap.get("at", 0))), 1),
@@ -189,6 +201,10 @@ def with_configured_pools(
     return {**view, "pools": merged, "queued": sum(int(p.get("queue_depth") or 0) for p in merged)}
 
 
+# Counters without a detail part; those past the first two appear only once a dispatcher counted one.
+PLAIN_COUNTERS = ("completed", "valkey_outages", "internal_error", "config_rejected")
+
+
 def counter_totals(raw: Mapping[Any, Any]) -> dict[str, Any]:
     """The group's cumulative counter hash (``completed``, ``failed:<type>``, ``dropped:<reason>``)."""
     totals: dict[str, Any] = {"completed": 0, "failed": {}, "dropped": {}, "valkey_outages": 0}
@@ -198,7 +214,7 @@ def counter_totals(raw: Mapping[Any, Any]) -> dict[str, Any]:
         kind, _, detail = name.partition(":")
         if kind in ("failed", "dropped") and detail:
             totals[kind][detail] = count
-        elif kind in ("completed", "valkey_outages"):
+        elif kind in PLAIN_COUNTERS:
             totals[kind] = count
     totals["failed"] = dict(sorted(totals["failed"].items()))
     totals["dropped"] = dict(sorted(totals["dropped"].items()))
@@ -237,13 +253,13 @@ DROP_REASON_TEXT: dict[str, Reason] = {
         label="Reply undelivered (Valkey)",
         explanation="Valkey failed while the reply was being written for the producer.",
     ),
-    "lost_in_flight": Reason(
+    DROP_LOST_IN_FLIGHT: Reason(
         label="Lost in flight",
         explanation="A running call's lease expired (its dispatcher died or stalled): the call is lost.",
     ),
-    "duplicate": Reason(
-        label="Duplicate",
-        explanation="A request id that was already handled arrived again; the copy was not executed.",
+    DROP_DUPLICATE: Reason(
+        label="Duplicate of a running request",
+        explanation="A copy of a request already running in its pool arrived: removed, not executed.",
     ),
     "internal_error": Reason(
         label="Internal error",

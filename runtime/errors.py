@@ -18,6 +18,8 @@ a stable ``error_type`` string: replies, counters and ClickHouse rows use that s
     ├── QueueUnavailable               retryable: Valkey cannot be reached
     ├── RequestTimeout                 the producer gave up waiting for its reply
     ├── RequestExpired                 the deadline passed before the request left its queue
+    ├── DeadlineExceeded               the caller's deadline cut the backend call short (not the
+    │                                  backend's fault: never a breaker event)
     ├── ProducerClosed                 submit on a closed producer, or closed while waiting
     ├── Cancelled                      the producer withdrew the request (its caller went away)
     └── Rejected                       refused by policy (queueing disabled, admission control)
@@ -128,6 +130,12 @@ class RequestExpired(DispatchError):
     """The request's deadline passed before it left its queue; it was not executed."""
 
     error_type = "expired"
+
+
+class DeadlineExceeded(DispatchError):
+    """The call ran out of the caller's time: its deadline, shorter than the backend timeout, passed."""
+
+    error_type = "deadline_exceeded"
 
 
 class ProducerClosed(DispatchError):

@@ -29,6 +29,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from redis.commands.core import AsyncScript
 
 from runtime.backends.adapter import BackendPool, OpenAIBackend
+from runtime.backoff import Backoff
 from runtime.config import ProducerSettings
 from runtime.dispatch.admission import ADMIT_PUSH, admit_and_push
 from runtime.dispatch.wakeup import PUSH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
@@ -63,6 +64,7 @@ log = logging.getLogger(__name__)
 _propagator = TraceContextTextMapPropagator()
 _T = TypeVar("_T")
 _WAKE_SENTINEL = b"\x00wake"
+PUMP_BACKOFF_S = (0.1, 5.0)  # the reply pump's pause after losing Valkey: first and longest
 
 
 @dataclass(frozen=True, slots=True)
@@ -522,7 +524,7 @@ class Producer:
                 log.warning("producer %s could not refresh liveness: %s", self.producer_id, exc)
 
     async def _pump_replies(self) -> None:
-        backoff = 0.1
+        backoff = Backoff(*PUMP_BACKOFF_S)
         while not self._closed:
             try:
                 popped = await self.client.blpop([self._reply_key], timeout=1)
@@ -532,17 +534,14 @@ class Producer:
                 more = await self.client.lpop(self._reply_key, 512)
                 if isinstance(more, list):
                     batch.extend(more)
-                backoff = 0.1
+                backoff.reset()
             except REDIS_ERRORS as exc:
                 self.stats.pump_reconnects += 1
+                pause = backoff.next()
                 log.warning(
-                    "producer %s reply pump lost Valkey (%s); retrying in %.1fs",
-                    self.producer_id,
-                    exc,
-                    backoff,
+                    "producer %s reply pump lost Valkey (%s); retrying in %.1fs", self.producer_id, exc, pause
                 )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                await asyncio.sleep(pause)
                 continue
             for raw in batch:
                 self._deliver(raw)

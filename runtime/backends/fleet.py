@@ -6,21 +6,31 @@ load, shared breaker state and the fleet's in-flight leases to it, and turns the
 the dispatcher asks :meth:`blocked` (a skip reason for the backend's pools) and :meth:`allowance`
 (how many heads a pool on it may be offered); its claim script then enforces :meth:`limit`
 atomically across the fleet.
+
+It is also the one place the dispatcher asks about breakers: a pool on a backend row uses the
+fleet's shared breaker, a pool with a bare endpoint URL (no backend row) this process's own
+:class:`~runtime.backends.health.EndpointBreakers`.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
 
 from runtime.backends.gate import SKIP_BACKEND_CAP
+from runtime.backends.health import EndpointBreakers
 from runtime.backends.scraper import SCRAPE_INTERVAL_S, BackendScraper
 from runtime.backends.shared_breaker import SharedBreakers
 from runtime.backends.status import BackendStatus, queue_reads, status_from_replies
+from runtime.errors import DispatchError
+from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.keys import KeySpace
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BackendFleet"]
 
@@ -32,12 +42,15 @@ class BackendFleet:
         keys: KeySpace,
         *,
         owner_id: str,
+        local: EndpointBreakers,
         clock: Callable[[], float] = time.time,
         scrape_interval_s: float = SCRAPE_INTERVAL_S,
     ) -> None:
+        """``local``: the process's breakers of bare endpoint URLs."""
         self.client = client
         self.keys = keys
         self.clock = clock
+        self.local = local
         self.breakers = SharedBreakers(client, keys, clock=clock)
         self.scraper = BackendScraper(client, keys, owner_id=owner_id, interval_s=scrape_interval_s)
         self.backends: dict[str, BackendConfig] = {}
@@ -110,3 +123,42 @@ class BackendFleet:
             }
             for b, s in sorted(self.statuses.items())
         }
+
+    # --- breakers, shared (backend rows) or local (bare URLs) ---------------------------------------
+    def refusal(self, backend_id: str, endpoint: str) -> str | None:
+        """Why a pool cannot launch now because of its backend, or None."""
+        return self.blocked(backend_id) if backend_id else self.local.blocked(endpoint)
+
+    def room(self, backend_id: str, endpoint: str) -> int | None:
+        """Most calls a pool may launch now because of its backend (None: no limit)."""
+        return self.allowance(backend_id) if backend_id else self.local.allowance(endpoint)
+
+    async def acquire(self, backend_id: str, endpoint: str) -> bool:
+        """Right before claiming a call: False when its breaker refuses it (may take a probe slot)."""
+        if not backend_id:
+            return self.local.acquire(endpoint)
+        try:
+            return await self.breakers.acquire(backend_id)
+        except REDIS_ERRORS as exc:  # the claim itself needs Valkey and will say so
+            log.warning("backend %s: shared breaker unreadable (%s)", backend_id, exc)
+            return True
+
+    async def release(self, backend_id: str, endpoint: str) -> None:
+        """Gives back a breaker slot taken for a call that did not happen."""
+        if not backend_id:
+            self.local.release(endpoint)
+            return
+        try:
+            await self.breakers.release(backend_id)
+        except REDIS_ERRORS as exc:
+            log.warning("backend %s: shared breaker slot not given back (%s)", backend_id, exc)
+
+    async def record(self, backend_id: str, endpoint: str, error: DispatchError | None) -> None:
+        """A call's outcome for its breaker (a deadline cut gives the slot back)."""
+        if not backend_id:
+            self.local.record(endpoint, error)
+            return
+        try:
+            await self.breakers.record(backend_id, error)
+        except REDIS_ERRORS as exc:  # the call's reply matters more than the breaker's bookkeeping
+            log.warning("backend %s: outcome not recorded in the shared breaker (%s)", backend_id, exc)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from runtime.backends.breaker import Breaker, BreakerPolicy, BreakerState
 from runtime.backends.redact import redact_url
-from runtime.errors import DispatchError
+from runtime.errors import DeadlineExceeded, DispatchError
 
 
 class EndpointBreakers:
@@ -29,16 +29,30 @@ class EndpointBreakers:
         state = self._states.get(url)
         return None if state is None else self.breaker.blocked(state, self.clock())
 
+    def allowance(self, url: str) -> int | None:
+        """How many calls may go to this URL now (None: no limit); see :meth:`Breaker.allowance`."""
+        state = self._states.get(url)
+        return None if state is None else self.breaker.allowance(state, self.clock())
+
+    def release(self, url: str) -> None:
+        """Gives back a slot taken by :meth:`acquire` for a call that did not happen."""
+        state = self._states.get(url)
+        if state is not None:
+            self._states[url] = self.breaker.release(state)
+
     def acquire(self, url: str) -> bool:
         """Called right before a real call: False means the breaker refuses it (it may take a probe slot)."""
         allowed, self._states[url] = self.breaker.allow(self._states.get(url, BreakerState()), self.clock())
         return allowed
 
     def record(self, url: str, error: DispatchError | None) -> None:
-        """Only retryable backend failures count against a backend; a bad request is the caller's fault."""
+        """Only retryable backend failures count against a backend; a bad request is the caller's fault,
+        and a call cut short by the caller's deadline says nothing about the backend."""
         state = self._states.get(url, BreakerState())
         if error is None:
             self._states[url] = self.breaker.record_success(state, self.clock())
+        elif isinstance(error, DeadlineExceeded):
+            self._states[url] = self.breaker.release(state)
         elif error.retryable:
             self._states[url] = self.breaker.record_failure(state, self.clock())
 

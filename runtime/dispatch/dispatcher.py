@@ -1,21 +1,31 @@
 """The dispatcher engine: one process of a fabric group, started by ``manage.py rundispatcher``.
 
-Each scheduling round observes every pool of the group in one pipeline, decodes the peeked heads,
-asks the pure scheduler (:func:`runtime.policy.scheduler.decide`) which heads may launch, and claims exactly
-those with an atomic script (digest match, producer liveness, hard caps, in-flight lease). Each
-claimed request runs in its own task and frees its slot the moment its own call ends. Nothing is
-popped that cannot launch, so refused work stays visibly queued.
+Each scheduling round observes every pool of the group in one pipeline (reading heads only of pools
+that could launch: :mod:`runtime.policy.reads`), decodes the peeked heads, asks the pure scheduler
+(:func:`runtime.policy.scheduler.decide`) which heads may launch, and claims exactly those with an
+atomic script (digest match, duplicates, producer liveness, hard caps, in-flight lease and its
+record). Each claimed request runs in its own task and frees its slot the moment its own call ends.
+Nothing is popped that cannot launch (a half-open breaker is offered only its probe slots), so
+refused work stays visibly queued.
 
-Failures are explicit and counted (see :mod:`runtime.dispatch.stats`): malformed items, producers gone before
-execution or before the reply, expired deadlines, backend errors by type. Valkey outages are
-survived with capped exponential backoff; SIGTERM/SIGINT stop taking work, let in-flight calls
-finish within the grace period, reply, and return.
+A fleet of dispatchers in one group behaves as one: a round runs only in the group's scheduling turn
+(:mod:`runtime.dispatch.turn`, taken in the observe pipeline and given back in the claim pipeline),
+each dispatcher keeps to its share of the group's slots, the claim checks the protected slots owed
+to the group's other pools, and idle dispatchers wait for wake tokens (:mod:`runtime.dispatch.wakeup`).
+
+Failures are explicit and counted (see :mod:`runtime.dispatch.stats`): malformed items, producers
+gone before execution or before the reply, expired deadlines, duplicates, calls lost with a dead
+dispatcher, backend errors by type, refused configurations. No exception ends the process: a round
+that fails is logged and counted as ``internal_error`` (a claimed request it could not start gets an
+error reply). Valkey outages are survived with jittered exponential backoff; SIGTERM/SIGINT stop
+taking work, let in-flight calls finish within the grace period, reply, and return.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import time
@@ -26,29 +36,44 @@ import redis.asyncio as aioredis
 from opentelemetry import trace
 
 from runtime.backends.adapter import BackendPool
+from runtime.backends.breaker import BLOCKED_REASON
 from runtime.backends.fleet import BackendFleet
+from runtime.backends.gate import SKIP_BACKEND_CAP, SKIP_BACKEND_SATURATED
 from runtime.backends.health import EndpointBreakers
+from runtime.backoff import Backoff
 from runtime.config import DispatcherSettings
 from runtime.dispatch import scripts
+from runtime.dispatch.drops import DropRecorder
 from runtime.dispatch.execution import Executor, Running
+from runtime.dispatch.leases import LeaseRecord
 from runtime.dispatch.listener import ChangeListener
-from runtime.dispatch.peek import PeekCache, PeekedItem
+from runtime.dispatch.peek import PeekCache, PeekedItem, usable_heads
 from runtime.dispatch.queue import ClaimRequest, QueueOps, QueueView, TurnEnd, lease_member
 from runtime.dispatch.snapshot import SnapshotPublisher, SnapshotSink, build_snapshot
-from runtime.dispatch.stats import DROP_EXPIRED, DROP_MALFORMED, DROP_PRODUCER_GONE, DispatcherStats
+from runtime.dispatch.stats import (
+    DROP_DUPLICATE,
+    DROP_PRODUCER_GONE,
+    DispatcherStats,
+)
 from runtime.dispatch.wakeup import WakeWaiter
-from runtime.errors import DispatchError, RequestExpired
+from runtime.errors import DispatchError
 from runtime.policy import scheduler
-from runtime.telemetry.spans import Identity, Outcome, record_span
+from runtime.policy.reads import plan_reads, unread_skip
+from runtime.telemetry.spans import Identity
 from runtime.valkey.client import REDIS_ERRORS
-from runtime.wire import groupconfig
 from runtime.wire.contract import Envelope
 from runtime.wire.groupconfig import GroupConfig
 from runtime.wire.keys import DEFAULT_KEYS, KeySpace
 
 log = logging.getLogger(__name__)
+# The refusals that come from a pool's backend: the scheduler sees the pool blocked for that reason.
+BACKEND_REFUSALS = frozenset({BLOCKED_REASON, SKIP_BACKEND_SATURATED, SKIP_BACKEND_CAP})
 CONFIG_POLL_S = 1.0
 HELPER_EXIT_S = 5.0
+# Claim outcomes that take the item off its queue without running it, and the drop reason of each.
+CLAIM_DROPS = {scripts.CLAIM_PRODUCER_GONE: DROP_PRODUCER_GONE, scripts.CLAIM_DUPLICATE: DROP_DUPLICATE}
+LEFT_THE_QUEUE = frozenset({scripts.CLAIMED, *CLAIM_DROPS})
+Drop = tuple[str, PeekedItem, str]  # (the pool whose list holds it, the item, the drop reason)
 
 __all__ = ["Dispatcher"]
 
@@ -78,13 +103,13 @@ class Dispatcher:
         self.tracer = tracer or trace.get_tracer("llm_dispatch.dispatcher")
         self.identity = Identity(settings.group_id, settings.gateway_id, settings.dispatcher_id)
         self.stats = DispatcherStats()
+        self.drops = DropRecorder(self.stats, self.tracer, self.identity)
         self.breakers = EndpointBreakers(settings.breaker)
-        # Backend rows: load gate, shared breaker and the fleet's scraper (bare endpoint URLs keep
-        # the per-process breakers above).
-        self.fleet = BackendFleet(client, keys, owner_id=settings.dispatcher_id)
+        # Backend rows: load gate, shared breaker and the fleet's scraper; bare endpoint URLs keep
+        # the per-process breakers above. Every breaker question goes through it.
+        self.fleet = BackendFleet(client, keys, owner_id=settings.dispatcher_id, local=self.breakers)
         self.executor = Executor(
-            queue=self.queue, settings=settings, backends=self.backends, breakers=self.breakers,
-            shared_breakers=self.fleet.breakers,
+            queue=self.queue, settings=settings, backends=self.backends, breakers=self.fleet,
             stats=self.stats, tracer=self.tracer, identity=self.identity, secrets=dict(secrets or {}),
             store_content=store_content, on_valkey_error=self._valkey_lost,
         )  # fmt: skip
@@ -97,7 +122,9 @@ class Dispatcher:
         self.valkey_ok = True
         self.last_views: dict[str, QueueView] = {}
         self.group_in_flight = 0
-        self.running: dict[str, Running] = {}
+        self.running: dict[str, Running] = {}  # by lease member
+        self._heads_seen: dict[str, tuple[bytes, ...]] = {}
+        self._rejected_config: bytes | str | None = None
         self._policy: scheduler.GroupPolicy | None = None
         self._state = scheduler.SchedulerState()
         self._peek = PeekCache(settings.cost)
@@ -111,11 +138,11 @@ class Dispatcher:
         self.listener = ChangeListener(
             client, channels=self._channels, on_message=self._on_message, poll=self._reload_config,
             on_error=self._valkey_lost, finished=self._finished, poll_s=CONFIG_POLL_S,
-            retry_s=settings.reconnect_backoff_s[0] * 5,
+            backoff_s=settings.reconnect_backoff_s,
         )  # fmt: skip
         self.waiter = WakeWaiter(
             client, keys=self._wake_lists, idle=self._idle, finished=self._finished, on_wake=self._woken,
-            on_error=self._valkey_lost, retry_s=settings.reconnect_backoff_s[0] * 5,
+            on_error=self._valkey_lost, backoff_s=settings.reconnect_backoff_s,
         )  # fmt: skip
 
     def __repr__(self) -> str:
@@ -133,9 +160,9 @@ class Dispatcher:
         return self._state.deficit(pool_id)
 
     def peeked_head(self, pool_id: str) -> PeekedItem | None:
-        """The decoded head of a pool as last observed (served from the peek cache)."""
-        view = self.last_views.get(pool_id)
-        return self._peek.get(view.heads[0]) if view and view.heads else None
+        """The decoded head of a pool as last read (served from the peek cache)."""
+        heads = self._heads_seen.get(pool_id)
+        return self._peek.get(heads[0]) if heads else None
 
     # --- lifecycle --------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -200,12 +227,31 @@ class Dispatcher:
                 await asyncio.wait_for(self._stopping.wait(), 1.0)
 
     async def _reload_config(self) -> bool:
-        config = await groupconfig.load(self.client, self.keys, self.settings.group_id)
-        if config is None:
-            return False
-        if self.config is None or config.version != self.config.version or config != self.config:
-            self.apply_config(config)
-        return True
+        """Applies the published configuration if it changed; True once a configuration is in force."""
+        raw = await self.client.get(self.keys.group_config(self.settings.group_id))
+        if raw:
+            self._consider_config(raw)
+        return self.config is not None
+
+    def _consider_config(self, raw: bytes | str) -> None:
+        """Applies a published configuration, or refuses it visibly (logged, counted, in the snapshot)."""
+        try:
+            config = GroupConfig.decode(raw)
+            if self.config is None or config.version != self.config.version or config != self.config:
+                if problems := scheduler.validate_policy(config.scheduler_policy()):
+                    raise ValueError("; ".join(problems))
+                self.apply_config(config)
+        except (DispatchError, ValueError, TypeError) as exc:
+            if raw != self._rejected_config:  # polled again and again: count each refused value once
+                self._rejected_config = raw
+                self.stats.config_rejected += 1
+                log.error(
+                    "dispatcher %s refused a configuration of fabric group %s and keeps version %s: %s",
+                    self.identity.dispatcher_id,
+                    self.settings.group_id,
+                    self.config.version if self.config else None,
+                    exc,
+                )
 
     def apply_config(self, config: GroupConfig) -> None:
         """Swaps in a new configuration; in-flight calls are untouched, credit of kept pools is kept."""
@@ -227,8 +273,7 @@ class Dispatcher:
 
     # --- scheduling -------------------------------------------------------------------------------
     async def _schedule_loop(self) -> None:
-        backoff_min, backoff_max = self.settings.reconnect_backoff_s
-        backoff = backoff_min
+        backoff = Backoff(*self.settings.reconnect_backoff_s)
         poll = False
         while not self._stopping.is_set():
             self._wake.clear()
@@ -240,15 +285,18 @@ class Dispatcher:
                     progressed = await self.schedule_round()
             except REDIS_ERRORS as exc:
                 self._valkey_lost(exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), backoff)
-                backoff = min(backoff * 2, backoff_max)
+            except Exception:  # one bad item or one bug must not end dispatch for the whole group
+                self._internal_error("a scheduling round failed")
+            else:
+                self._valkey_back()
+                backoff.reset()
+                poll = False
+                if not progressed:
+                    poll = not await self._wait_for_work()
                 continue
-            self._valkey_back()
-            backoff = backoff_min
-            poll = False
-            if not progressed:
-                poll = not await self._wait_for_work()
+            poll = False  # a failed round is retried after the backoff, not left to the fleet's poll
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), backoff.next())
 
     async def _wait_for_work(self) -> bool:
         """Until woken (a token, a config change, stop: True) or the idle poll is due (False).
@@ -271,6 +319,11 @@ class Dispatcher:
         self._idle.clear()  # one token per wait: the next is for another dispatcher
         self._wake.set()
 
+    def _internal_error(self, what: str) -> None:
+        """Logs the exception being handled and counts it; the caller carries on."""
+        self.stats.internal_errors += 1
+        log.exception("dispatcher %s: %s", self.identity.dispatcher_id, what)
+
     def _valkey_lost(self, exc: BaseException) -> None:
         if self.valkey_ok:
             self.stats.valkey_outages += 1
@@ -285,149 +338,159 @@ class Dispatcher:
         self.valkey_ok = True
 
     async def schedule_round(self) -> bool:
-        """One observe → decide → claim round; True if anything changed in the queues.
+        """One observe → decide → claim round; True if the round left work a round of its own should take.
 
-        The round runs only in the group's scheduling turn (:mod:`runtime.dispatch.turn`), taken in the
-        observe pipeline and given back in the claim pipeline: the fleet decides as one scheduler.
+        That is: a request left a queue without running (dropped), or requests were claimed and this
+        round may have left launchable work behind. The round runs only in the group's scheduling
+        turn; every path that took the turn gives it back in a claim pipeline (a round that fails
+        midway leaves it to lapse after :data:`runtime.dispatch.turn.TURN_LEASE_MS`).
         """
         assert self._policy is not None and self.config is not None
+        self.stats.rounds += 1
         policy = self._policy
-        pool_ids = [p.pool_id for p in policy.pools]
-        depth = (
-            max(self.settings.peek_depth, *(p.max_burst_per_visit for p in policy.pools)) if pool_ids else 1
-        )
-        holder = self.identity.dispatcher_id if pool_ids else ""
+        planned_free = max(0, self._slots - len(self.running))
         await self.fleet.refresh()
-        views, self.group_in_flight = await self.queue.observe(
-            pool_ids, depth, take_turn=holder, local_slots=self.settings.concurrency,
+        plan = plan_reads(
+            policy,
+            peek_depth=self.settings.peek_depth,
+            local_free=planned_free,
+            allowances={p.pool_id: self._room(p.pool_id) for p in policy.pools},
+            heads_cached=frozenset(pool_id for pool_id, heads in self._heads_seen.items() if heads),
+        )
+        # A pool whose backend has no room is refused for the backend's own reason (breaker open,
+        # saturated, at its max in flight).
+        refusals = {
+            pool_id: (self._refusal(pool_id) or reason) if reason == BLOCKED_REASON else reason
+            for pool_id, reason in plan.refusals.items()
+        }
+        holder = self.identity.dispatcher_id if policy.pools else ""
+        seen = await self.queue.observe(
+            plan.reads, policy.total_concurrency, take_turn=holder, local_slots=self.settings.concurrency,
             backend_ids=sorted(self.fleet.backends),
         )  # fmt: skip
-        self.last_views = views
+        self.group_in_flight, self.last_views = seen.group_in_flight, seen.views
+        if seen.lost:  # reaped by this observe, whether or not the turn is ours: counted here or nowhere
+            self.drops.lost(seen.lost)
+        for pool_id, view in seen.views.items():
+            self._remember_heads(pool_id, view)
         if holder and not self.queue.has_turn:
             self.stats.turn_busy += 1
             return False  # another dispatcher is deciding; the note we left makes it run once more
-        now = time.time()
-        drops: list[tuple[PeekedItem, str]] = []
-        peeked: dict[str, list[PeekedItem]] = {}
-        observations: dict[str, scheduler.PoolObservation] = {}
-        for pool_id, view in views.items():
-            heads = self._usable_heads(view, now, drops)
-            peeked[pool_id] = heads
-            observations[pool_id] = scheduler.PoolObservation(
-                pool_id=pool_id,
-                backlog=view.backlog,
-                in_flight=view.in_flight,
-                blocked=self._blocked(pool_id),
-                heads=tuple(
-                    scheduler.HeadItem(cost=i.cost, enqueued_at=i.envelope.enqueued_at)
-                    for i in heads[: self._allowance(pool_id) or None]
-                    if i.envelope
-                ),
-            )
-        if drops:
-            await self._drop(drops)
+        observations, peeked, drops = self._screen(policy, seen.views, refusals, time.time())
+        dropped = await self._drop(drops) if drops else False
         # Keep to our share of the group's slots, so the fleet splits the work evenly.
         own = self.settings.concurrency
         self._slots = scheduler.fleet_share(policy.total_concurrency, own, self.queue.fleet_slots or (own,))
-        free = self._slots - len(self.running)
-        protected = tuple(
-            (p.pool_id, min(p.min_concurrent, p.max_concurrent))
-            for p in policy.pools
-            if p.min_concurrent > 0 and not p.paused and not observations[p.pool_id].blocked
-        )
+        # Heads were read only if the plan saw a free slot: with none then, nothing launches now.
+        local_free = min(planned_free, max(0, self._slots - len(self.running)))
+        group_room = self.group_in_flight < policy.total_concurrency
+        end_turn = None
+        if holder:
+            # Work left because our own slots are full: the turn's release wakes another dispatcher.
+            cut = local_free == 0 and any(v.backlog > 0 for v in seen.views.values())
+            end_turn = TurnEnd(holder=holder, left_work=group_room and cut, wake_pool=policy.pools[0].pool_id)
+        if local_free == 0 or not group_room:
+            # Nothing can launch, and no heads were read: a DRR walk over head-less pools would
+            # only advance its round and hand out quanta nobody earned.
+            if end_turn is not None:
+                await self.queue.claim([], self.settings.lease_s, end_turn=end_turn)
+            return dropped
         decision = scheduler.decide(
             policy,
             self._state,
             observations,
             group_in_flight=self.group_in_flight,
-            local_free_slots=max(0, free),
+            local_free_slots=local_free,
         )
         self._state = decision.state
         self.stats.skips.update(decision.skips)
-        end_turn = None
-        if holder:
-            left = any(reason == scheduler.SKIP_LOCAL_CAPACITY for _, reason in decision.skips)
-            end_turn = TurnEnd(holder=holder, left_work=left, wake_pool=pool_ids[0])
-        claimed = await self._claim(policy, decision.launches, peeked, protected, end_turn)
+        if end_turn is not None and any(r == scheduler.SKIP_LOCAL_CAPACITY for _, r in decision.skips):
+            end_turn = dataclasses.replace(end_turn, left_work=True)
+        protected = tuple(
+            (p.pool_id, min(p.min_concurrent, p.max_concurrent))
+            for p in policy.pools
+            if p.min_concurrent > 0 and not p.paused and not observations[p.pool_id].blocked
+        )
+        claimed, claim_dropped = await self._claim(policy, decision.launches, peeked, protected, end_turn)
         # Run again at once only if this round may have left launchable work behind (e.g. more
         # backlog than peeked). With the group full, FINISH tokens bring the next round; with our own
         # slots full, the turn's release woke another dispatcher. Rounds of our own beyond that would
         # take every freed slot for the finisher, and the work would not spread over the fleet.
-        room = self.group_in_flight + claimed < policy.total_concurrency and free > claimed
-        return bool(drops) or (claimed > 0 and room)
+        room = self.group_in_flight + claimed < policy.total_concurrency and local_free > claimed
+        return dropped or claim_dropped or (claimed > 0 and room)
 
     def _backend_id(self, pool_id: str) -> str:
         backend = self.config.backend_for(pool_id) if self.config else None
         return backend.backend_id if backend else ""
 
-    def _blocked(self, pool_id: str) -> str | None:
+    def _refusal(self, pool_id: str) -> str | None:
         """Why the pool's backend takes nothing now (breaker, saturation, cap); None when it may."""
-        backend_id = self._backend_id(pool_id)
-        if backend_id:
-            return self.fleet.blocked(backend_id)
         assert self.config is not None
-        return self.breakers.blocked(self.config.endpoint_for(pool_id))
+        return self.fleet.refusal(self._backend_id(pool_id), self.config.endpoint_for(pool_id))
 
-    def _allowance(self, pool_id: str) -> int | None:
-        """Most heads offered for the pool: nothing is claimed that its backend would refuse. (At 0 the
-        pool is blocked, and its heads stay offered so the scheduler counts the reason it skips it.)"""
-        backend_id = self._backend_id(pool_id)
-        return self.fleet.allowance(backend_id) if backend_id else None
+    def _room(self, pool_id: str) -> int | None:
+        """Most heads offered for the pool: nothing is claimed that its backend would refuse."""
+        assert self.config is not None
+        return self.fleet.room(self._backend_id(pool_id), self.config.endpoint_for(pool_id))
 
-    def _usable_heads(
-        self, view: QueueView, now: float, drops: list[tuple[PeekedItem, str]]
-    ) -> list[PeekedItem]:
-        """Decoded heads up to the first unusable one; an unusable item at the very head is dropped."""
-        heads: list[PeekedItem] = []
-        for raw in view.heads:
-            item = self._peek.get(raw)
-            reason = DROP_MALFORMED if item.envelope is None else ""
-            if (
-                item.envelope is not None
-                and item.envelope.deadline is not None
-                and item.envelope.deadline <= now
-            ):
-                reason = DROP_EXPIRED
-            if reason:
-                if not heads:
-                    drops.append((item, reason))
-                break
-            heads.append(item)
-        return heads
+    def _screen(
+        self,
+        policy: scheduler.GroupPolicy,
+        views: Mapping[str, QueueView],
+        refusals: Mapping[str, str],
+        now: float,
+    ) -> tuple[dict[str, scheduler.PoolObservation], dict[str, list[PeekedItem]], list[Drop]]:
+        """What the scheduler sees of each pool, its usable heads, and the unusable heads to drop.
 
-    async def _drop(self, drops: list[tuple[PeekedItem, str]]) -> None:
-        requests = [ClaimRequest(pool_id=self._pool_of(item), raw=item.raw, mode="drop") for item, _ in drops]
+        The list an item sits in is authoritative: an item whose ``pool_id`` names another pool
+        (moved between lanes by an operator) is served, or dropped, in the list it was read from.
+        """
+        observations: dict[str, scheduler.PoolObservation] = {}
+        peeked: dict[str, list[PeekedItem]] = {}
+        drops: list[Drop] = []
+        for pool in policy.pools:
+            pool_id, view = pool.pool_id, views[pool.pool_id]
+            if not view.heads_read and view.backlog > 0:
+                self.stats.skips[(pool_id, unread_skip(pool, view.in_flight, refusals.get(pool_id)))] += 1
+            heads, unusable = usable_heads(self._peek, view.heads, now)
+            if unusable is not None:
+                drops.append((pool_id, *unusable))
+            peeked[pool_id] = heads
+            observations[pool_id] = scheduler.PoolObservation(
+                pool_id=pool_id,
+                backlog=view.backlog,
+                in_flight=view.in_flight,
+                blocked=refusals.get(pool_id) if refusals.get(pool_id) in BACKEND_REFUSALS else None,
+                heads=tuple(
+                    scheduler.HeadItem(cost=i.cost, enqueued_at=i.envelope.enqueued_at)
+                    for i in heads
+                    if i.envelope
+                ),
+            )
+        return observations, peeked, drops
+
+    def _remember_heads(self, pool_id: str, view: QueueView) -> None:
+        """Heads last read per pool, for the snapshot's oldest-pending age while a pool sits at its cap."""
+        if view.heads_read or view.backlog == 0:
+            self._heads_seen[pool_id] = view.heads
+        elif view.display_head is not None:
+            self._heads_seen[pool_id] = (view.display_head,)
+
+    async def _drop(self, drops: list[Drop]) -> bool:
+        """Removes unusable heads from the lists they were read from; True if any was removed."""
+        requests = [ClaimRequest(pool_id=pool_id, raw=item.raw, mode="drop") for pool_id, item, _ in drops]
         results = await self.queue.claim(requests, self.settings.lease_s)
-        now = time.time()
-        for (item, reason), (code, _) in zip(drops, results, strict=True):
+        removed = False
+        for (pool_id, item, reason), (code, _) in zip(drops, results, strict=True):
             self._peek.forget(item.raw)
             if code != scripts.CLAIM_DROPPED:
                 continue
-            self.stats.dropped[reason] += 1
+            removed = True
             if item.envelope is None:
-                log.warning("dropped a malformed item from pool %s: %s", self._pool_of(item), item.error)
+                self.drops.malformed(pool_id, item.error)
             else:
-                record_span(
-                    self.tracer,
-                    item.envelope,
-                    self.identity,
-                    Outcome(
-                        "dropped",
-                        now,
-                        now,
-                        drop_reason=reason,
-                        error_type=RequestExpired.error_type,
-                        error_message="deadline passed before the request left its queue",
-                    ),
-                )
-
-    def _pool_of(self, item: PeekedItem) -> str:
-        if item.envelope is not None:
-            return item.envelope.pool_id
-        for pool_id, view in self.last_views.items():
-            if item.raw in view.heads:
-                return pool_id
-        return ""
+                self.drops.dropped(item.envelope, reason)
+        return removed
 
     async def _claim(
         self,
@@ -436,64 +499,89 @@ class Dispatcher:
         peeked: dict[str, list[PeekedItem]],
         protected: tuple[tuple[str, int], ...],
         end_turn: TurnEnd | None,
-    ) -> int:
-        """Claims the launches; caps and the other pools' protected slots are checked in the claim.
+    ) -> tuple[int, bool]:
+        """Claims the decided launches; caps and the other pools' protected slots are checked in the
+        claim, and the same pipeline gives the scheduling turn back.
 
-        The same pipeline gives the scheduling turn back. Returns how many were claimed.
+        Returns how many were claimed, and whether the claim dropped any (duplicate, producer gone).
         """
-        if not launches:
-            if end_turn is not None:
-                await self.queue.claim([], self.settings.lease_s, end_turn=end_turn)
-            return 0
+        assert self.config is not None
+        if self._stopping.is_set():  # a stop requested during this round takes no more work
+            launches = ()
         caps = {p.pool_id: p.max_concurrent for p in policy.pools}
         own = dict(protected)
-        chosen: list[tuple[scheduler.Launch, PeekedItem]] = []
-        requests: list[ClaimRequest] = []
+        chosen: list[tuple[scheduler.Launch, PeekedItem, ClaimRequest]] = []
+        claimed_at = time.time()
         for launch in launches:
             item = peeked[launch.pool_id][launch.index]
-            assert item.envelope is not None
-            chosen.append((launch, item))
+            envelope = item.envelope
+            assert envelope is not None
             backend_id = self._backend_id(launch.pool_id)
-            requests.append(
-                ClaimRequest(
-                    pool_id=launch.pool_id,
-                    raw=item.raw,
-                    mode="launch",
-                    lease_member=lease_member(launch.pool_id, item.envelope.request_id),
-                    producer_id=item.envelope.producer_id,
-                    pool_max=caps[launch.pool_id],
-                    group_limit=policy.total_concurrency,
-                    protected=own.get(launch.pool_id, 0),
-                    reserved_for=tuple(p for p in protected if p[0] != launch.pool_id),
-                    backend_id=backend_id,
-                    backend_limit=self.fleet.limit(backend_id) if backend_id else None,
-                )
+            if not await self.fleet.acquire(backend_id, self.config.endpoint_for(launch.pool_id)):
+                scheduler.refund(self._state, launch)
+                self.stats.skips[(launch.pool_id, BLOCKED_REASON)] += 1
+                continue
+            record = LeaseRecord.of(
+                envelope,
+                pool_id=launch.pool_id,
+                claimed_at=claimed_at,
+                dispatcher_id=self.identity.dispatcher_id,
+                cost=launch.cost,
             )
-        results = await self.queue.claim(requests, self.settings.lease_s, end_turn=end_turn)
-        for (launch, item), request, (code, _) in zip(chosen, requests, results, strict=True):
-            self._after_claim(launch, item, request, code)
-        return sum(code == scripts.CLAIMED for code, _ in results)
+            request = ClaimRequest(
+                pool_id=launch.pool_id,
+                raw=item.raw,
+                mode="launch",
+                lease_member=lease_member(launch.pool_id, envelope.request_id),
+                producer_id=envelope.producer_id,
+                pool_max=caps[launch.pool_id],
+                group_limit=policy.total_concurrency,
+                lease_record=record.encode(),
+                protected=own.get(launch.pool_id, 0),
+                reserved_for=tuple(p for p in protected if p[0] != launch.pool_id),
+                backend_id=backend_id,
+                backend_limit=self.fleet.limit(backend_id) if backend_id else None,
+            )
+            chosen.append((launch, item, request))
+        if not chosen and end_turn is None:
+            return 0, False
+        try:
+            results = await self.queue.claim(
+                [request for _, _, request in chosen], self.settings.lease_s, end_turn=end_turn
+            )
+        except BaseException:
+            for launch, _, request in chosen:
+                await self.fleet.release(request.backend_id, self.config.endpoint_for(launch.pool_id))
+            raise
+        claimed, dropped = 0, False
+        for (launch, item, request), (code, _) in zip(chosen, results, strict=True):
+            claimed += code == scripts.CLAIMED
+            dropped = dropped or code in CLAIM_DROPS
+            if code != scripts.CLAIMED:  # the call will not happen: its breaker slot goes back
+                await self.fleet.release(request.backend_id, self.config.endpoint_for(launch.pool_id))
+            try:
+                self._after_claim(launch, item, request, code)
+            except Exception:  # the other claimed requests of this round still start
+                self._internal_error(f"handling the claim of an item of pool {launch.pool_id} failed")
+                if code == scripts.CLAIMED and request.lease_member not in self.running:
+                    assert item.envelope is not None
+                    refused = DispatchError("internal dispatcher error before the call started")
+                    self._start(item.envelope, launch.pool_id, request.lease_member, launch.cost, refused)
+        return claimed, dropped
 
     def _after_claim(
         self, launch: scheduler.Launch, item: PeekedItem, request: ClaimRequest, code: str
     ) -> None:
         envelope = item.envelope
-        assert envelope is not None
+        assert envelope is not None and self.config is not None
         if code == scripts.CLAIMED:
             self._peek.forget(item.raw)
             self._start(envelope, launch.pool_id, request.lease_member, launch.cost)
             return
         scheduler.refund(self._state, launch)
-        if code == scripts.CLAIM_PRODUCER_GONE:
+        if code in CLAIM_DROPS:
             self._peek.forget(item.raw)
-            self.stats.dropped[DROP_PRODUCER_GONE] += 1
-            now = time.time()
-            record_span(
-                self.tracer,
-                envelope,
-                self.identity,
-                Outcome("dropped", now, now, drop_reason=DROP_PRODUCER_GONE, cost=launch.cost),
-            )
+            self.drops.dropped(envelope, CLAIM_DROPS[code], cost=launch.cost)
         elif code in (scripts.CLAIM_POOL_CAP, scripts.CLAIM_GROUP_CAP, scripts.CLAIM_RESERVED):
             self.stats.skips[(launch.pool_id, code)] += 1
         elif code == scripts.CLAIM_BACKEND_CAP:
@@ -503,12 +591,15 @@ class Dispatcher:
             self.stats.claim_lost += 1
 
     # --- execution --------------------------------------------------------------------------------
-    def _start(self, envelope: Envelope, pool_id: str, member: str, cost: int) -> None:
+    def _start(
+        self, envelope: Envelope, pool_id: str, member: str, cost: int, refused: DispatchError | None = None
+    ) -> None:
+        """Runs a claimed request in its own task (or, with ``refused``, answers it with that error)."""
         running = Running(envelope, pool_id, member, cost, time.time(), backend_id=self._backend_id(pool_id))
-        self.running[envelope.request_id] = running
+        self.running[member] = running
         self.stats.launched_by_pool[pool_id] += 1
         self.stats.cost_by_pool[pool_id] += cost
-        task = asyncio.create_task(self._execute(running), name=f"call:{envelope.request_id}")
+        task = asyncio.create_task(self._execute(running, refused), name=f"call:{envelope.request_id}")
         self._tasks.add(task)
         task.add_done_callback(self._reap)
 
@@ -517,12 +608,12 @@ class Dispatcher:
         if not task.cancelled() and task.exception() is not None:
             log.error("a call task failed unexpectedly", exc_info=task.exception())
 
-    async def _execute(self, run: Running) -> None:
+    async def _execute(self, run: Running, refused: DispatchError | None) -> None:
         assert self.config is not None
         try:
-            await self.executor.execute(run, self.config)
+            await self.executor.execute(run, self.config, refused)
         finally:
-            self.running.pop(run.envelope.request_id, None)
+            self.running.pop(run.member, None)
             # No round of our own: FINISH pushed a wake token, which goes to the dispatcher of the
             # group that has waited longest (maybe this one), so freed slots spread over the fleet.
             if self._waiting and len(self.running) < self._slots:
@@ -547,8 +638,7 @@ class Dispatcher:
     def _on_message(self, channel: str, data: bytes) -> None:
         if channel == self.keys.config_channel(self.settings.group_id):
             if data:
-                with contextlib.suppress(DispatchError):
-                    self.apply_config(GroupConfig.decode(data))
+                self._consider_config(data)
             return
         if channel == self.keys.cancel_channel(self.settings.group_id):
             self.executor.cancel(data.decode())

@@ -1,8 +1,11 @@
 """Running one claimed request to its end: the backend call, the reply, the lease, the span.
 
-The call is bounded by the request's deadline and gated by its endpoint's circuit breaker; the reply
-goes out only if the producer is still alive (one atomic script that also releases the lease); every
-outcome is counted and recorded as a span. Nothing here decides *what* runs: that is the scheduler's.
+The call is bounded by the request's deadline; its endpoint's circuit breaker slot was taken when it
+was claimed, and every path here either reports the call's outcome to the breaker or gives the slot
+back. A call cut short by the caller's deadline ends as ``deadline_exceeded``, which is not the
+backend's failure. The reply goes out only if the producer is still alive (one atomic script that
+also releases the lease); every outcome is counted and recorded as a span. Nothing here decides
+*what* runs: that is the scheduler's.
 """
 
 from __future__ import annotations
@@ -17,14 +20,21 @@ from typing import Any, TypeVar
 from opentelemetry import trace
 
 from runtime.backends.adapter import BackendPool, Completion, OpenAIBackend
-from runtime.backends.health import EndpointBreakers
+from runtime.backends.fleet import BackendFleet
 from runtime.backends.redact import redact_url
-from runtime.backends.shared_breaker import SharedBreakers
+from runtime.backoff import Backoff
 from runtime.config import DispatcherSettings
 from runtime.dispatch.queue import QueueOps
 from runtime.dispatch.stats import DROP_REPLY_PRODUCER_GONE, DROP_REPLY_UNDELIVERED, DispatcherStats
 from runtime.dispatch.streaming import StreamRelay, StreamSummary, stream_timeout
-from runtime.errors import BreakerOpen, Cancelled, DispatchError, Rejected, RequestExpired
+from runtime.errors import (
+    BackendTimeout,
+    Cancelled,
+    DeadlineExceeded,
+    DispatchError,
+    Rejected,
+    RequestExpired,
+)
 from runtime.telemetry.spans import Identity, Outcome, content_attributes, record_span
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire.contract import STATUS_ERROR, STATUS_OK, Envelope, Reply, Timing
@@ -60,8 +70,7 @@ class Executor:
         queue: QueueOps,
         settings: DispatcherSettings,
         backends: BackendPool,
-        breakers: EndpointBreakers,
-        shared_breakers: SharedBreakers | None = None,
+        breakers: BackendFleet,
         stats: DispatcherStats,
         tracer: trace.Tracer,
         identity: Identity,
@@ -73,7 +82,6 @@ class Executor:
         self.settings = settings
         self.backends = backends
         self.breakers = breakers
-        self.shared_breakers = shared_breakers
         self.stats = stats
         self.tracer = tracer
         self.identity = identity
@@ -97,16 +105,23 @@ class Executor:
             self._early_cancels[request_id] = now
         return False
 
-    async def execute(self, run: Running, config: GroupConfig) -> None:
-        """Calls the backend, replies, releases the lease and records the span; never raises."""
+    async def execute(self, run: Running, config: GroupConfig, refused: DispatchError | None = None) -> None:
+        """Calls the backend, replies, releases the lease and records the span; never raises.
+
+        With ``refused`` the backend is not called: the producer gets that error as its reply (a
+        claimed request the dispatcher could not start still gets an explicit answer).
+        """
         envelope = run.envelope
         endpoint = config.endpoint_for(run.pool_id)
         started = time.time()
         completion: Completion | None = None
-        error: DispatchError | None = None
+        error: DispatchError | None = refused
         summary = StreamSummary() if envelope.stream is not None else None
         try:
-            completion = await self._call_backend(envelope, endpoint, config, summary, run.backend_id)
+            if refused is None:
+                completion = await self._call_backend(envelope, endpoint, config, summary, run.backend_id)
+            else:
+                await self.breakers.release(run.backend_id, endpoint)
         except DispatchError as exc:
             error = exc
         except asyncio.CancelledError:
@@ -117,8 +132,8 @@ class Executor:
         ended = time.time()
         run.stage = "replying"
         reply = self._reply(envelope, completion, error, started, ended)
-        delivered = await self._finish(run, reply, tuple(p.pool_id for p in config.enabled_pools))
-        self._record(run, endpoint, completion, error, started, ended, delivered, summary)
+        drop_reason = await self._finish(run, reply, tuple(p.pool_id for p in config.enabled_pools))
+        self._record(run, endpoint, completion, error, started, ended, drop_reason, summary)
 
     def _reply(
         self,
@@ -152,58 +167,47 @@ class Executor:
         summary: StreamSummary | None = None,
         backend_id: str = "",
     ) -> Completion:
+        reported = False
         row = config.backend(backend_id) if backend_id else None
-        timeout = (
-            self.settings.backend_timeout_s
-            if row is None
-            else min(self.settings.backend_timeout_s, row.timeout_s)
-        )
-        if envelope.deadline is not None:
-            timeout = min(timeout, envelope.deadline - time.time())
-            if timeout <= 0:
-                raise RequestExpired(f"request {envelope.request_id} expired before its call started")
-        if not endpoint:
-            raise Rejected(f"fabric group {config.group_id} has no endpoint for pool {envelope.pool_id}")
-        key_env = row.api_key_env if row is not None else config.api_key_env
-        api_key = self.secrets.get(key_env) if key_env else None
-        backend = self.backends.get(endpoint, api_key)
-        shared = self.shared_breakers if row is not None else None
-        allowed = await self._acquire(shared, backend_id, endpoint)
-        if not allowed:
-            raise BreakerOpen(f"the circuit breaker of {redact_url(endpoint)} is open")
         try:
-            call = (
-                self._stream(backend, envelope, timeout, summary)
-                if summary is not None
-                else backend.complete(envelope.call.to_openai(), timeout_s=timeout)
-            )
-            completion = await self._cancellable(envelope.request_id, call)
-        except DispatchError as exc:
-            await self._record_outcome(shared, backend_id, endpoint, exc)
-            raise
-        await self._record_outcome(shared, backend_id, endpoint, None)
-        return completion
-
-    async def _acquire(self, shared: SharedBreakers | None, backend_id: str, endpoint: str) -> bool:
-        if shared is None:
-            return self.breakers.acquire(endpoint)
-        try:
-            return await shared.acquire(backend_id)
-        except REDIS_ERRORS as exc:  # Valkey away: the call itself may still work, let it try
-            self.on_valkey_error(exc)
-            return True
-
-    async def _record_outcome(
-        self, shared: SharedBreakers | None, backend_id: str, endpoint: str, error: DispatchError | None
-    ) -> None:
-        """The call's outcome for its breaker: the fleet's shared one for a backend row."""
-        if shared is None:
-            self.breakers.record(endpoint, error)
-            return
-        try:
-            await shared.record(backend_id, error)
-        except REDIS_ERRORS as exc:  # the call's reply matters more than the breaker's bookkeeping
-            self.on_valkey_error(exc)
+            timeout = self.settings.backend_timeout_s
+            if row is not None:
+                timeout = min(timeout, row.timeout_s)
+            cut_by_deadline = False
+            if envelope.deadline is not None:
+                left = envelope.deadline - time.time()
+                if left <= 0:
+                    raise RequestExpired(f"request {envelope.request_id} expired before its call started")
+                timeout, cut_by_deadline = min(timeout, left), left < timeout
+            if not endpoint:
+                raise Rejected(f"fabric group {config.group_id} has no endpoint for pool {envelope.pool_id}")
+            key_env = row.api_key_env if row is not None else config.api_key_env
+            api_key = self.secrets.get(key_env) if key_env else None
+            backend = self.backends.get(endpoint, api_key)
+            try:
+                call = (
+                    self._stream(backend, envelope, timeout, summary)
+                    if summary is not None
+                    else backend.complete(envelope.call.to_openai(), timeout_s=timeout)
+                )
+                completion = await self._cancellable(envelope.request_id, call)
+            except DispatchError as exc:
+                if cut_by_deadline and isinstance(exc, BackendTimeout):
+                    raise DeadlineExceeded(
+                        f"request {envelope.request_id}: the caller's deadline passed after "
+                        f"{timeout:.3g}s, before {redact_url(endpoint)} answered"
+                    ) from exc
+                if isinstance(exc, Cancelled):  # the producer withdrew it: nothing learnt of the backend
+                    raise
+                reported = True
+                await self.breakers.record(backend_id, endpoint, exc)
+                raise
+            reported = True
+            await self.breakers.record(backend_id, endpoint, None)
+            return completion
+        finally:
+            if not reported:  # no outcome that says anything about the backend: free the breaker slot
+                await self.breakers.release(backend_id, endpoint)
 
     async def _stream(
         self, backend: OpenAIBackend, envelope: Envelope, timeout: float, summary: StreamSummary
@@ -231,9 +235,12 @@ class Executor:
         finally:
             self._calls.pop(request_id, None)
 
-    async def _finish(self, run: Running, reply: bytes, group_pools: tuple[str, ...]) -> bool:
-        """Delivers the reply (if the producer is alive) and releases the lease, retrying Valkey briefly."""
-        delay, max_delay = self.settings.reconnect_backoff_s
+    async def _finish(self, run: Running, reply: bytes, group_pools: tuple[str, ...]) -> str:
+        """Delivers the reply (if the producer is alive) and releases the lease, retrying Valkey briefly.
+
+        Returns the drop reason of a reply that did not reach its producer, or "" when it did.
+        """
+        backoff = Backoff(*self.settings.reconnect_backoff_s)
         for attempt in range(FINISH_ATTEMPTS):
             try:
                 delivered = await self.queue.finish(
@@ -248,15 +255,15 @@ class Executor:
             except REDIS_ERRORS as exc:
                 self.on_valkey_error(exc)
                 if attempt == FINISH_ATTEMPTS - 1:
-                    self.stats.dropped[DROP_REPLY_UNDELIVERED] += 1
-                    return False
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, max_delay)
+                    break
+                await asyncio.sleep(backoff.next())
                 continue
-            if not delivered:
-                self.stats.dropped[DROP_REPLY_PRODUCER_GONE] += 1
-            return delivered
-        return False
+            if delivered:
+                return ""
+            self.stats.dropped[DROP_REPLY_PRODUCER_GONE] += 1
+            return DROP_REPLY_PRODUCER_GONE
+        self.stats.dropped[DROP_REPLY_UNDELIVERED] += 1
+        return DROP_REPLY_UNDELIVERED
 
     def _record(
         self,
@@ -266,7 +273,7 @@ class Executor:
         error: DispatchError | None,
         started: float,
         ended: float,
-        delivered: bool,
+        drop_reason: str,
         summary: StreamSummary | None = None,
     ) -> None:
         usage = completion.usage if completion is not None else None
@@ -281,9 +288,9 @@ class Executor:
             input_tokens=usage.input_tokens if usage else None,
             output_tokens=usage.output_tokens if usage else None,
             response_model=completion.model if completion else None,
-            reply_delivered=delivered,
+            reply_delivered=not drop_reason,
             cost=run.cost,
-            drop_reason="" if delivered else DROP_REPLY_PRODUCER_GONE,
+            drop_reason=drop_reason,
             time_to_first_token_s=first_chunk_at - started if first_chunk_at is not None else None,
             chunk_count=summary.chunks if summary is not None else None,
         )

@@ -17,6 +17,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from runtime.backoff import Backoff
 from runtime.valkey.client import REDIS_ERRORS
 
 
@@ -31,7 +32,7 @@ class ChangeListener:
         on_error: Callable[[BaseException], None],
         finished: asyncio.Event,
         poll_s: float = 1.0,
-        retry_s: float = 0.5,
+        backoff_s: tuple[float, float] = (0.5, 5.0),
     ) -> None:
         self.client = client
         self.channels = channels
@@ -40,7 +41,7 @@ class ChangeListener:
         self.on_error = on_error
         self.finished = finished
         self.poll_s = poll_s
-        self.retry_s = retry_s
+        self.backoff = Backoff(*backoff_s)
         self.subscribed: frozenset[str] = frozenset()
 
     def __repr__(self) -> str:
@@ -55,7 +56,7 @@ class ChangeListener:
                 self.on_error(exc)
                 self.subscribed = frozenset()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.finished.wait(), self.retry_s)
+                    await asyncio.wait_for(self.finished.wait(), self.backoff.next())
             finally:
                 with contextlib.suppress(*REDIS_ERRORS):
                     await pubsub.aclose()
@@ -65,6 +66,7 @@ class ChangeListener:
         while not self.finished.is_set():
             await self._subscribe(pubsub)
             message = await pubsub.get_message(timeout=self.poll_s)
+            self.backoff.reset()
             if message is not None:
                 channel = message.get("channel", b"")
                 self.on_message(

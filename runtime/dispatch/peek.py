@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from runtime.dispatch.stats import DROP_EXPIRED, DROP_MALFORMED
 from runtime.errors import MalformedEnvelope
 from runtime.policy.cost import CostModel, request_cost
 from runtime.wire.contract import Envelope
@@ -67,3 +68,23 @@ class PeekCache:
             image_parts=envelope.call.image_parts,
         )
         return PeekedItem(raw, envelope, cost=cost)
+
+
+def usable_heads(
+    cache: PeekCache, raw_heads: tuple[bytes, ...], now: float
+) -> tuple[list[PeekedItem], tuple[PeekedItem, str] | None]:
+    """Decoded heads up to the first unusable one (malformed, or past its deadline), and that item
+    with its drop reason when it is the very head (only the head can be dropped: claims pop it)."""
+    heads: list[PeekedItem] = []
+    for raw in raw_heads:
+        item = cache.get(raw)
+        envelope = item.envelope
+        if envelope is None:
+            reason = DROP_MALFORMED
+        elif envelope.deadline is not None and envelope.deadline <= now:
+            reason = DROP_EXPIRED
+        else:
+            heads.append(item)
+            continue
+        return heads, None if heads else (item, reason)
+    return heads, None

@@ -17,7 +17,9 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from runtime.dispatch import scripts, turn
+from runtime.dispatch.leases import LeaseRecord
 from runtime.dispatch.wakeup import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
+from runtime.policy.reads import PoolRead
 from runtime.valkey.lua import LuaScript, run_pipeline
 from runtime.wire.keys import KeySpace
 
@@ -27,8 +29,17 @@ class QueueView:
     """What one observation saw of one pool."""
 
     backlog: int
-    heads: tuple[bytes, ...]
+    heads: tuple[bytes, ...]  # the first items, read for launching (empty when not read)
     in_flight: int
+    heads_read: bool = True  # False: the pool could not launch, so its heads were not read
+    display_head: bytes | None = None  # the first item, read only to show its age (pool can't launch)
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    views: dict[str, QueueView]
+    group_in_flight: int
+    lost: tuple[LeaseRecord, ...]  # records of leases that expired unreleased (reaped this time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +51,7 @@ class ClaimRequest:
     producer_id: str = ""
     pool_max: int = 0
     group_limit: int = 0
+    lease_record: bytes = b""
     protected: int = 0  # this pool's protected slots (min concurrent)
     # The group's other protected pools that may claim their slots: (pool id, protected slots).
     reserved_for: tuple[tuple[str, int], ...] = ()
@@ -59,6 +71,7 @@ class TurnEnd:
 # Expired leases (a killed dispatcher's) are reaped at observation at most this often: lease expiry is
 # measured in seconds, so reaping on every round would only add work to the hot path.
 REAP_INTERVAL_S = 0.25
+HEADS_FOR_DISPLAY = 2  # OBSERVE read only the first item, to show its age
 
 
 def item_digest(raw: bytes) -> str:
@@ -78,6 +91,8 @@ class QueueOps:
         self.keys = keys
         self.group_id = group_id
         self._group_inflight = keys.group_inflight(group_id)
+        self._lease_records = keys.lease_records(group_id)
+        self._observe = LuaScript(scripts.OBSERVE)
         self._claim = LuaScript(scripts.CLAIM)
         self._finish = client.register_script(scripts.FINISH)  # not pipelined: redis-py runs it by SHA
         self._renew = LuaScript(scripts.RENEW)
@@ -94,14 +109,15 @@ class QueueOps:
 
     async def observe(
         self,
-        pool_ids: Sequence[str],
-        depth: int,
+        reads: Sequence[PoolRead],
+        group_limit: int,
         *,
         take_turn: str = "",
         local_slots: int = 0,
         backend_ids: Sequence[str] = (),
-    ) -> tuple[dict[str, QueueView], int]:
-        """Backlog, the first ``depth`` items and global in-flight of each pool, and the group's in-flight.
+    ) -> Observation:
+        """Backlog, global in-flight and (when the pool could launch) the first heads of each pool,
+        the group's in-flight, and the records of leases found expired.
 
         With ``take_turn`` (a dispatcher id) the same round trip tries to take the group's scheduling
         turn; ``has_turn`` tells whether it did. It also registers this dispatcher (with its
@@ -119,32 +135,33 @@ class QueueOps:
                     [take_turn, turn.TURN_LEASE_MS, turn.FLEET_MEMBER_S, f"{take_turn} {local_slots}"],
                 )
             if reap:
-                leases = [
-                    self._group_inflight,
-                    *map(self.keys.pool_inflight, pool_ids),
-                    *map(self.keys.backend_inflight, backend_ids),
-                ]
-                self._reap.queue(pipe, leases, [])
-            for pool_id in pool_ids:
-                queue = self.keys.requests(pool_id)
-                pipe.llen(queue)
-                pipe.lrange(queue, 0, depth - 1)
-                pipe.zcard(self.keys.pool_inflight(pool_id))
+                pool_leases = [self.keys.pool_inflight(r.pool_id) for r in reads]
+                pool_leases += [self.keys.backend_inflight(b) for b in backend_ids]
+                self._reap.queue(pipe, [self._group_inflight, self._lease_records, *pool_leases], [])
+            for read in reads:
+                keys = [self.keys.requests(read.pool_id), self.keys.pool_inflight(read.pool_id)]
+                args = [read.depth, read.pool_max, group_limit, int(read.display_head)]
+                self._observe.queue(pipe, [*keys, self._group_inflight], args)
             pipe.zcard(self._group_inflight)
 
-        results = await run_pipeline(self.client, [self._acquire, self._reap], build)
+        results = await run_pipeline(self.client, [self._acquire, self._reap, self._observe], build)
         if take_turn:
             got, fleet = results[0]
             self.has_turn = bool(int(got))
             self.fleet_slots = tuple(int(member.rsplit(b" ", 1)[-1]) for member in fleet)
             results = results[1:]
+        lost: tuple[LeaseRecord, ...] = ()
         if reap:
-            results = results[1:]  # the reap count
-        views = {
-            pool_id: QueueView(int(results[3 * i]), tuple(results[3 * i + 1]), int(results[3 * i + 2]))
-            for i, pool_id in enumerate(pool_ids)
-        }
-        return views, int(results[-1])
+            records = (LeaseRecord.decode(raw) for raw in results[0])
+            lost = tuple(r for r in records if r is not None)
+            results = results[1:]
+        views = {}
+        for read, (backlog, in_flight, heads_read, heads) in zip(reads, results[:-1], strict=True):
+            if heads_read == HEADS_FOR_DISPLAY:
+                views[read.pool_id] = QueueView(int(backlog), (), int(in_flight), False, heads[0])
+            else:
+                views[read.pool_id] = QueueView(int(backlog), tuple(heads), int(in_flight), bool(heads_read))
+        return Observation(views, int(results[-1]), lost)
 
     async def take_poll(self, interval_s: float) -> bool:
         """True when this dispatcher's idle poll is the group's next one (one SET NX per attempt)."""
@@ -168,6 +185,7 @@ class QueueOps:
                     self._group_inflight,
                     self.keys.pool_inflight(req.pool_id),
                     self.keys.producer_alive(req.producer_id),
+                    self._lease_records,
                     self.keys.backend_inflight(req.backend_id),
                     self.keys.pool_drain(req.pool_id),
                 ]
@@ -178,6 +196,7 @@ class QueueOps:
                     lease_s,
                     req.pool_max,
                     req.group_limit,
+                    req.lease_record,
                     req.protected,
                     "" if req.backend_limit is None else req.backend_limit,
                 ]
@@ -219,6 +238,7 @@ class QueueOps:
                 self.keys.replies(producer_id),
                 self._group_inflight,
                 self.keys.pool_inflight(pool_id),
+                self._lease_records,
                 self.keys.wake_list(pool_id),
                 self.keys.backend_inflight(backend_id),
                 *map(self.keys.requests, group_pools),

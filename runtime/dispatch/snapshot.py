@@ -67,6 +67,7 @@ def build_snapshot(dispatcher: Dispatcher, *, now: float) -> dict[str, Any]:
                 "skips": skips.get(pool.pool_id, {}),
                 "launched": stats.launched_by_pool.get(pool.pool_id, 0),
                 "cost_dispatched": stats.cost_by_pool.get(pool.pool_id, 0),
+                "lost_in_flight": stats.lost_by_pool.get(pool.pool_id, 0),
             }
         )
     active = sorted(dispatcher.running.values(), key=lambda r: r.started_at)[:MAX_ACTIVE_LISTED]
@@ -88,6 +89,8 @@ def build_snapshot(dispatcher: Dispatcher, *, now: float) -> dict[str, Any]:
         "completed": stats.completed,
         "failed": dict(stats.failed),
         "dropped": dict(stats.dropped),
+        "internal_errors": stats.internal_errors,
+        "config_rejected": stats.config_rejected,
         "breakers": dispatcher.breakers.modes(),
         "pools": pools,
         "active": [

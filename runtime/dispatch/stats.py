@@ -11,12 +11,16 @@ DROP_PRODUCER_GONE = "producer_gone"  # liveness key missing before execution: n
 DROP_REPLY_PRODUCER_GONE = "reply_producer_gone"  # executed, but the producer left before the reply
 DROP_EXPIRED = "expired"  # deadline passed while queued: never executed
 DROP_REPLY_UNDELIVERED = "reply_undelivered"  # Valkey failed while publishing the reply
+DROP_DUPLICATE = "duplicate"  # a copy of a request (same pool and request_id) that is already running
+DROP_LOST_IN_FLIGHT = "lost_in_flight"  # claimed by a dispatcher that died: its lease expired unreleased
 DROP_REASONS = (
     DROP_MALFORMED,
     DROP_PRODUCER_GONE,
     DROP_REPLY_PRODUCER_GONE,
     DROP_EXPIRED,
     DROP_REPLY_UNDELIVERED,
+    DROP_DUPLICATE,
+    DROP_LOST_IN_FLIGHT,
 )
 
 
@@ -31,11 +35,20 @@ class DispatcherStats:
     valkey_outages: int = 0
     claim_lost: int = 0  # peeked item taken by someone else before our claim
     turn_busy: int = 0  # rounds skipped because another dispatcher of the group was deciding
+    lost_by_pool: Counter[str] = field(default_factory=Counter)  # lost_in_flight, per pool
+    internal_errors: int = 0  # unexpected exceptions caught by the scheduling round's guard
+    config_rejected: int = 0  # published configurations this dispatcher refused
+    rounds: int = 0  # scheduling rounds run (a spinning loop shows here)
     _flushed: Counter[str] = field(default_factory=Counter)
 
     def totals(self) -> dict[str, int]:
         """Flat cumulative counters, as stored in the group's Valkey counter hash."""
-        flat: dict[str, int] = {"completed": self.completed, "valkey_outages": self.valkey_outages}
+        flat: dict[str, int] = {
+            "completed": self.completed,
+            "valkey_outages": self.valkey_outages,
+            "internal_error": self.internal_errors,
+            "config_rejected": self.config_rejected,
+        }
         flat.update({f"failed:{k}": v for k, v in self.failed.items()})
         flat.update({f"dropped:{k}": v for k, v in self.dropped.items()})
         return flat

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 
 import redis.asyncio as aioredis
 
+from runtime.backoff import Backoff
 from runtime.valkey.client import REDIS_ERRORS
 
 # One pending token per pool is enough: the dispatcher it wakes takes every launch it can, and a
@@ -76,7 +77,7 @@ class WakeWaiter:
         finished: asyncio.Event,
         on_wake: Callable[[], None],
         on_error: Callable[[BaseException], None],
-        retry_s: float = 0.5,
+        backoff_s: tuple[float, float] = (0.5, 5.0),
     ) -> None:
         self.client = client
         self.keys = keys
@@ -84,7 +85,7 @@ class WakeWaiter:
         self.finished = finished
         self.on_wake = on_wake
         self.on_error = on_error
-        self.retry_s = retry_s
+        self.backoff = Backoff(*backoff_s)
         self.tokens = 0
 
     def __repr__(self) -> str:
@@ -113,8 +114,9 @@ class WakeWaiter:
             except REDIS_ERRORS as exc:
                 self.on_error(exc)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.finished.wait(), self.retry_s)
+                    await asyncio.wait_for(self.finished.wait(), self.backoff.next())
                 continue
+            self.backoff.reset()
             if token is not None:
                 self.tokens += 1
                 self.on_wake()

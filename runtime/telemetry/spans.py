@@ -7,7 +7,7 @@ submit span (its W3C context travels in the envelope). Without an SDK provider t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,6 +26,36 @@ class Identity:
     group_id: str
     gateway_id: str
     dispatcher_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """The request a span is about: what history needs of it, without the call's content.
+
+    Built from the envelope, or from a lease record when the envelope is gone (a lost call).
+    """
+
+    request_id: str
+    producer_id: str
+    pool_id: str
+    model: str
+    message_count: int
+    enqueued_at: float
+    trace: Mapping[str, str]
+    labels: Mapping[str, str] = field(default_factory=dict)  # the producer's free-form labels
+
+    @classmethod
+    def of(cls, envelope: Envelope) -> Subject:
+        return cls(
+            request_id=envelope.request_id,
+            producer_id=envelope.producer_id,
+            pool_id=envelope.pool_id,
+            model=envelope.call.model,
+            message_count=len(envelope.call.messages),
+            enqueued_at=envelope.enqueued_at,
+            trace=envelope.trace,
+            labels=envelope.metadata.labels,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,27 +88,28 @@ def content_attributes(envelope: Envelope, completion: Mapping[str, Any] | None)
 
 def record_span(
     tracer: trace.Tracer,
-    envelope: Envelope,
+    request: Envelope | Subject,
     who: Identity,
     outcome: Outcome,
     content: Mapping[str, Any] | None = None,
 ) -> None:
     """Emits one CLIENT span for a dispatched (or dropped) request."""
-    parent = _propagator.extract(dict(envelope.trace))
-    queue_wait = max(0.0, outcome.started_at - envelope.enqueued_at)
+    subject = request if isinstance(request, Subject) else Subject.of(request)
+    parent = _propagator.extract(dict(subject.trace))
+    queue_wait = max(0.0, outcome.started_at - subject.enqueued_at)
     attributes: dict[str, Any] = {
         semconv.GEN_AI_OPERATION_NAME: "chat",
-        semconv.GEN_AI_REQUEST_MODEL: envelope.call.model,
-        semconv.REQUEST_ID: envelope.request_id,
-        semconv.PRODUCER_ID: envelope.producer_id,
-        semconv.POOL_ID: envelope.pool_id,
+        semconv.GEN_AI_REQUEST_MODEL: subject.model,
+        semconv.REQUEST_ID: subject.request_id,
+        semconv.PRODUCER_ID: subject.producer_id,
+        semconv.POOL_ID: subject.pool_id,
         semconv.GROUP_ID: who.group_id,
         semconv.GATEWAY_ID: who.gateway_id,
         semconv.DISPATCHER_ID: who.dispatcher_id,
-        semconv.MESSAGE_COUNT: len(envelope.call.messages),
+        semconv.MESSAGE_COUNT: subject.message_count,
         semconv.QUEUE_WAIT_S: queue_wait,
         semconv.EXECUTION_S: max(0.0, outcome.ended_at - outcome.started_at),
-        semconv.TOTAL_S: max(0.0, outcome.ended_at - envelope.enqueued_at),
+        semconv.TOTAL_S: max(0.0, outcome.ended_at - subject.enqueued_at),
         semconv.STATUS: outcome.status,
         semconv.REPLY_DELIVERED: outcome.reply_delivered,
         semconv.COST_UNITS: outcome.cost,
@@ -101,17 +132,17 @@ def record_span(
         semconv.TIME_TO_FIRST_TOKEN_S: outcome.time_to_first_token_s,
         semconv.CHUNK_COUNT: outcome.chunk_count,
     }
-    for label, value in envelope.metadata.labels.items():
+    for label, value in subject.labels.items():
         attributes[f"{semconv.LABEL_PREFIX}{label}"] = value
     attributes.update({k: v for k, v in optional.items() if v not in (None, "")})
     if content:
         attributes.update(content)
     span = tracer.start_span(
-        f"{semconv.SPAN_NAME_DISPATCH} {envelope.call.model}",
+        f"{semconv.SPAN_NAME_DISPATCH} {subject.model}",
         context=parent,
         kind=trace.SpanKind.CLIENT,
         attributes=attributes,
-        start_time=int(envelope.enqueued_at * 1e9),
+        start_time=int(subject.enqueued_at * 1e9),
     )
     if outcome.status != "ok":
         span.set_status(trace.Status(trace.StatusCode.ERROR, outcome.error_message or outcome.drop_reason))

@@ -50,6 +50,11 @@ STATUS_OK = "ok"
 STATUS_ERROR = "error"
 STATUS_CHUNK = "chunk"  # one streamed chunk, relayed ahead of the request's final reply
 
+# Wall-clock times an envelope may carry (seconds since the epoch): 1970 to 2100. Anything else is a
+# bug or an attack, and would overflow nanosecond span timestamps (int64) downstream.
+MIN_WALL_CLOCK_S = 0.0
+MAX_WALL_CLOCK_S = 4_102_444_800.0
+
 
 def _fail(what: str) -> MalformedEnvelope:
     return MalformedEnvelope(what)
@@ -214,7 +219,11 @@ class Envelope:
     stream: StreamOptions | None = None  # set: the dispatcher relays the backend's chunks as they come
 
     def encode(self, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -> bytes:
-        """Serializes the envelope; refuses one over ``max_bytes`` with EnvelopeTooLarge."""
+        """Serializes the envelope; refuses one over ``max_bytes`` with EnvelopeTooLarge, and times the
+        dispatcher would refuse (out of range) with MalformedEnvelope."""
+        _wall_clock(self.enqueued_at, "envelope.enqueued_at")
+        if self.deadline is not None:
+            _wall_clock(self.deadline, "envelope.deadline")
         optional = {"stream": self.stream.to_json()} if self.stream is not None else {}
         raw = orjson.dumps(
             {
@@ -247,10 +256,10 @@ class Envelope:
             name: _non_empty_str(data.get(name), f"envelope.{name}")
             for name in ("request_id", "producer_id", "pool_id")
         }
-        enqueued_at = float(_expect(data.get("enqueued_at"), _NUMBER, "envelope.enqueued_at"))
+        enqueued_at = _wall_clock(data.get("enqueued_at"), "envelope.enqueued_at")
         deadline = data.get("deadline")
         if deadline is not None:
-            deadline = float(_expect(deadline, _NUMBER, "envelope.deadline"))
+            deadline = _wall_clock(deadline, "envelope.deadline")
         trace = _expect(data.get("trace", {}), dict, "envelope.trace")
         for key, value in trace.items():
             _expect(value, str, f"envelope.trace[{key!r}]")
@@ -263,6 +272,16 @@ class Envelope:
             stream=StreamOptions.from_json(data["stream"]) if data.get("stream") is not None else None,
             **ids,
         )
+
+
+def _wall_clock(value: Any, what: str) -> float:
+    seconds = float(_expect(value, _NUMBER, what))
+    if not MIN_WALL_CLOCK_S <= seconds <= MAX_WALL_CLOCK_S:  # also refuses NaN
+        raise _fail(
+            f"{what} is out of range: {value!r} is not a time between {MIN_WALL_CLOCK_S:.0f} and "
+            f"{MAX_WALL_CLOCK_S:.0f} seconds since the epoch"
+        )
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)

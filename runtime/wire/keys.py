@@ -78,6 +78,11 @@ class KeySpace:
         """Sorted set of in-flight leases of one pool, across all dispatchers."""
         return f"{self.prefix}zset:llm:inflight-pool:{pool_id}"
 
+    def lease_records(self, group_id: str) -> str:
+        """Hash lease member -> what a claim knew of its request, so a lease that expires because
+        its dispatcher died can still be counted and written to history as ``lost_in_flight``."""
+        return f"{self.prefix}hash:llm:leases:{group_id}"
+
     def group_config(self, group_id: str) -> str:
         """JSON of the group's published configuration (policy, pools, endpoints)."""
         return f"{self.prefix}key:llm:config:{group_id}"

@@ -8,6 +8,8 @@ Prints "ready" once it has loaded the group's configuration, and on exit one lin
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import sys
 
 import orjson
@@ -16,6 +18,32 @@ from runtime.config import DispatcherSettings
 from runtime.dispatch.dispatcher import Dispatcher
 from runtime.valkey.client import connect
 from runtime.wire.keys import KeySpace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def start_dispatcher(
+    valkey_url: str, prefix: str, group_id: str, ident: str, concurrency: int = 8, lease_s: float = 15.0
+) -> subprocess.Popen[str]:
+    """Starts a dispatcher process and returns once it has loaded its configuration."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.runtime.dispatcher_proc",
+            valkey_url,
+            prefix,
+            group_id,
+            ident,
+            str(concurrency),
+            str(lease_s),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
 
 
 async def main(

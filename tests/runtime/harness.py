@@ -7,16 +7,19 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from runtime.config import DispatcherSettings
 from runtime.dispatch.dispatcher import Dispatcher
+from runtime.errors import BackendHTTPError
+from runtime.producer import Producer
 from runtime.wire import groupconfig
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from runtime.wire.keys import KeySpace
 from tests.waiting import wait_until
 
-__all__ = ["CALL", "one_pool_group", "running_dispatcher", "slow_call", "wait_until"]
+__all__ = ["CALL", "fail_calls", "one_pool_group", "running_dispatcher", "slow_call", "wait_until"]
 
 CALL = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -42,6 +45,13 @@ def one_pool_group(
 
 def slow_call(latency_ms: float, **sim: Any) -> dict[str, Any]:
     return {**CALL, "sim": {"latency_ms": latency_ms, **sim}}
+
+
+async def fail_calls(producer: Producer, count: int, *, pool_id: str = "default", status: int = 503) -> None:
+    """Submits ``count`` calls the simulator fails with ``status`` (e.g. to open a breaker)."""
+    for _ in range(count):
+        with pytest.raises(BackendHTTPError):
+            await producer.submit({**CALL, "sim": {"status": status}}, pool_id=pool_id, timeout=10)
 
 
 @contextlib.asynccontextmanager

@@ -152,3 +152,35 @@ def test_properties_over_random_sequences(steps):
         assert state.trips >= before.trips
         if state.mode == OPEN and before.mode != OPEN:
             assert state.trips == before.trips + 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=events, extra=st.floats(0.0, 12.0, allow_nan=False))
+def test_allowance_is_exactly_how_many_calls_allow_lets_through_now(steps, extra):
+    timeline, now = [], 0.0
+    for kind, dt in steps:
+        now += dt
+        timeline.append((kind, now))
+    state, _ = run(timeline)
+    now += extra
+    limit = B.allowance(state, now)
+    assert (limit == 0) == (B.blocked(state, now) is not None)
+    granted, probe = 0, state
+    for _ in range(POLICY.half_open_probes + 3):
+        ok, probe = B.allow(probe, now)
+        if not ok:
+            break
+        granted += 1
+    if limit is None:
+        assert state.mode == CLOSED and granted == POLICY.half_open_probes + 3
+    else:
+        assert granted == limit
+
+
+def test_release_gives_an_unused_probe_slot_back():
+    state, _ = run([("fail", 0.0), ("fail", 1.0), ("fail", 2.0), ("allow", 8.0), ("allow", 8.0)])
+    assert state.mode == HALF_OPEN and B.allowance(state, 8.0) == 0
+    state = B.release(state)
+    assert B.allowance(state, 8.0) == 1
+    assert B.allow(state, 8.0)[0]
+    assert B.release(BreakerState()) == BreakerState()  # closed: nothing to give back

@@ -73,6 +73,11 @@ def test_image_parts_are_counted() -> None:
         (lambda d: d.update(enqueued_at="soon"), "envelope.enqueued_at"),
         (lambda d: d.update(enqueued_at=True), "boolean"),
         (lambda d: d.update(deadline="x"), "envelope.deadline"),
+        (lambda d: d.update(enqueued_at=1e308), "envelope.enqueued_at is out of range"),
+        (lambda d: d.update(enqueued_at=-1e308), "envelope.enqueued_at is out of range"),
+        (lambda d: d.update(enqueued_at=-1), "envelope.enqueued_at is out of range"),
+        (lambda d: d.update(deadline=1e308), "envelope.deadline is out of range"),
+        (lambda d: d.update(deadline=-1e308), "envelope.deadline is out of range"),
         (lambda d: d.update(v=99), "version"),
         (lambda d: d.update(call=None), "call must be an object"),
         (lambda d: d["call"].update(model=""), "call.model must not be empty"),
@@ -134,3 +139,11 @@ def test_reply_round_trip_ok_and_error() -> None:
 def test_malformed_replies(data: dict) -> None:
     with pytest.raises(MalformedEnvelope):
         Reply.decode(orjson.dumps(data))
+
+
+@pytest.mark.parametrize("fields", [{"enqueued_at": 1e308}, {"deadline": 1e12}, {"deadline": float("nan")}])
+def test_encode_refuses_times_the_dispatcher_would_refuse(fields) -> None:
+    from dataclasses import replace
+
+    with pytest.raises(MalformedEnvelope, match="out of range"):
+        replace(envelope(), **fields).encode()

@@ -4,10 +4,8 @@ dispatcher processes sharing caps, and a SIGKILLed dispatcher's slots coming bac
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import replace
 
@@ -18,9 +16,8 @@ from runtime.wire import groupconfig
 from runtime.wire.contract import Metadata
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
+from tests.runtime.dispatcher_proc import start_dispatcher
 from tests.runtime.harness import running_dispatcher, wait_until
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def call(pool_id: str, i: int, latency_ms: float = 0) -> dict:
@@ -160,29 +157,6 @@ async def test_weight_change_reaches_a_running_dispatcher_and_changes_the_ratio(
             await asyncio.gather(*tasks)
     assert 0.7 <= even <= 1.4
     assert 3.2 <= after <= 5.0
-
-
-def start_dispatcher(
-    valkey_url: str, prefix: str, group_id: str, ident: str, concurrency: int = 8, lease_s: float = 15.0
-) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.runtime.dispatcher_proc",
-            valkey_url,
-            prefix,
-            group_id,
-            ident,
-            str(concurrency),
-            str(lease_s),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-    return proc
 
 
 def stop(procs: list[subprocess.Popen]) -> list[int]:

@@ -12,7 +12,9 @@ import orjson
 import pytest
 
 from runtime.dispatch import scripts
+from runtime.dispatch.leases import LeaseRecord
 from runtime.dispatch.queue import ClaimRequest, QueueOps, lease_member
+from runtime.policy.reads import PoolRead
 from runtime.producer import Producer
 from runtime.valkey.client import connect
 from runtime.wire import groupconfig
@@ -175,6 +177,36 @@ async def test_claim_batches_run_by_sha_and_survive_a_script_flush(private_valke
         assert stats["cmdstat_evalsha"]["calls"] == 1, stats
         await client.script_flush()
         assert (await queue.claim([_launch("a", raws[2], 2)], lease_s=30))[0][0] == scripts.CLAIMED
-        await queue.observe(["a"], 4)
+        await queue.observe([PoolRead("a", depth=4, pool_max=10)], group_limit=10)
     finally:
         await client.aclose()
+
+
+async def test_one_claim_checks_protected_slots_and_stores_lease_records_for_the_reaper(aredis, keys) -> None:
+    """Both branches' duties in one CLAIM: a claim refused for another pool's protected slots stores no
+    lease record; the launched ones store theirs, and once their leases expire the reaper hands them back."""
+    queue = QueueOps(aredis, keys, "g")
+    bulk = await _queued(aredis, keys, "bulk", 3)
+    await _queued(aredis, keys, "vip", 2)
+    records = [
+        LeaseRecord.of(Envelope.decode(raw), pool_id="bulk", claimed_at=0.0, dispatcher_id="d", cost=1)
+        for raw in bulk
+    ]
+    claims = [
+        _launch("bulk", raw, i, reserved_for=(("vip", 2),), lease_record=records[i].encode())
+        for i, raw in enumerate(bulk)
+    ]
+    results = await queue.claim(claims, lease_s=30)
+    assert [code for code, _ in results] == [scripts.CLAIMED, scripts.CLAIMED, scripts.CLAIM_RESERVED]
+    held = {c.lease_member.encode() for c in claims[:2]}
+    assert set(await aredis.hkeys(keys.lease_records("g"))) == held
+    for member in held:  # the dispatcher died: its leases run out
+        await aredis.zadd(keys.group_inflight("g"), {member: 1}, xx=True)
+        await aredis.zadd(keys.pool_inflight("bulk"), {member: 1}, xx=True)
+    reads = [PoolRead("bulk", depth=4, pool_max=4), PoolRead("vip", depth=4, pool_max=4)]
+    for source in (scripts.REAP, scripts.OBSERVE):  # as in a running dispatcher: loaded by earlier rounds
+        await aredis.script_load(source)
+    seen = await queue.observe(reads, group_limit=4)
+    assert sorted(r.request_id for r in seen.lost) == ["bulk-0", "bulk-1"]
+    assert await aredis.hlen(keys.lease_records("g")) == 0
+    assert (seen.group_in_flight, seen.views["vip"].heads_read) == (0, True)

@@ -4,23 +4,11 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from runtime.producer import Producer
 from runtime.telemetry import semconv
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.harness import CALL, one_pool_group, running_dispatcher
-
-
-@pytest.fixture
-def spans():
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield provider, exporter
-    provider.shutdown()
 
 
 @pytest.mark.parametrize("store_content", [False, True])

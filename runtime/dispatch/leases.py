@@ -1,0 +1,101 @@
+"""What a dispatcher stores with each in-flight lease, so that a lost call still leaves a trace.
+
+In ``lists`` mode a request that was popped is no longer durable: if its dispatcher dies, the lease
+expires and the request is gone. The claim stores this record beside the lease; whoever reaps the
+expired lease reads it back, counts the request as ``lost_in_flight`` for its pool and writes a
+dropped span with the request's identity, timing and trace context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from runtime.telemetry.spans import Subject
+from runtime.wire.contract import Envelope
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    request_id: str
+    producer_id: str
+    pool_id: str  # the lane it was claimed from (the list it sat in)
+    model: str
+    message_count: int
+    enqueued_at: float
+    claimed_at: float
+    dispatcher_id: str
+    cost: int = 0
+    trace: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls, envelope: Envelope, *, pool_id: str, claimed_at: float, dispatcher_id: str, cost: int
+    ) -> LeaseRecord:
+        return cls(
+            request_id=envelope.request_id,
+            producer_id=envelope.producer_id,
+            pool_id=pool_id,
+            model=envelope.call.model,
+            message_count=len(envelope.call.messages),
+            enqueued_at=envelope.enqueued_at,
+            claimed_at=claimed_at,
+            dispatcher_id=dispatcher_id,
+            cost=cost,
+            trace=dict(envelope.trace),
+            labels=dict(envelope.metadata.labels),
+        )
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {
+                "request_id": self.request_id,
+                "producer_id": self.producer_id,
+                "pool_id": self.pool_id,
+                "model": self.model,
+                "message_count": self.message_count,
+                "enqueued_at": self.enqueued_at,
+                "claimed_at": self.claimed_at,
+                "dispatcher_id": self.dispatcher_id,
+                "cost": self.cost,
+                "trace": dict(self.trace),
+                "labels": dict(self.labels),
+            }
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes) -> LeaseRecord | None:
+        """The record, or None when the bytes are not one (written by another version)."""
+        try:
+            data: Any = orjson.loads(raw)
+            return cls(
+                request_id=str(data["request_id"]),
+                producer_id=str(data["producer_id"]),
+                pool_id=str(data["pool_id"]),
+                model=str(data["model"]),
+                message_count=int(data["message_count"]),
+                enqueued_at=float(data["enqueued_at"]),
+                claimed_at=float(data["claimed_at"]),
+                dispatcher_id=str(data["dispatcher_id"]),
+                cost=int(data.get("cost", 0)),
+                trace={str(k): str(v) for k, v in dict(data.get("trace") or {}).items()},
+                labels={str(k): str(v) for k, v in dict(data.get("labels") or {}).items()},
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            return None
+
+    def subject(self) -> Subject:
+        return Subject(
+            request_id=self.request_id,
+            producer_id=self.producer_id,
+            pool_id=self.pool_id,
+            model=self.model,
+            message_count=self.message_count,
+            enqueued_at=self.enqueued_at,
+            trace=self.trace,
+            labels=self.labels,
+        )
