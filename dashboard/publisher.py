@@ -14,8 +14,9 @@ import hashlib
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
+
+from runtime.dispatch.snapshot import DispatcherSnapshot, SnapshotSink
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +26,6 @@ WARN_EVERY_S = 30.0
 _GROUP_PREFIX = "fabric."
 _INVALID = re.compile(r"[^a-zA-Z0-9\-_.]")
 _MAX_GROUP_NAME = 99  # channels refuses names of 100 characters or more
-
-SnapshotSink = Callable[[dict[str, Any]], Awaitable[None]]
-
 
 def group_name(group_id: str) -> str:
     """The channel-layer group of a fabric group: ``fabric.<group_id>``, sanitized to what channels accepts.
@@ -42,7 +40,7 @@ def group_name(group_id: str) -> str:
     return name
 
 
-class SnapshotPublisher:
+class ChannelLayerSink:
     """Sends snapshots to the channel layer; counts what it could not send instead of raising."""
 
     def __init__(self, layer: Any, *, timeout_s: float = SEND_TIMEOUT_S) -> None:
@@ -53,9 +51,9 @@ class SnapshotPublisher:
         self._last_warning = 0.0
 
     def __repr__(self) -> str:
-        return f"<SnapshotPublisher sent={self.sent} failed={self.failed}>"
+        return f"<ChannelLayerSink sent={self.sent} failed={self.failed}>"
 
-    async def __call__(self, snapshot: dict[str, Any]) -> None:
+    async def __call__(self, snapshot: DispatcherSnapshot) -> None:
         if self.layer is None:
             return
         try:
@@ -85,4 +83,4 @@ def snapshot_sink(layer: Any = None) -> SnapshotSink:
         except Exception as exc:  # no layer: dispatch runs, the dashboard falls back to Valkey snapshots
             log.warning("no channel layer for dashboard snapshots: %s", exc)
             layer = None
-    return SnapshotPublisher(layer)
+    return ChannelLayerSink(layer)

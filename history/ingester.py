@@ -32,6 +32,7 @@ import redis
 
 from history import schema
 from history.client import HistoryClient, HistoryUnavailable
+from runtime.backoff import Backoff
 from runtime.telemetry.tracing import scrub_text, scrub_value
 from runtime.wire.keys import KeySpace
 
@@ -167,13 +168,14 @@ class Ingester:
         self._trim = redis_client.register_script(_TRIM_ACKED)
         self._migrated = False
         self._backlog_done = False
-        self._backoff = 0.0
+        self._backoff = Backoff(0.2, max_backoff_s)
+        self._last_pause = 0.0
 
     def __repr__(self) -> str:
         s = self.stats
         return (
             f"<Ingester {self.stream} consumer={self.consumer} inserted={s.inserted} acked={s.acked} "
-            f"malformed={s.malformed} failures={s.failures} backoff={self._backoff:.1f}s>"
+            f"malformed={s.malformed} failures={s.failures} backoff={self._last_pause:.1f}s>"
         )
 
     def _ensure_group(self) -> None:
@@ -250,7 +252,8 @@ class Ingester:
         while not stop.is_set():
             try:
                 self.step()
-                self._backoff = 0.0
+                self._backoff.reset()
+                self._last_pause = 0.0
             except IngesterCrash:
                 raise
             except (HistoryUnavailable, redis.RedisError, OSError) as exc:
@@ -264,9 +267,9 @@ class Ingester:
         self.stats.failures += 1
         self._migrated = self._migrated and not isinstance(exc, HistoryUnavailable)
         self._backlog_done = False  # re-read what we hold pending, in the same order
-        self._backoff = min(self.max_backoff_s, max(0.2, self._backoff * 2))
-        log.warning("history ingester: %s; retrying in %.1fs", exc, self._backoff)
-        stop.wait(self._backoff)
+        self._last_pause = self._backoff.next()
+        log.warning("history ingester: %s; retrying in %.1fs", exc, self._last_pause)
+        stop.wait(self._last_pause)
 
 
 # --- background runner for the process that owns an embedded database -----------------------------

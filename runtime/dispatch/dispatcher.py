@@ -30,7 +30,6 @@ import logging
 import signal
 import time
 from collections.abc import Mapping
-from typing import Any
 
 import redis.asyncio as aioredis
 from opentelemetry import trace
@@ -49,7 +48,7 @@ from runtime.dispatch.leases import LeaseRecord
 from runtime.dispatch.listener import ChangeListener
 from runtime.dispatch.peek import PeekCache, PeekedItem, usable_heads
 from runtime.dispatch.queue import ClaimRequest, QueueOps, QueueView, TurnEnd, lease_member
-from runtime.dispatch.snapshot import SnapshotPublisher, SnapshotSink, build_snapshot
+from runtime.dispatch.snapshot import DispatcherSnapshot, SnapshotSink, SnapshotStore, build_snapshot
 from runtime.dispatch.stats import (
     DROP_DUPLICATE,
     DROP_PRODUCER_GONE,
@@ -113,7 +112,7 @@ class Dispatcher:
             stats=self.stats, tracer=self.tracer, identity=self.identity, secrets=dict(secrets or {}),
             store_content=store_content, on_valkey_error=self._valkey_lost,
         )  # fmt: skip
-        self.publisher = SnapshotPublisher(
+        self.publisher = SnapshotStore(
             client, keys, group_id=settings.group_id, dispatcher_id=settings.dispatcher_id,
             ttl_s=settings.snapshot_ttl_s, sink=snapshot_sink, on_error=self._valkey_lost,
         )  # fmt: skip
@@ -655,7 +654,7 @@ class Dispatcher:
         while not await self._pause(self.settings.snapshot_interval_s):
             await self._publish_snapshot_once()
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> DispatcherSnapshot:
         return build_snapshot(self, now=time.time())
 
     async def _publish_snapshot_once(self) -> None:

@@ -10,28 +10,128 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol, TypedDict
 
 import orjson
 import redis.asyncio as aioredis
 
 from runtime.backends.redact import redact_url
+from runtime.config import DispatcherSettings
+from runtime.dispatch.execution import Running
+from runtime.dispatch.peek import PeekedItem
+from runtime.dispatch.queue import QueueView
 from runtime.dispatch.stats import DispatcherStats
+from runtime.telemetry.spans import Identity
 from runtime.valkey.client import REDIS_ERRORS
+from runtime.wire.groupconfig import GroupConfig
 from runtime.wire.keys import KeySpace
 
-if TYPE_CHECKING:
-    from runtime.dispatch.dispatcher import Dispatcher
-
 log = logging.getLogger(__name__)
-SnapshotSink = Callable[[dict[str, Any]], Awaitable[None]]
 SNAPSHOT_SCHEMA = 1
 MAX_ACTIVE_LISTED = 50
 HEARTBEAT_S = 2.0
 
 
-def build_snapshot(dispatcher: Dispatcher, *, now: float) -> dict[str, Any]:
+class PoolSnapshot(TypedDict):
+    """One pool as one dispatcher sees it: its configuration, queue, caps and what it dispatched."""
+
+    pool_id: str
+    display_name: str
+    weight: int
+    min_concurrent: int
+    max_concurrent: int
+    max_burst_per_visit: int
+    enabled: bool
+    paused: bool
+    endpoint: str
+    queue_depth: int
+    in_flight: int
+    in_flight_local: int
+    oldest_pending_age_s: float | None
+    head_cost: int | None
+    deficit: int
+    skips: dict[str, int]
+    launched: int
+    cost_dispatched: int
+    lost_in_flight: int
+
+
+class ActiveRequest(TypedDict):
+    request_id: str
+    pool_id: str
+    producer_id: str
+    model: str
+    stage: str
+    age_s: float
+    queue_wait_s: float
+    execution_s: float
+
+
+class DispatcherSnapshot(TypedDict):
+    """What one dispatcher publishes (Valkey key and live event); the dashboard merges a group's."""
+
+    schema: int
+    at: float
+    group_id: str
+    dispatcher_id: str
+    gateway_id: str
+    policy: str
+    config_version: int
+    total_concurrency: int
+    concurrency: int
+    up_since: float
+    valkey_ok: bool
+    stopping: bool
+    in_flight: int
+    group_in_flight: int
+    completed: int
+    failed: dict[str, int]
+    dropped: dict[str, int]
+    internal_errors: int
+    config_rejected: int
+    breakers: dict[str, dict[str, object]]
+    pools: list[PoolSnapshot]
+    active: list[ActiveRequest]
+
+
+SnapshotSink = Callable[[DispatcherSnapshot], Awaitable[None]]
+
+
+class BreakerModes(Protocol):
+    def modes(self) -> dict[str, dict[str, object]]: ...
+
+
+class SnapshotSource(Protocol):
+    """What the snapshot reads of a dispatcher: a small view, so this module needs no Dispatcher."""
+
+    @property
+    def config(self) -> GroupConfig | None: ...
+    @property
+    def settings(self) -> DispatcherSettings: ...
+    @property
+    def identity(self) -> Identity: ...
+    @property
+    def stats(self) -> DispatcherStats: ...
+    @property
+    def running(self) -> Mapping[str, Running]: ...
+    @property
+    def last_views(self) -> Mapping[str, QueueView]: ...
+    @property
+    def breakers(self) -> BreakerModes: ...
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def valkey_ok(self) -> bool: ...
+    @property
+    def stopping(self) -> bool: ...
+    @property
+    def group_in_flight(self) -> int: ...
+    def deficit(self, pool_id: str) -> int: ...
+    def peeked_head(self, pool_id: str) -> PeekedItem | None: ...
+
+
+def build_snapshot(dispatcher: SnapshotSource, *, now: float) -> DispatcherSnapshot:
     config = dispatcher.config
     assert config is not None
     stats = dispatcher.stats
@@ -41,7 +141,7 @@ def build_snapshot(dispatcher: Dispatcher, *, now: float) -> dict[str, Any]:
     local_by_pool: dict[str, int] = {}
     for run in dispatcher.running.values():
         local_by_pool[run.pool_id] = local_by_pool.get(run.pool_id, 0) + 1
-    pools = []
+    pools: list[PoolSnapshot] = []
     for pool in config.pools:
         view = dispatcher.last_views.get(pool.pool_id)
         head = dispatcher.peeked_head(pool.pool_id)
@@ -110,7 +210,7 @@ def build_snapshot(dispatcher: Dispatcher, *, now: float) -> dict[str, Any]:
     }
 
 
-class SnapshotPublisher:
+class SnapshotStore:
     """Keeps a dispatcher's latest snapshot in Valkey (with a TTL, so a dead dispatcher disappears),
     flushes its counters into the group's hash, and sends live events when something changed."""
 
@@ -135,9 +235,9 @@ class SnapshotPublisher:
         self._last_sent_at = 0.0
 
     def __repr__(self) -> str:
-        return f"<SnapshotPublisher {self.key} sink={'yes' if self.sink else 'no'}>"
+        return f"<SnapshotStore {self.key} sink={'yes' if self.sink else 'no'}>"
 
-    async def publish(self, snap: dict[str, Any], stats: DispatcherStats) -> None:
+    async def publish(self, snap: DispatcherSnapshot, stats: DispatcherStats) -> None:
         deltas = stats.unflushed()
         try:
             async with self.client.pipeline(transaction=False) as pipe:
@@ -165,9 +265,9 @@ class SnapshotPublisher:
                         pipe.hincrby(self.counters_key, name, delta)
                     await pipe.execute()
 
-    def _changed(self, snap: dict[str, Any]) -> bool:
+    def _changed(self, snap: DispatcherSnapshot) -> bool:
         """Live events on change, and at least every few seconds as a heartbeat."""
-        significant = {k: v for k, v in snap.items() if k not in ("at", "active")}
+        significant: dict[str, Any] = {k: v for k, v in snap.items() if k not in ("at", "active")}
         significant["active"] = [(a["request_id"], a["stage"]) for a in snap["active"]]
         now = time.monotonic()
         if significant == self._last_sent and now - self._last_sent_at < HEARTBEAT_S:
