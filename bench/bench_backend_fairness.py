@@ -9,6 +9,8 @@ Without gating the dispatcher sends up to 32 calls, 28 of which wait in the back
 weights mean nothing; with gating (the backend row's defaults: ``max_waiting`` 5, KV usage 0.8,
 scraped every 250 ms) the surplus waits in our queue, where DRR serves interactive first.
 
+A last scenario tightens the backend row's ``max_waiting`` to 2 (an operator's tuning).
+
 Reported: interactive p50/p99 *total* latency (submit to reply) per scenario, its ratio to the same
 gating mode without flood, and the completion rate of the flooded runs (gated against ungated).
 Then the scrape cost: CPU per second of one process scraping one backend every 250 ms.
@@ -51,19 +53,22 @@ TOTAL = 32
 INTERVAL_S = 0.06
 TARGET_RATIO = 2.0
 TARGET_THROUGHPUT = 0.95
-# name: (gating, flooded)
+# name: (gating, flooded, max_waiting)
 SCENARIOS = {
-    "ungated, no flood": (False, False),
-    "ungated, flood": (False, True),
-    "gated, no flood": (True, False),
-    "gated, flood": (True, True),
+    "ungated, no flood": (False, False, 5),
+    "ungated, flood": (False, True, 5),
+    "gated, no flood": (True, False, 5),
+    "gated, flood": (True, True, 5),
+    "gated max_waiting 2, flood": (True, True, 2),
 }
 
 
 async def one_run(valkey_url: str, sim_url: str, scenario: str, calls: int, flood: int) -> dict:
-    gating, flooded = SCENARIOS[scenario]
+    gating, flooded, max_waiting = SCENARIOS[scenario]
     keys = new_keys()
-    backend = BackendConfig("sim", sim_url, kind="vllm", max_in_flight=TOTAL, load_gating=gating)
+    backend = BackendConfig(
+        "sim", sim_url, kind="vllm", max_in_flight=TOTAL, load_gating=gating, max_waiting=max_waiting
+    )
     config = replace(
         group(
             sim_url,
@@ -162,6 +167,8 @@ def report(measured: dict, runs: int, quick: bool) -> None:
     print(f"gated p99 flood / no flood = {ratio:.2f}x (target <= {TARGET_RATIO}x):",
           "met" if ratio <= TARGET_RATIO else "MISSED")  # fmt: skip
     print(f"ungated p99 flood / no flood = {p99['ungated, flood'] / p99['ungated, no flood']:.2f}x")
+    tuned = p99["gated max_waiting 2, flood"] / p99["gated, no flood"]
+    print(f"gated with max_waiting 2: p99 flood / no flood = {tuned:.2f}x")
     print(f"throughput under flood, gated / ungated = {throughput:.2f}x (target >= {TARGET_THROUGHPUT}x):",
           "met" if throughput >= TARGET_THROUGHPUT else "MISSED")  # fmt: skip
     busy = median([c[0] for c in measured["cost"]])
