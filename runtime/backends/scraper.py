@@ -134,7 +134,8 @@ class BackendScraper:
         scraped_at = self.clock()
         url = backend.scrape_url()
         try:
-            response = await self._http.get(url)
+            # A scrape may take as long as its result stays fresh: later, it would be stale anyway.
+            response = await self._http.get(url, timeout=max(self.interval_s, backend.metrics_max_age_s))
             response.raise_for_status()
             load = parse_load(
                 response.text, kind=backend.kind, backend_id=backend.backend_id, scraped_at=scraped_at
