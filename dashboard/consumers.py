@@ -68,6 +68,8 @@ class FabricConsumer(AsyncJsonWebsocketConsumer):
         self.layer_group = ""  # set once joined
         self.lengths: dict[str, int] = {}
         self.totals: dict[str, Any] = selectors.counter_totals({})
+        self.backends: list[dict[str, Any]] = []
+        self.rejections: dict[str, dict[str, int]] = {}
         self.valkey_error = ""
         self._dirty = asyncio.Event()
         self._refresh_due = False
@@ -137,14 +139,16 @@ class FabricConsumer(AsyncJsonWebsocketConsumer):
             self.configured = await database_sync_to_async(selectors.configured_pools)(group_id=self.group_id)
         pool_ids = [p["pool_id"] for p in self.configured]
         try:
-            snapshots, self.lengths, self.totals = await sync_to_async(
-                selectors.fabric_read, thread_sensitive=False
-            )(group_id=self.group_id, pool_ids=pool_ids)
+            read = await sync_to_async(selectors.fabric_read, thread_sensitive=False)(
+                group_id=self.group_id, pool_ids=pool_ids
+            )
         except selectors.VALKEY_ERRORS as exc:
             self.valkey_error = str(exc)
             return
         self.valkey_error = ""
-        fresh = {str(s.get("dispatcher_id")): s for s in snapshots}
+        self.lengths, self.totals = read["lengths"], read["totals"]
+        self.backends, self.rejections = read["backends"], read["rejections"]
+        fresh = {str(s.get("dispatcher_id")): s for s in read["snapshots"]}
         # Snapshots that arrived as events while we were reading are newer than what we read.
         for dispatcher_id, snap in self.snapshots.items():
             if float(snap.get("at", 0)) > started and dispatcher_id not in fresh:
@@ -158,7 +162,7 @@ class FabricConsumer(AsyncJsonWebsocketConsumer):
         view["valkey_error"] = self.valkey_error
         return selectors.finish_view(
             view, group_id=self.group_id, configured=self.configured, queue_lengths=self.lengths,
-            totals=self.totals,
+            totals=self.totals, backends=self.backends, rejections=self.rejections,
         )  # fmt: skip
 
     async def _send_view(self) -> None:

@@ -27,6 +27,7 @@ class _Families:
     """The metric families of one scrape, filled group by group."""
 
     def __init__(self) -> None:
+        self._backends_seen: set[str] = set()
         g, c = GaugeMetricFamily, CounterMetricFamily
         self.queue_depth = g(f"{PREFIX}_queue_depth", "Pending requests in the pool's list (LLEN)", labels=GP)
         self.in_flight = g(
@@ -65,6 +66,34 @@ class _Families:
         self.snapshot_age = g(
             f"{PREFIX}_snapshot_age_seconds", "Age of the freshest dispatcher snapshot", labels=GR
         )
+        self.rejections = c(
+            f"{PREFIX}_rejections", "Submits refused by admission control, by reason", labels=[*GP, "reason"]
+        )
+        gb = ["backend"]
+        self.backend_in_flight = g(
+            f"{PREFIX}_backend_in_flight", "Our calls in flight to the backend", labels=gb
+        )
+        self.backend_limit = g(
+            f"{PREFIX}_backend_in_flight_limit", "In-flight calls the load gate allows now", labels=gb
+        )
+        self.backend_running = g(
+            f"{PREFIX}_backend_running", "Requests the backend runs (scraped)", labels=gb
+        )
+        self.backend_waiting = g(
+            f"{PREFIX}_backend_waiting", "Requests in the backend's own queue (scraped)", labels=gb
+        )
+        self.backend_kv = g(f"{PREFIX}_backend_kv_cache_usage", "KV-cache usage 0..1 (scraped)", labels=gb)
+        self.backend_metrics_age = g(
+            f"{PREFIX}_backend_metrics_age_seconds", "Age of the backend's shared metrics", labels=gb
+        )
+        self.backend_metrics_fresh = g(
+            f"{PREFIX}_backend_metrics_fresh", "1 while gating uses fresh metrics", labels=[*gb, "metrics"]
+        )
+        self.backend_breaker = g(
+            f"{PREFIX}_backend_breaker_open",
+            "1 while the backend's shared breaker is not closed",
+            labels=[*gb, "mode"],
+        )
         self.valkey_up = g(f"{PREFIX}_valkey_up", "1 when this scrape could read Valkey")
         self.breaker_open = g(
             f"{PREFIX}_breaker_open",
@@ -93,6 +122,7 @@ class _Families:
             for reason, count in pool.get("skips", {}).items():
                 self.skips.add_metric([*labels, reason], int(count))
             self.launched.add_metric(labels, int(pool.get("launched") or 0))
+            self.add_rejections(labels, pool.get("rejected", {}))
             self.lost_in_flight.add_metric(labels, int(pool.get("lost_in_flight") or 0))
         totals = view["totals"]
         self.completions.add_metric([group], int(totals["completed"]))
@@ -107,10 +137,40 @@ class _Families:
                 mode = str(breaker.get("mode", ""))
                 labels = [group, str(dispatcher["dispatcher_id"]), backend, mode]
                 self.breaker_open.add_metric(labels, 0 if mode == "closed" else 1)
+        for backend in view.get("backends", []):
+            self.add_backend(backend)
         self.running.add_metric([group], view["dispatchers_running"])
         self.group_in_flight.add_metric([group], view["group_in_flight"])
         if view["age_s"] is not None:
             self.snapshot_age.add_metric([group], view["age_s"])
+
+    def add_rejections(self, labels: list[str], rejected: dict[str, int]) -> None:
+        for reason, count in sorted(rejected.items()):
+            self.rejections.add_metric([*labels, reason], int(count))
+
+    def add_backend(self, backend: dict[str, Any]) -> None:
+        """A backend shared by several groups is reported once."""
+        backend_id = str(backend["backend_id"])
+        if backend_id in self._backends_seen:
+            return
+        self._backends_seen.add(backend_id)
+        labels = [backend_id]
+        self.backend_in_flight.add_metric(labels, int(backend["in_flight"]))
+        self.backend_limit.add_metric(labels, int(backend["limit"]))
+        scraped = (
+            ("running", self.backend_running),
+            ("waiting", self.backend_waiting),
+            ("kv_usage", self.backend_kv),
+            ("metrics_age_s", self.backend_metrics_age),
+        )
+        for name, family in scraped:
+            if backend.get(name) is not None:
+                family.add_metric(labels, float(backend[name]))
+        self.backend_metrics_fresh.add_metric(
+            [*labels, str(backend["metrics"])], 1 if backend["metrics"] == "fresh" else 0
+        )
+        mode = str(backend["breaker"])
+        self.backend_breaker.add_metric([*labels, mode], 0 if mode == "closed" else 1)
 
 
 class FabricCollector:

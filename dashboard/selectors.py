@@ -7,6 +7,7 @@ view out) so the dashboard page, the websocket consumer and ``/metrics`` all sho
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -17,6 +18,7 @@ import orjson
 import redis
 
 from pools.connections import VALKEY_ERRORS, key_space, sync_client
+from runtime.backends.status import queue_reads, status_from_replies
 from runtime.dispatch import deadletters
 from runtime.dispatch.stats import (
     DROP_DUPLICATE,
@@ -28,6 +30,8 @@ from runtime.dispatch.stats import (
     DROP_REPLY_PRODUCER_GONE,
     DROP_REPLY_UNDELIVERED,
 )
+from runtime.errors import DispatchError
+from runtime.wire.groupconfig import GroupConfig
 from runtime.wire.keys import SNAPSHOT_TTL_S
 
 log = logging.getLogger(__name__)
@@ -304,7 +308,12 @@ SKIP_REASON_TEXT: dict[str, Reason] = {
     ),
     "backend_saturated": Reason(
         label="backend saturated",
-        explanation="The backend reports it is saturated: work waits in our queue, where DRR orders it.",
+        explanation="The backend's own queue or KV cache is full (its metrics say so): work waits in our "
+        "queue, where DRR orders it, instead of in the backend's FIFO.",
+    ),
+    "backend_cap": Reason(
+        label="backend at its max",
+        explanation="The backend has its max in flight across every pool and dispatcher that uses it.",
     ),
 }
 # The circuit breaker's modes in an operator's words ("closed" in green reads as "down").
@@ -436,6 +445,46 @@ def queue_lengths_read(*, pool_ids: list[str], client: redis.Redis) -> dict[str,
     return dict(zip(pool_ids, (int(n) for n in pipe.execute()), strict=True))
 
 
+def rejections_by_pool(raw: Mapping[Any, Any]) -> dict[str, dict[str, int]]:
+    """The rejections hash (``{pool_id}:{reason}`` -> count) as pool -> reason -> count."""
+    found: dict[str, dict[str, int]] = {}
+    for key, value in raw.items():
+        text = key.decode() if isinstance(key, bytes) else str(key)
+        pool_id, _, reason = text.rpartition(":")
+        if pool_id:
+            found.setdefault(pool_id, {})[reason] = int(value)
+    return found
+
+
+def backends_read(*, group_id: str, client: redis.Redis, now: float) -> tuple[list[dict[str, Any]], dict]:
+    """The live status of the group's backends (as published with the group) and the rejections per
+    pool and reason. Raises redis errors (see VALKEY_ERRORS)."""
+    keys = key_space()
+    raw_config = client.get(keys.group_config(group_id))
+    backends = ()
+    if raw_config:
+        try:
+            backends = GroupConfig.decode(raw_config).backends
+        except DispatchError:
+            log.warning("dashboard: the published configuration of group %s is unreadable", group_id)
+    pipe = client.pipeline(transaction=False)
+    for backend in backends:
+        queue_reads(pipe, keys, backend.backend_id, now)
+    pipe.hgetall(keys.rejections())
+    replies = pipe.execute()
+    statuses = []
+    for i, backend in enumerate(backends):
+        status = status_from_replies(backend, replies[3 * i : 3 * i + 3], now)
+        statuses.append(
+            {
+                **dataclasses.asdict(status),
+                "breaker_words": status.breaker_words,
+                "metrics_words": status.metrics_words(),
+            }
+        )
+    return statuses, rejections_by_pool(replies[-1])
+
+
 def configured_pools(*, group_id: str) -> list[dict[str, Any]]:
     """The group's pools as configured in the database, with their admin and history links.
 
@@ -456,6 +505,7 @@ def configured_pools(*, group_id: str) -> list[dict[str, Any]]:
             "max_burst_per_visit": p.max_burst_per_visit,
             "enabled": p.enabled,
             "paused": p.paused,
+            "max_queued": p.max_queued,
             "admin_url": reverse("admin:pools_pool_change", args=[p.pk]),
             "dead_letters_url": reverse("admin:pools_pool_dead_letters", args=[p.pk]),
         }
@@ -470,12 +520,20 @@ def finish_view(
     configured: list[dict[str, Any]],
     queue_lengths: Mapping[str, int],
     totals: dict[str, Any],
+    backends: list[dict[str, Any]] | None = None,
+    rejections: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[str, Any]:
-    """Adds what snapshots do not carry: unobserved pools, links, the group's cumulative counters."""
+    """Adds what snapshots do not carry: unobserved pools, links, the group's cumulative counters,
+    the backends' live status and the submits refused per pool."""
     view = with_configured_pools(view, pools=configured, queue_lengths=queue_lengths)
     links = {p["pool_id"]: p.get("admin_url", "") for p in configured}
+    limits = {p["pool_id"]: p.get("max_queued") for p in configured}
+    rejections = rejections or {}
     for pool in view["pools"]:
         pool["admin_url"] = links.get(pool["pool_id"], "")
+        pool["max_queued"] = limits.get(pool["pool_id"])
+        pool["rejected"] = dict(rejections.get(pool["pool_id"], {}))
+    view["backends"] = list(backends or [])
     view["group_id"] = group_id
     view["totals"] = totals
     view["live_queue_depth"] = dict(queue_lengths)
@@ -505,9 +563,17 @@ def dead_letter_rows(
     return rows
 
 
-def fabric_read(*, group_id: str, pool_ids: list[str]) -> tuple[list[dict[str, Any]], dict[str, int], dict]:
-    """Snapshots, live queue lengths of ``pool_ids`` and the counter totals (with each pool's dead
-    letters under ``dead_letters``), in one connection.
+class FabricRead(TypedDict):
+    snapshots: list[dict[str, Any]]
+    lengths: dict[str, int]
+    totals: dict[str, Any]  # with each pool's dead letters under ``dead_letters``
+    backends: list[dict[str, Any]]
+    rejections: dict[str, dict[str, int]]
+
+
+def fabric_read(*, group_id: str, pool_ids: list[str], now: float | None = None) -> FabricRead:
+    """Snapshots, live queue lengths of ``pool_ids``, the counter totals (with each pool's dead
+    letters under ``dead_letters``), the backends' live status and the rejections, in one connection.
 
     Raises redis errors (see VALKEY_ERRORS).
     """
@@ -520,9 +586,14 @@ def fabric_read(*, group_id: str, pool_ids: list[str]) -> tuple[list[dict[str, A
             summary.pool_id: {"count": summary.count, "oldest_dead_at": summary.oldest_dead_at}
             for summary in deadletters.summaries(client, key_space(), pool_ids)
         }
+        backends, rejections = backends_read(
+            group_id=group_id, client=client, now=time.time() if now is None else now
+        )
     finally:
         client.close()
-    return snapshots, lengths, totals
+    return FabricRead(
+        snapshots=snapshots, lengths=lengths, totals=totals, backends=backends, rejections=rejections
+    )
 
 
 def fabric_view(
@@ -536,12 +607,14 @@ def fabric_view(
     configured = configured or []
     error = ""
     try:
-        snapshots, lengths, totals = fabric_read(
-            group_id=group_id, pool_ids=[p["pool_id"] for p in configured]
-        )
+        read = fabric_read(group_id=group_id, pool_ids=[p["pool_id"] for p in configured], now=now)
     except VALKEY_ERRORS as exc:
         log.warning("dashboard cannot read Valkey: %s", exc)
-        snapshots, lengths, totals, error = [], {}, counter_totals({}), str(exc)
-    view = merge_snapshots(snapshots, now=now)
+        error = str(exc)
+        read = FabricRead(snapshots=[], lengths={}, totals=counter_totals({}), backends=[], rejections={})
+    view = merge_snapshots(read["snapshots"], now=now)
     view["valkey_error"] = error
-    return finish_view(view, group_id=group_id, configured=configured, queue_lengths=lengths, totals=totals)
+    return finish_view(
+        view, group_id=group_id, configured=configured, queue_lengths=read["lengths"], totals=read["totals"],
+        backends=read["backends"], rejections=read["rejections"],
+    )  # fmt: skip

@@ -77,6 +77,7 @@ def fabric(request: HttpRequest, group_id: str) -> HttpResponse:
         "legend": selectors.legend(view),
         "drop_reasons": " ".join(selectors.known_drop_reasons({})),
         "max_queue": max([int(p.get("queue_depth") or 0) for p in view["pools"]] + [1]),
+        "rejected_total": sum(sum(p.get("rejected", {}).values()) for p in view["pools"]),
     }
     return render(request, "dashboard/fabric.html", context)
 

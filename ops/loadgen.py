@@ -13,11 +13,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from runtime.errors import DispatchError, ProducerClosed
+from runtime.errors import DispatchError, ProducerClosed, QueueFull
 from runtime.producer import Producer
 from runtime.wire.contract import Metadata
 
 CLOSED = ProducerClosed.error_type  # in flight when the load generator stopped: not a failure
+REFUSED = QueueFull.error_type  # refused at submit by the pool's admission limits: nothing queued
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +80,15 @@ class LoadStats:
         for pool in sorted(self.sent):
             waits = sorted(self.wait_s.get(pool, [])[-200:])
             p50 = f"{waits[len(waits) // 2] * 1000:.0f}ms" if waits else "-"
+            refused = self.failed[f"{pool}:{REFUSED}"]
             fails = sum(
-                v for k, v in self.failed.items() if k.startswith(pool + ":") and k != f"{pool}:{CLOSED}"
+                v
+                for k, v in self.failed.items()
+                if k.startswith(pool + ":") and k not in (f"{pool}:{CLOSED}", f"{pool}:{REFUSED}")
             )
             line = f"{pool}: sent {self.sent[pool]} ok {self.ok[pool]} failed {fails} wait p50 {p50}"
+            if refused:
+                line += f" refused {refused} (queue full)"
             if self.failed[f"{pool}:{CLOSED}"]:
                 line += f" cancelled at stop {self.failed[f'{pool}:{CLOSED}']}"
             parts.append(line)

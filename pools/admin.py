@@ -1,6 +1,6 @@
-"""Admin for fabric groups and pools. Writes go through pools.services, reads through pools.selectors;
-once the admin's transaction commits, the affected groups are republished to Valkey, and a failed
-publication is shown as a warning (the database write stands)."""
+"""Admin for backends, fabric groups and pools. Writes go through pools.services, reads through
+pools.selectors; once the admin's transaction commits, the affected groups are republished to
+Valkey, and a failed publication is shown as a warning (the database write stands)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from django.utils.html import format_html
 from pools import selectors, services
 from pools.connections import VALKEY_ERRORS
 from pools.forms import FabricGroupForm, PoolChangelistFormSet, PoolInlineFormSet, PoolRowForm
-from pools.models import FabricGroup, Pool
+from pools.models import Backend, FabricGroup, Pool
 from runtime.backends.redact import redact_url
 
 REPUBLISH_HINT = (
@@ -88,7 +88,9 @@ class PoolInline(admin.TabularInline):
         "min_concurrent",
         "max_concurrent",
         "max_burst_per_visit",
-        "endpoint_url",
+        "backend",
+        "max_queued",
+        "max_queue_wait_s",
         "enabled",
         "paused",
         "sort_order",
@@ -122,9 +124,9 @@ class FabricGroupAdmin(admin.ModelAdmin):
     def pool_count(self, obj: FabricGroup) -> int:
         return selectors.group_pools(group=obj).count()
 
-    @admin.display(description="default endpoint")
+    @admin.display(description="default backend")
     def endpoint(self, obj: FabricGroup) -> str:
-        return redact_url(obj.default_endpoint_url) if obj.default_endpoint_url else "—"
+        return f"{obj.backend_id} ({redact_url(obj.backend.base_url)})" if obj.backend else "—"
 
     def save_model(self, request: HttpRequest, obj: FabricGroup, form: Any, change: bool) -> None:
         services.group_save(group=obj, publish=False)  # published in save_related, with its pools
@@ -170,7 +172,7 @@ class PoolAdmin(admin.ModelAdmin):
     list_editable = ("quantum", "min_concurrent", "max_concurrent", "max_burst_per_visit")
     list_filter = ("group", "enabled", "paused")
     search_fields = ("pool_id", "display_name")
-    list_select_related = ("group",)
+    list_select_related = ("group", "backend")
     actions = ("pause_pools", "resume_pools")
 
     def get_readonly_fields(self, request: HttpRequest, obj: Pool | None = None) -> tuple[str, ...]:
@@ -294,3 +296,70 @@ class PoolAdmin(admin.ModelAdmin):
         results = services.pool_set_paused(pools=queryset, paused=False)
         messages.success(request, f"Resumed {queryset.count()} pool(s).")
         report_publication(request, results)
+
+
+@admin.register(Backend)
+class BackendAdmin(admin.ModelAdmin):
+    """Backends with their live load (read from Valkey) next to their settings."""
+
+    list_display = (
+        "backend_id",
+        "name",
+        "address",
+        "kind",
+        "max_in_flight",
+        "load_gating",
+        "max_waiting",
+        "max_kv_cache_usage",
+        "live_load",
+    )
+    list_filter = ("kind", "load_gating")
+    search_fields = ("backend_id", "name", "base_url")
+    fieldsets = (
+        (None, {"fields": ("backend_id", "name", "base_url", "api_key_env", "kind", "live_load")}),
+        ("Capacity and timeouts", {"fields": ("max_in_flight", "timeout_s", "connect_timeout_s")}),
+        (
+            "Load gating",
+            {
+                "fields": (
+                    "load_gating",
+                    "metrics_url",
+                    "max_waiting",
+                    "max_kv_cache_usage",
+                    "metrics_max_age_s",
+                )
+            },
+        ),
+        ("Circuit breaker", {"fields": ("breaker_failures", "breaker_open_s", "breaker_probes")}),
+    )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Backend | None = None) -> tuple[str, ...]:
+        # A new id would be a new backend: its shared load, breaker and in-flight count live under it.
+        return ("backend_id", "live_load", "updated_at") if obj else ("live_load", "updated_at")
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        changelist = super().get_changelist_instance(request)
+        rows = list(changelist.result_list)
+        live = selectors.backend_live(backends=rows)
+        for backend in rows:
+            backend.live = live.get(backend.backend_id)
+        return changelist
+
+    @admin.display(description="address")
+    def address(self, obj: Backend) -> str:
+        return redact_url(obj.base_url)
+
+    @admin.display(description="live load")
+    def live_load(self, obj: Backend) -> str:
+        if obj.pk is None:
+            return "—"
+        live = getattr(obj, "live", None) or selectors.backend_live(backends=[obj]).get(obj.backend_id)
+        if live is None:
+            return "Valkey unreachable"
+        return live.describe()
+
+    def save_model(self, request: HttpRequest, obj: Backend, form: Any, change: bool) -> None:
+        report_publication(request, services.backend_save(backend=obj))
+
+    def delete_model(self, request: HttpRequest, obj: Backend) -> None:
+        services.backend_delete(backend=obj)

@@ -1,8 +1,8 @@
 """System checks of the configured fabric groups (``manage.py check``), with stable ids and hints.
 
 dispatch.E001  a group's configuration is refused by the scheduler (e.g. protected slots over the total)
-dispatch.E002  an enabled pool has no endpoint URL: neither its own nor its group's default
-dispatch.W001  a group's ``api_key_env`` names an environment variable that is not set here
+dispatch.E002  an enabled pool has no backend: neither its own nor its group's default
+dispatch.W001  a backend's ``api_key_env`` names an environment variable that is not set here
 """
 
 from __future__ import annotations
@@ -23,11 +23,24 @@ TAG = "dispatch"
 def check_fabric_groups(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     try:
         groups = list(selectors.group_list().prefetch_related("pools"))
+        backends = list(selectors.backend_list())
     except DatabaseError:
         return []  # not migrated yet (e.g. during `migrate` itself): nothing configured to check
     found: list[checks.CheckMessage] = []
     for group in groups:
         found.extend(_group_messages(group))
+    for backend in backends:
+        if backend.api_key_env and backend.api_key_env not in os.environ:
+            found.append(
+                checks.Warning(
+                    f"Backend {backend.backend_id!r} reads its API key from ${backend.api_key_env}, "
+                    "which is not set in this environment.",
+                    hint=f"Export {backend.api_key_env} for the dispatchers that call it, or clear the "
+                    "field if the backend needs no key.",
+                    obj=backend,
+                    id="dispatch.W001",
+                )
+            )
     return found
 
 
@@ -47,26 +60,15 @@ def _group_messages(group: FabricGroup) -> list[checks.CheckMessage]:
                 id="dispatch.E001",
             )
         )
-    if not group.default_endpoint_url:
+    if group.backend_id is None:
         for pool in pools:
-            if pool.enabled and not pool.endpoint_url:
+            if pool.enabled and pool.backend_id is None:
                 messages.append(
                     checks.Error(
-                        f"Pool {pool.pool_id!r} of fabric group {group.group_id!r} has no endpoint URL.",
-                        hint="Set the group's default endpoint URL or the pool's own endpoint URL.",
+                        f"Pool {pool.pool_id!r} of fabric group {group.group_id!r} has no backend.",
+                        hint="Set the group's default backend or the pool's own backend.",
                         obj=pool,
                         id="dispatch.E002",
                     )
                 )
-    if group.api_key_env and group.api_key_env not in os.environ:
-        messages.append(
-            checks.Warning(
-                f"Fabric group {group.group_id!r} reads its API key from ${group.api_key_env}, "
-                "which is not set in this environment.",
-                hint=f"Export {group.api_key_env} for the dispatchers of this group, or clear the field "
-                "if the backend needs no key.",
-                obj=group,
-                id="dispatch.W001",
-            )
-        )
     return messages

@@ -1,4 +1,4 @@
-"""Fabric groups and their pools (lanes): the source of truth that is published to dispatchers."""
+"""Backends, fabric groups and their pools (lanes): the source of truth that is published to dispatchers."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 
 from pools.validation import (
+    backend_value_errors,
     group_problems,
     pool_value_errors,
     pool_values,
@@ -16,6 +17,104 @@ from pools.validation import (
     validate_env_name,
     validate_lane_id,
 )
+
+
+class Backend(models.Model):
+    """An OpenAI-compatible server that pools and groups send their calls to, shared by all of them."""
+
+    class Kind(models.TextChoices):
+        VLLM = "vllm", "vLLM (load metrics: vllm:*)"
+        SGLANG = "sglang", "SGLang (load metrics: sglang:*)"
+        OPENAI = "openai", "OpenAI-compatible, no load metrics"
+
+    backend_id = models.CharField(
+        "backend id",
+        primary_key=True,
+        max_length=63,
+        validators=[validate_lane_id],
+        help_text="Stable id used in Valkey keys (shared load, breaker, in-flight count).",
+    )
+    name = models.CharField("display name", max_length=200, blank=True)
+    base_url = models.CharField(
+        "base URL",
+        max_length=500,
+        validators=[validate_endpoint_url],
+        help_text="OpenAI-compatible base URL, e.g. http://127.0.0.1:8100/v1. No credentials in the URL.",
+    )
+    api_key_env = models.CharField(
+        "API key environment variable",
+        max_length=100,
+        blank=True,
+        validators=[validate_env_name],
+        help_text="NAME of the environment variable holding the backend API key (e.g. OPENAI_API_KEY), "
+        "never the key itself.",
+    )
+    kind = models.CharField(
+        max_length=8,
+        choices=Kind.choices,
+        default=Kind.VLLM,
+        help_text="Which load metrics the server exports; 'OpenAI-compatible' gates on max in flight alone.",
+    )
+    max_in_flight = models.PositiveIntegerField(
+        "max in flight",
+        default=64,
+        help_text="Cap on calls in flight to this backend across every pool, group and dispatcher.",
+    )
+    timeout_s = models.FloatField(
+        "call timeout (s)",
+        default=120.0,
+        help_text="Upper bound of one call (the request deadline bounds it too).",
+    )
+    connect_timeout_s = models.FloatField("connect timeout (s)", default=5.0)
+    metrics_url = models.CharField(
+        "metrics URL",
+        max_length=500,
+        blank=True,
+        validators=[validate_endpoint_url],
+        help_text="Prometheus metrics of the server; empty: the base URL's server at /metrics.",
+    )
+    load_gating = models.BooleanField(
+        "load gating",
+        default=True,
+        help_text="Hold work in our queues while the backend is saturated (needs a kind with load metrics).",
+    )
+    max_waiting = models.PositiveIntegerField(
+        "max waiting",
+        default=5,
+        help_text="Saturated when this many requests wait in the backend's own queue.",
+    )
+    max_kv_cache_usage = models.FloatField(
+        "max KV-cache usage", default=0.8, help_text="Saturated at this KV-cache usage (0 to 1)."
+    )
+    metrics_max_age_s = models.FloatField(
+        "metrics max age (s)",
+        default=1.0,
+        help_text="Older metrics are stale: gating falls back to max in flight alone.",
+    )
+    breaker_failures = models.PositiveIntegerField(
+        "breaker: failures to open",
+        default=5,
+        help_text="Retryable failures within 30 s that open the breaker.",
+    )
+    breaker_open_s = models.FloatField(
+        "breaker: open for (s)", default=10.0, help_text="How long calls are held before a probe."
+    )
+    breaker_probes = models.PositiveIntegerField(
+        "breaker: probes", default=1, help_text="Successful probes (one at a time, fleet-wide) that close it."
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ("backend_id",)
+
+    def __str__(self) -> str:
+        return self.name or self.backend_id
+
+    def clean(self) -> None:
+        super().clean()
+        errors = backend_value_errors({f.name: getattr(self, f.name) for f in self._meta.concrete_fields})
+        if errors:
+            raise ValidationError(errors)
 
 
 class FabricGroup(models.Model):
@@ -43,21 +142,14 @@ class FabricGroup(models.Model):
         help_text="When off, producers call the group's endpoint directly (no queue, no fair scheduling); "
         "its dispatchers only drain requests queued before the switch.",
     )
-    default_endpoint_url = models.CharField(
-        "default endpoint URL",
-        max_length=500,
+    backend = models.ForeignKey(
+        Backend,
+        on_delete=models.PROTECT,
+        null=True,
         blank=True,
-        validators=[validate_endpoint_url],
-        help_text="OpenAI-compatible base URL used by pools without their own, "
-        "e.g. http://127.0.0.1:8100/v1. No credentials in the URL.",
-    )
-    api_key_env = models.CharField(
-        "API key environment variable",
-        max_length=100,
-        blank=True,
-        validators=[validate_env_name],
-        help_text="NAME of the environment variable holding the backend API key (e.g. OPENAI_API_KEY), "
-        "never the key itself.",
+        related_name="groups",
+        verbose_name="default backend",
+        help_text="Backend of the pools that name none.",
     )
     delivery = models.CharField(
         max_length=8,
@@ -119,12 +211,25 @@ class Pool(models.Model):
     max_burst_per_visit = models.PositiveIntegerField(
         "max burst per visit", default=1, help_text="Most requests launched per scheduler visit"
     )
-    endpoint_url = models.CharField(
-        "endpoint URL",
-        max_length=500,
+    backend = models.ForeignKey(
+        Backend,
+        on_delete=models.PROTECT,
+        null=True,
         blank=True,
-        validators=[validate_endpoint_url],
-        help_text="Optional; empty uses the group's default endpoint URL.",
+        related_name="pools",
+        help_text="Optional; empty uses the group's default backend.",
+    )
+    max_queued = models.PositiveIntegerField(
+        "max queued",
+        null=True,
+        blank=True,
+        help_text="Admission: submits are refused (QueueFull) while this many wait. Blank: unbounded.",
+    )
+    max_queue_wait_s = models.FloatField(
+        "max queue wait (s)",
+        null=True,
+        blank=True,
+        help_text="Admission: refuse when the estimated wait (queue length / recent drain rate) exceeds it.",
     )
     enabled = models.BooleanField(
         default=True, help_text="Disabled pools are removed from the pool registry: submits are refused."

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
+from collections.abc import Iterable
 
 from django.db.models import QuerySet
 
 from pools.connections import VALKEY_ERRORS, key_space, sync_client
-from pools.models import FabricGroup, Pool
+from pools.models import Backend, FabricGroup, Pool
+from runtime.backends.status import BackendStatus, queue_reads, status_from_replies
 from runtime.dispatch import deadletters
+from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 
 log = logging.getLogger(__name__)
@@ -38,8 +43,56 @@ def pool_list(*, group: FabricGroup | None = None) -> QuerySet[Pool]:
     return pools.filter(group=group) if group is not None else pools
 
 
+def backend_list() -> QuerySet[Backend]:
+    return Backend.objects.order_by("backend_id")
+
+
+def backend_get(*, backend_id: str) -> Backend:
+    """The backend; raises Backend.DoesNotExist."""
+    return Backend.objects.get(backend_id=backend_id)
+
+
+def backend_group_ids(*, backend: Backend) -> set[str]:
+    """The groups whose publication carries this backend (as their default or a pool's)."""
+    return set(FabricGroup.objects.filter(backend=backend).values_list("group_id", flat=True)) | set(
+        Pool.objects.filter(backend=backend).values_list("group_id", flat=True)
+    )
+
+
+def backend_config(*, backend: Backend) -> BackendConfig:
+    """The published form of a backend row: the config's fields are the model's, by name."""
+    return BackendConfig(**{f.name: getattr(backend, f.name) for f in dataclasses.fields(BackendConfig)})
+
+
+def backend_live(*, backends: Iterable[Backend]) -> dict[str, BackendStatus]:
+    """Each backend's live status (shared load, breaker, our in-flight calls) from Valkey in one
+    round trip; empty when Valkey cannot be reached."""
+    configs = [backend_config(backend=b) for b in backends]
+    if not configs:
+        return {}
+    now = time.time()
+    try:
+        with sync_client().pipeline(transaction=False) as pipe:
+            for config in configs:
+                queue_reads(pipe, key_space(), config.backend_id, now)
+            replies = pipe.execute()
+    except VALKEY_ERRORS as exc:
+        log.warning("could not read the backends' live load: %s", exc)
+        return {}
+    return {
+        c.backend_id: status_from_replies(c, replies[3 * i : 3 * i + 3], now) for i, c in enumerate(configs)
+    }
+
+
 def group_config(*, group: FabricGroup, version: int = 0) -> GroupConfig:
-    """The configuration dispatchers of the group run with, as published to Valkey."""
+    """The configuration dispatchers of the group run with, as published to Valkey.
+
+    Each pool's ``endpoint_url`` is resolved from its backend (else the group's), and the group's
+    ``default_endpoint_url`` / ``api_key_env`` from its backend, as the seed published them.
+    """
+    rows = list(group_pools(group=group).select_related("backend"))
+    used = {b.backend_id: b for b in [group.backend, *(p.backend for p in rows)] if b is not None}
+    default_url = group.backend.base_url if group.backend else ""
     pools = tuple(
         PoolConfig(
             pool_id=p.pool_id,
@@ -48,27 +101,32 @@ def group_config(*, group: FabricGroup, version: int = 0) -> GroupConfig:
             min_concurrent=p.min_concurrent,
             max_burst_per_visit=p.max_burst_per_visit,
             display_name=p.display_name,
-            endpoint_url=p.endpoint_url,
+            endpoint_url=p.backend.base_url if p.backend else default_url,
             enabled=p.enabled,
             paused=p.paused,
             max_attempts=p.max_attempts,
             retry_backoff_base_s=p.retry_backoff_base_s,
             retry_backoff_cap_s=p.retry_backoff_cap_s,
             max_requeues=p.max_requeues,
+            backend_id=p.backend_id or "",
+            max_queued=p.max_queued,
+            max_queue_wait_s=p.max_queue_wait_s,
         )
-        for p in group_pools(group=group)
+        for p in rows
     )
     return GroupConfig(
         group_id=group.group_id,
         policy=group.policy,
         total_concurrency=group.total_concurrency,
-        default_endpoint_url=group.default_endpoint_url,
-        api_key_env=group.api_key_env,
+        default_endpoint_url=default_url,
+        api_key_env=group.backend.api_key_env if group.backend else "",
         queueing_enabled=group.queueing_enabled,
         delivery=group.delivery,
         name=group.name,
         pools=pools,
         version=version,
+        backend_id=group.backend_id or "",
+        backends=tuple(backend_config(backend=b) for _, b in sorted(used.items())),
     )
 
 

@@ -22,7 +22,7 @@ from django.db import transaction
 
 from pools import selectors
 from pools.connections import VALKEY_ERRORS, key_space, sync_client
-from pools.models import FabricGroup, Pool
+from pools.models import Backend, FabricGroup, Pool
 from pools.validation import group_problems, pool_values
 from runtime.dispatch import deadletters
 from runtime.errors import DispatchError
@@ -136,6 +136,18 @@ def group_delete(*, group: FabricGroup) -> list[PublishResult]:
     group_id = group.group_id
     group.delete()
     return publish_on_commit(group_ids=[group_id])
+
+
+def backend_save(*, backend: Backend) -> list[PublishResult]:
+    """Validates and saves the backend; republishes, at commit, every group that uses it."""
+    backend.full_clean()
+    backend.save()
+    return publish_on_commit(group_ids=selectors.backend_group_ids(backend=backend))
+
+
+def backend_delete(*, backend: Backend) -> None:
+    """Deletes a backend no group or pool uses (the database protects the ones in use)."""
+    backend.delete()
 
 
 def pool_save(*, pool: Pool, publish: bool = True) -> list[PublishResult]:

@@ -96,12 +96,49 @@ def pool_value_errors(values: Mapping[str, Any]) -> dict[str, str]:
         errors["max_burst_per_visit"] = "Max burst per visit must be at least 1."
     if high is not None and high < 1:
         errors["max_concurrent"] = "Max concurrent must be at least 1: a pool with a cap of 0 never runs."
+    max_queued, max_wait = values.get("max_queued"), values.get("max_queue_wait_s")
+    if max_queued is not None and max_queued < 1:
+        errors["max_queued"] = "Max queued must be at least 1, or blank for an unbounded queue."
+    if max_wait is not None and not max_wait > 0:
+        errors["max_queue_wait_s"] = "Max queue wait must be more than 0 seconds, or blank for no limit."
     if low is not None and low < 0:
         errors["min_concurrent"] = "Min concurrent must not be negative."
     elif low is not None and high is not None and high >= 1 and low > high:
         errors["min_concurrent"] = (
             f"Min concurrent ({low}) must not exceed max concurrent ({high}): "
             "protected slots cannot be more than the pool's hard cap."
+        )
+    return errors
+
+
+def backend_value_errors(values: Mapping[str, Any]) -> dict[str, str]:
+    """A backend row's number rules, keyed by field name; values that are missing are skipped."""
+    errors: dict[str, str] = {}
+
+    def below(name: str, floor: float, message: str, *, inclusive: bool = True) -> None:
+        value = values.get(name)
+        if value is not None and (value < floor if inclusive else value <= floor):
+            errors[name] = message
+
+    below(
+        "max_in_flight", 1, "Max in flight must be at least 1: a backend with a cap of 0 never gets a call."
+    )
+    below("timeout_s", 0, "The call timeout must be more than 0 seconds.", inclusive=False)
+    below("connect_timeout_s", 0, "The connect timeout must be more than 0 seconds.", inclusive=False)
+    below("metrics_max_age_s", 0, "Metrics max age must be more than 0 seconds.", inclusive=False)
+    below("breaker_failures", 1, "The breaker needs at least 1 failure to open.")
+    below("breaker_open_s", 0, "The breaker's open time must be more than 0 seconds.", inclusive=False)
+    below("breaker_probes", 1, "The breaker needs at least 1 probe to close again.")
+    below("max_waiting", 0, "Max waiting must not be negative.")
+    usage = values.get("max_kv_cache_usage")
+    if usage is not None and not 0 < usage <= 1:
+        errors["max_kv_cache_usage"] = (
+            f"Max KV-cache usage is a fraction of the cache: more than 0 and at most 1 (got {usage:g})."
+        )
+    if values.get("load_gating") and values.get("kind") == "openai":
+        errors["load_gating"] = (
+            "Load gating needs load metrics, and an 'OpenAI-compatible' backend exports none: "
+            "choose vLLM or SGLang, or turn load gating off (max in flight still holds)."
         )
     return errors
 
@@ -130,5 +167,6 @@ def group_problems(*, policy: str, total_concurrency: int, pools: Iterable[Mappi
 
 def pool_values(pool: Any) -> dict[str, Any]:
     """The fields :func:`group_problems` reads, from a Pool (or a published PoolConfig)."""
-    fields = ("pool_id", "quantum", "max_concurrent", "min_concurrent", "max_burst_per_visit", "enabled")
+    fields = ("pool_id", "quantum", "max_concurrent", "min_concurrent", "max_burst_per_visit", "enabled",
+              "max_queued", "max_queue_wait_s")  # fmt: skip
     return {name: getattr(pool, name) for name in fields}

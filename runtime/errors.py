@@ -24,6 +24,7 @@ a stable ``error_type`` string: replies, counters and ClickHouse rows use that s
     ├── ProducerClosed                 submit on a closed producer, or closed while waiting
     ├── Cancelled                      the producer withdrew the request (its caller went away)
     └── Rejected                       refused by policy (queueing disabled, admission control)
+        └── QueueFull                  refused at submit by the pool's admission limits; nothing queued
 
 Lower layers' exceptions are translated at the edge with ``raise ... from exc``.
 """
@@ -165,6 +166,34 @@ class Rejected(DispatchError):
     """Refused by policy: queueing disabled, admission control."""
 
     error_type = "rejected"
+
+
+class QueueFull(Rejected):
+    """The pool's admission limits refused the request at submit; nothing was queued.
+
+    ``reason`` is ``max_queued`` or ``max_queue_wait``; ``depth`` the queue length seen, ``limit`` the
+    limit hit, ``retry_after_s`` a hint for when to try again (the ingress sends it as Retry-After).
+    """
+
+    error_type = "queue_full"
+    retryable = True
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        pool_id: str = "",
+        reason: str = "",
+        depth: int = 0,
+        limit: float = 0.0,
+        retry_after_s: float = 1.0,
+    ) -> None:
+        super().__init__(message)
+        self.pool_id = pool_id
+        self.reason = reason
+        self.depth = depth
+        self.limit = limit
+        self.retry_after_s = retry_after_s
 
 
 def _all_subclasses(cls: type[DispatchError]) -> list[type[DispatchError]]:

@@ -33,17 +33,20 @@ from runtime import eventloop
 from runtime.backends.adapter import BackendPool, OpenAIBackend
 from runtime.backoff import Backoff
 from runtime.config import ProducerSettings
+from runtime.dispatch.admission import ADMIT_PUSH, admit_and_push
 from runtime.dispatch.wakeup import PUSH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
 from runtime.errors import (
     Cancelled,
     DispatchError,
     MalformedEnvelope,
     ProducerClosed,
+    QueueFull,
     QueueUnavailable,
     RequestTimeout,
     UnknownPool,
     error_from_type,
 )
+from runtime.policy.admission import AdmissionLimits
 from runtime.telemetry import semconv
 from runtime.valkey.client import REDIS_ERRORS, connect
 from runtime.wire.contract import (
@@ -84,6 +87,7 @@ class ProducerStats:
     submitted: int = 0
     completed: int = 0
     failed: int = 0
+    rejected: int = 0  # refused at submit by the pool's admission limits (QueueFull)
     timed_out: int = 0
     cancelled: int = 0  # withdrawn by the caller (e.g. an ingress client that disconnected)
     late_replies: int = 0
@@ -148,6 +152,7 @@ class Producer:
         # The request and a wake token for one idle dispatcher, in one script run by SHA; registered on
         # first use, since a direct-mode producer may have no Valkey client at all.
         self._push_script: AsyncScript | None = None
+        self._admit_script: AsyncScript | None = None
 
     def __repr__(self) -> str:
         mode = "direct" if self.direct_backend else "queued"
@@ -256,10 +261,15 @@ class Producer:
                 result = await self._submit_queued(
                     chat, request_id, pool_id, metadata or Metadata(), timeout_s, span
                 )
+        except QueueFull as exc:
+            self.stats.rejected += 1
+            # A history row of its own: refused at the door, with the admission limit's reason.
+            span.set_attributes({semconv.STATUS: "rejected", semconv.DROP_REASON: exc.reason})
+            _fail_span(span, exc)
+            raise
         except DispatchError as exc:
             self.stats.failed += 1
-            span.set_attribute(semconv.ERROR_TYPE, exc.error_type)
-            span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+            _fail_span(span, exc)
             raise
         finally:
             span.end()
@@ -332,7 +342,16 @@ class Producer:
         return envelope.encode(max_bytes=self.settings.max_envelope_bytes)
 
     async def _push(self, pool_id: str, request_id: str, raw: bytes) -> None:
+        """Queues the envelope; QueueFull (nothing queued) when the pool's admission limits refuse it."""
+        limits = self._admission_limits(pool_id)
         try:
+            if limits.bounded:
+                # The limits are checked and the request pushed in one script: racing producers
+                # never take the queue past max_queued.
+                if self._admit_script is None:
+                    self._admit_script = self.client.register_script(ADMIT_PUSH)
+                await admit_and_push(self._admit_script, self.keys, pool_id, raw, limits)
+                return
             # One script: the push, and a wake-up token only when the list was empty (wake one, not all).
             if self._push_script is None:
                 self._push_script = self.client.register_script(PUSH)
@@ -474,6 +493,12 @@ class Producer:
             raise UnknownPool(f"no fabric group has an enabled pool {pool_id!r} (known pools: {known})")
         return registry.groups.get(registry.pools.get(pool_id, ""))
 
+    def _admission_limits(self, pool_id: str) -> AdmissionLimits:
+        """The pool's limits as last published (read with the pool registry, every few seconds)."""
+        group = self._registry.groups.get(self._registry.pools.get(pool_id, ""))
+        pool = group.pool(pool_id) if group is not None else None
+        return pool.admission_limits() if pool is not None else AdmissionLimits()
+
     async def _read_registry(self) -> _PoolRegistry:
         try:
             raw = await self.client.hgetall(self.keys.pool_registry())
@@ -581,6 +606,11 @@ class ChatStream:
 
     def __aiter__(self) -> AsyncIterator[Mapping[str, Any]]:
         return self.producer._stream_events(self)
+
+
+def _fail_span(span: trace.Span, exc: DispatchError) -> None:
+    span.set_attribute(semconv.ERROR_TYPE, exc.error_type)
+    span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
 
 
 class SyncProducer:

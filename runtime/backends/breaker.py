@@ -26,7 +26,9 @@ Typical use::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+
+import orjson
 
 __all__ = ["BLOCKED_REASON", "CLOSED", "HALF_OPEN", "OPEN", "Breaker", "BreakerPolicy", "BreakerState"]
 
@@ -150,3 +152,19 @@ class Breaker:
     @staticmethod
     def _open(state: BreakerState, now: float) -> BreakerState:
         return BreakerState(mode=OPEN, since=now, trips=state.trips + 1)
+
+
+def encode_state(state: BreakerState) -> bytes:
+    """The state as JSON, as the fleet shares it in Valkey (runtime.backends.shared_breaker)."""
+    return orjson.dumps(asdict(state))
+
+
+def decode_state(raw: bytes | str | None) -> BreakerState:
+    """A shared state; a missing one is a closed breaker. Raises ValueError when unreadable."""
+    if not raw:
+        return BreakerState()
+    try:
+        data = orjson.loads(raw)
+        return BreakerState(**{**data, "failures": tuple(data.get("failures", ()))})
+    except (orjson.JSONDecodeError, TypeError, AttributeError) as exc:
+        raise ValueError(f"unreadable breaker state: {exc}") from exc

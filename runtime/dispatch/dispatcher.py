@@ -36,6 +36,8 @@ from opentelemetry import trace
 
 from runtime.backends.adapter import BackendPool
 from runtime.backends.breaker import BLOCKED_REASON
+from runtime.backends.fleet import BackendFleet
+from runtime.backends.gate import SKIP_BACKEND_CAP, SKIP_BACKEND_SATURATED
 from runtime.backends.health import EndpointBreakers
 from runtime.backoff import Backoff
 from runtime.config import DispatcherSettings
@@ -63,6 +65,8 @@ from runtime.wire.groupconfig import GroupConfig
 from runtime.wire.keys import DEFAULT_KEYS, KeySpace
 
 log = logging.getLogger(__name__)
+# The refusals that come from a pool's backend: the scheduler sees the pool blocked for that reason.
+BACKEND_REFUSALS = frozenset({BLOCKED_REASON, SKIP_BACKEND_SATURATED, SKIP_BACKEND_CAP})
 CONFIG_POLL_S = 1.0
 HELPER_EXIT_S = 5.0
 # Due retries are moved back into their lists this often: a retry waits its backoff, plus at most this.
@@ -110,8 +114,11 @@ class Dispatcher:
             self.queue, self.stats, self.tracer, self.identity, reply_ttl_s=settings.reply_ttl_s
         )
         self.breakers = EndpointBreakers(settings.breaker)
+        # Backend rows: load gate, shared breaker and the fleet's scraper; bare endpoint URLs keep
+        # the per-process breakers above. Every breaker question goes through it.
+        self.fleet = BackendFleet(client, keys, owner_id=settings.dispatcher_id, local=self.breakers)
         self.executor = Executor(
-            queue=self.queue, settings=settings, backends=self.backends, breakers=self.breakers,
+            queue=self.queue, settings=settings, backends=self.backends, breakers=self.fleet,
             stats=self.stats, tracer=self.tracer, identity=self.identity, secrets=dict(secrets or {}),
             store_content=store_content, on_valkey_error=self._valkey_lost,
         )  # fmt: skip
@@ -188,6 +195,7 @@ class Dispatcher:
                     group.create_task(self._renew_leases()),
                     group.create_task(self._publish_snapshots()),
                     group.create_task(self._promote_retries()),
+                    group.create_task(self.fleet.scraper.run(self._finished, on_error=self._valkey_lost)),
                 ]
                 await self._schedule_loop()
                 await self._drain()
@@ -260,6 +268,7 @@ class Dispatcher:
         previous = {p.pool_id for p in self._policy.pools} if self._policy else set()
         self.config = config
         self._policy = config.scheduler_policy()
+        self.fleet.configure(config.backends)
         for gone in previous - {p.pool_id for p in self._policy.pools}:
             self._state.forget(gone)
         self._wake.set()
@@ -348,21 +357,27 @@ class Dispatcher:
         """
         assert self._policy is not None and self.config is not None
         self.stats.rounds += 1
-        policy, config = self._policy, self.config
+        policy = self._policy
         planned_free = max(0, self._slots - len(self.running))
+        await self.fleet.refresh()
         plan = plan_reads(
             policy,
             peek_depth=self.settings.peek_depth,
             local_free=planned_free,
-            allowances={
-                p.pool_id: self.breakers.allowance(config.endpoint_for(p.pool_id)) for p in policy.pools
-            },
+            allowances={p.pool_id: self._room(p.pool_id) for p in policy.pools},
             heads_cached=frozenset(pool_id for pool_id, heads in self._heads_seen.items() if heads),
         )
+        # A pool whose backend has no room is refused for the backend's own reason (breaker open,
+        # saturated, at its max in flight).
+        refusals = {
+            pool_id: (self._refusal(pool_id) or reason) if reason == BLOCKED_REASON else reason
+            for pool_id, reason in plan.refusals.items()
+        }
         holder = self.identity.dispatcher_id if policy.pools else ""
         seen = await self.queue.observe(
-            plan.reads, policy.total_concurrency, take_turn=holder, local_slots=self.settings.concurrency
-        )
+            plan.reads, policy.total_concurrency, take_turn=holder, local_slots=self.settings.concurrency,
+            backend_ids=sorted(self.fleet.backends),
+        )  # fmt: skip
         self.group_in_flight, self.last_views = seen.group_in_flight, seen.views
         if seen.lost:  # reaped by this observe, whether or not the turn is ours: counted here or nowhere
             self.drops.lost(seen.lost)
@@ -373,7 +388,7 @@ class Dispatcher:
         if holder and not self.queue.has_turn:
             self.stats.turn_busy += 1
             return False  # another dispatcher is deciding; the note we left makes it run once more
-        observations, peeked, drops = self._screen(policy, seen.views, plan.refusals, time.time())
+        observations, peeked, drops = self._screen(policy, seen.views, refusals, time.time())
         dropped = await self._drop(drops) if drops else False
         # Keep to our share of the group's slots, so the fleet splits the work evenly.
         own = self.settings.concurrency
@@ -428,6 +443,20 @@ class Dispatcher:
                 return True
         return False
 
+    def _backend_id(self, pool_id: str) -> str:
+        backend = self.config.backend_for(pool_id) if self.config else None
+        return backend.backend_id if backend else ""
+
+    def _refusal(self, pool_id: str) -> str | None:
+        """Why the pool's backend takes nothing now (breaker, saturation, cap); None when it may."""
+        assert self.config is not None
+        return self.fleet.refusal(self._backend_id(pool_id), self.config.endpoint_for(pool_id))
+
+    def _room(self, pool_id: str) -> int | None:
+        """Most heads offered for the pool: nothing is claimed that its backend would refuse."""
+        assert self.config is not None
+        return self.fleet.room(self._backend_id(pool_id), self.config.endpoint_for(pool_id))
+
     def _screen(
         self,
         policy: scheduler.GroupPolicy,
@@ -456,7 +485,7 @@ class Dispatcher:
                 pool_id=pool_id,
                 backlog=view.backlog,
                 in_flight=view.in_flight,
-                blocked=BLOCKED_REASON if refusals.get(pool_id) == BLOCKED_REASON else None,
+                blocked=refusals.get(pool_id) if refusals.get(pool_id) in BACKEND_REFUSALS else None,
                 heads=tuple(
                     scheduler.HeadItem(cost=i.cost, enqueued_at=i.envelope.enqueued_at)
                     for i in heads
@@ -528,7 +557,8 @@ class Dispatcher:
             item = peeked[launch.pool_id][launch.index]
             envelope = item.envelope
             assert envelope is not None
-            if not self.breakers.acquire(self.config.endpoint_for(launch.pool_id)):
+            backend_id = self._backend_id(launch.pool_id)
+            if not await self.fleet.acquire(backend_id, self.config.endpoint_for(launch.pool_id)):
                 scheduler.refund(self._state, launch)
                 self.stats.skips[(launch.pool_id, BLOCKED_REASON)] += 1
                 continue
@@ -551,6 +581,8 @@ class Dispatcher:
                 protected=own.get(launch.pool_id, 0),
                 reserved_for=tuple(p for p in protected if p[0] != launch.pool_id),
                 requeue=redelivery.requeued(envelope).encode() if self.config.durable else b"",
+                backend_id=backend_id,
+                backend_limit=self.fleet.limit(backend_id) if backend_id else None,
             )
             chosen.append((launch, item, request))
         if not chosen and end_turn is None:
@@ -560,13 +592,15 @@ class Dispatcher:
                 [request for _, _, request in chosen], self.settings.lease_s, end_turn=end_turn
             )
         except BaseException:
-            for launch, _, _ in chosen:
-                self.breakers.release(self.config.endpoint_for(launch.pool_id))
+            for launch, _, request in chosen:
+                await self.fleet.release(request.backend_id, self.config.endpoint_for(launch.pool_id))
             raise
         claimed, dropped = 0, False
         for (launch, item, request), (code, _, token) in zip(chosen, results, strict=True):
             claimed += code == scripts.CLAIMED
             dropped = dropped or code in CLAIM_DROPS
+            if code != scripts.CLAIMED:  # the call will not happen: its breaker slot goes back
+                await self.fleet.release(request.backend_id, self.config.endpoint_for(launch.pool_id))
             try:
                 self._after_claim(launch, item, request, code, token)
             except Exception:  # the other claimed requests of this round still start
@@ -586,13 +620,14 @@ class Dispatcher:
             self._peek.forget(item.raw)
             self._start(envelope, launch.pool_id, request.lease_member, launch.cost, token=token)
             return
-        self.breakers.release(self.config.endpoint_for(launch.pool_id))
         scheduler.refund(self._state, launch)
         if code in CLAIM_DROPS:
             self._peek.forget(item.raw)
             self.drops.dropped(envelope, CLAIM_DROPS[code], cost=launch.cost)
         elif code in (scripts.CLAIM_POOL_CAP, scripts.CLAIM_GROUP_CAP, scripts.CLAIM_RESERVED):
             self.stats.skips[(launch.pool_id, code)] += 1
+        elif code == scripts.CLAIM_BACKEND_CAP:
+            self.stats.skips[(launch.pool_id, self.fleet.skip_reason(request.backend_id))] += 1
         else:
             self._peek.forget(item.raw)
             self.stats.claim_lost += 1
@@ -609,7 +644,9 @@ class Dispatcher:
         token: str = "",
     ) -> None:
         """Runs a claimed request in its own task (or, with ``refused``, answers it with that error)."""
-        running = Running(envelope, pool_id, member, cost, time.time(), token=token)
+        running = Running(
+            envelope, pool_id, member, cost, time.time(), token=token, backend_id=self._backend_id(pool_id)
+        )
         self.running[member] = running
         self.stats.launched_by_pool[pool_id] += 1
         self.stats.cost_by_pool[pool_id] += cost
@@ -659,7 +696,7 @@ class Dispatcher:
 
     async def _renew_leases(self) -> None:
         while not await self._pause(self.settings.lease_s / 3):
-            leases = [(r.pool_id, r.member) for r in list(self.running.values())]
+            leases = [(r.pool_id, r.member, r.backend_id) for r in list(self.running.values())]
             try:
                 await self.queue.renew(leases, self.settings.lease_s)
             except REDIS_ERRORS as exc:

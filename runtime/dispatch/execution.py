@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from opentelemetry import trace
 
 from runtime.backends.adapter import BackendPool, Completion, OpenAIBackend
-from runtime.backends.health import EndpointBreakers
+from runtime.backends.fleet import BackendFleet
 from runtime.backends.redact import redact_url
 from runtime.backoff import Backoff
 from runtime.config import DispatcherSettings
@@ -69,6 +69,7 @@ class Running:
     started_at: float
     stage: str = "executing"
     token: str = ""  # the claim's fencing token (durable mode); "" when unfenced
+    backend_id: str = ""  # the backend row the call goes to ("" for a bare endpoint URL)
 
 
 class Executor:
@@ -80,7 +81,7 @@ class Executor:
         queue: QueueOps,
         settings: DispatcherSettings,
         backends: BackendPool,
-        breakers: EndpointBreakers,
+        breakers: BackendFleet,
         stats: DispatcherStats,
         tracer: trace.Tracer,
         identity: Identity,
@@ -129,9 +130,9 @@ class Executor:
         summary = StreamSummary() if envelope.stream is not None else None
         try:
             if refused is None:
-                completion = await self._call_backend(envelope, endpoint, config, summary)
+                completion = await self._call_backend(envelope, endpoint, config, summary, run.backend_id)
             else:
-                self.breakers.release(endpoint)
+                await self.breakers.release(run.backend_id, endpoint)
         except DispatchError as exc:
             error = exc
         except asyncio.CancelledError:
@@ -197,11 +198,19 @@ class Executor:
         ).encode()
 
     async def _call_backend(
-        self, envelope: Envelope, endpoint: str, config: GroupConfig, summary: StreamSummary | None = None
+        self,
+        envelope: Envelope,
+        endpoint: str,
+        config: GroupConfig,
+        summary: StreamSummary | None = None,
+        backend_id: str = "",
     ) -> Completion:
         reported = False
+        row = config.backend(backend_id) if backend_id else None
         try:
             timeout = self.settings.backend_timeout_s
+            if row is not None:
+                timeout = min(timeout, row.timeout_s)
             cut_by_deadline = False
             if envelope.deadline is not None:
                 left = envelope.deadline - time.time()
@@ -210,7 +219,8 @@ class Executor:
                 timeout, cut_by_deadline = min(timeout, left), left < timeout
             if not endpoint:
                 raise Rejected(f"fabric group {config.group_id} has no endpoint for pool {envelope.pool_id}")
-            api_key = self.secrets.get(config.api_key_env) if config.api_key_env else None
+            key_env = row.api_key_env if row is not None else config.api_key_env
+            api_key = self.secrets.get(key_env) if key_env else None
             backend = self.backends.get(endpoint, api_key)
             try:
                 call = (
@@ -227,15 +237,15 @@ class Executor:
                     ) from exc
                 if isinstance(exc, Cancelled):  # the producer withdrew it: nothing learnt of the backend
                     raise
-                self.breakers.record(endpoint, exc)
                 reported = True
+                await self.breakers.record(backend_id, endpoint, exc)
                 raise
-            self.breakers.record(endpoint, None)
             reported = True
+            await self.breakers.record(backend_id, endpoint, None)
             return completion
         finally:
             if not reported:  # no outcome that says anything about the backend: free the breaker slot
-                self.breakers.release(endpoint)
+                await self.breakers.release(backend_id, endpoint)
 
     async def _stream(
         self, backend: OpenAIBackend, envelope: Envelope, timeout: float, summary: StreamSummary
@@ -286,6 +296,7 @@ class Executor:
                     settlement=settled.kind if settled is not None else scripts.SETTLE_REPLY,
                     payload=settled.payload if settled is not None else b"",
                     due_at=settled.due_at if settled is not None else 0.0,
+                    backend_id=run.backend_id,
                 )
             except REDIS_ERRORS as exc:
                 self.on_valkey_error(exc)

@@ -59,6 +59,8 @@ class ClaimRequest:
     requeue: bytes = b""  # durable mode: the envelope REAP puts back if the lease expires
     # The group's other protected pools that may claim their slots: (pool id, protected slots).
     reserved_for: tuple[tuple[str, int], ...] = ()
+    backend_id: str = ""  # the backend row the call goes to ("" for a bare endpoint URL)
+    backend_limit: int | None = None  # its fleet-wide in-flight limit now (None: not checked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +125,7 @@ class QueueOps:
         *,
         take_turn: str = "",
         local_slots: int = 0,
+        backend_ids: Sequence[str] = (),
     ) -> Observation:
         """Backlog, global in-flight and (when the pool could launch) the first heads of each pool,
         the group's in-flight, and the records of leases found expired.
@@ -144,6 +147,7 @@ class QueueOps:
                 )
             if reap:
                 pool_leases = [self.keys.pool_inflight(r.pool_id) for r in reads]
+                pool_leases += [self.keys.backend_inflight(b) for b in backend_ids]
                 self._reap.queue(
                     pipe,
                     [self._group_inflight, self._lease_records, self._durable, self._tokens, *pool_leases],
@@ -204,6 +208,8 @@ class QueueOps:
                     self._tokens,
                     self._durable,
                     self._fence,
+                    self.keys.backend_inflight(req.backend_id),
+                    self.keys.pool_drain(req.pool_id),
                 ]
                 args: list[object] = [
                     item_digest(req.raw),
@@ -215,6 +221,7 @@ class QueueOps:
                     req.lease_record,
                     req.protected,
                     req.requeue,
+                    "" if req.backend_limit is None else req.backend_limit,
                 ]
                 for other, slots in req.reserved_for:
                     keys += [self.keys.requests(other), self.keys.pool_inflight(other)]
@@ -258,9 +265,10 @@ class QueueOps:
         settlement: str = scripts.SETTLE_REPLY,
         payload: bytes = b"",
         due_at: float = 0.0,
+        backend_id: str = "",
     ) -> int:
-        """Releases the lease and delivers the reply if the producer is alive, or stores the retry or
-        dead letter ``settlement`` names; one of the ``scripts.FINISH_*`` codes.
+        """Releases the lease (and the backend's) and delivers the reply if the producer is alive, or
+        stores the retry or dead letter ``settlement`` names; one of the ``scripts.FINISH_*`` codes.
 
         With a fencing ``token`` nothing happens unless the lease is still this claim's
         (``FINISH_STALE``). While one of ``group_pools`` has backlog, the freed slot wakes one idle
@@ -278,6 +286,7 @@ class QueueOps:
                 self._durable,
                 self.keys.delayed(pool_id),
                 self.keys.dead_letters(pool_id),
+                self.keys.backend_inflight(backend_id),
                 *map(self.keys.requests, group_pools),
             ],
             [
@@ -321,15 +330,18 @@ class QueueOps:
         [buried] = await run_pipeline(self.client, [self._bury], build)
         return bool(int(buried))
 
-    async def renew(self, leases: Sequence[tuple[str, str]], lease_s: float) -> None:
-        """Extends the leases (pool id, member) this dispatcher still holds."""
+    async def renew(self, leases: Sequence[tuple[str, str, str]], lease_s: float) -> None:
+        """Extends the leases (pool id, member, backend id) this dispatcher still holds."""
         if not leases:
             return
 
         def build(pipe: Any) -> None:
-            for pool_id, member in leases:
-                self._renew.queue(
-                    pipe, [self._group_inflight, self.keys.pool_inflight(pool_id)], [lease_s, member]
-                )
+            for pool_id, member, backend_id in leases:
+                zsets = [
+                    self._group_inflight,
+                    self.keys.pool_inflight(pool_id),
+                    self.keys.backend_inflight(backend_id),
+                ]
+                self._renew.queue(pipe, zsets, [lease_s, member])
 
         await run_pipeline(self.client, [self._renew], build)

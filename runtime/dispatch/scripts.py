@@ -24,6 +24,7 @@ expired and the request went back), so a stale dispatcher cannot reply, retry or
 
 from __future__ import annotations
 
+from runtime.dispatch.admission import drain_lua
 from runtime.dispatch.wakeup import wake_lua
 
 # KEYS: requests list, pool lease zset, group lease zset
@@ -43,23 +44,31 @@ return {backlog, in_pool, 0, {}}
 """
 
 # KEYS: requests list, group lease zset, pool lease zset, producer alive key, lease records hash,
-#       fencing tokens hash, durable envelopes hash, fencing counter,
-#       then per other protected pool: its requests list, its pool lease zset
+#       fencing tokens hash, durable envelopes hash, fencing counter, backend lease zset, pool drain
+#       hash, then per other protected pool: its requests list, its pool lease zset
 # ARGV: expected sha1, mode ("launch" | "drop"), lease member, lease seconds, pool max, group limit,
 #       lease record, this pool's protected slots, the envelope to requeue if the lease expires ('' in
-#       lists mode), then per other protected pool: its protected slots
+#       lists mode), backend in-flight limit ('' = none: no backend row), then per other protected
+#       pool: its protected slots
 # Returns {code, in_flight_of_pool, fencing token}; code is one of the CLAIM_* strings below; the token
 # is 0 in lists mode. A launch returns a fourth element, the backlog left in the list right after its
 # pop: a round that sees 0 there knows that a later push makes the list non-empty again (so its
 # producer sends a wake token), and does not follow itself with a round that would find nothing.
 # Protected slots as in the scheduler: outside its own protected slots a pool may take a group slot
 # only if the slots still owed to the other backlogged protected pools stay free.
-CLAIM = """
+# The backend's limit (max_in_flight, or less while the load gate holds work) is checked against
+# the backend's fleet-wide leases, across every group that uses it. A request that leaves the queue
+# (launched or dropped) is counted in the pool's drain ring, which admission control reads.
+CLAIM = (
+    """
 local head = redis.call('LINDEX', KEYS[1], 0)
 if not head then return {'moved', 0, 0} end
 if redis.sha1hex(head) ~= ARGV[1] then return {'moved', 0, 0} end
 if ARGV[2] == 'drop' then
   redis.call('LPOP', KEYS[1])
+"""
+    + drain_lua("KEYS[10]")
+    + """
   return {'dropped', 0, 0}
 end
 local in_pool = redis.call('ZCARD', KEYS[3])
@@ -75,21 +84,28 @@ if in_pool >= tonumber(ARGV[5]) then return {'pool_cap', in_pool, 0} end
 local in_group = redis.call('ZCARD', KEYS[2])
 local limit = tonumber(ARGV[6])
 if in_group >= limit then return {'group_cap', in_pool, 0} end
-if #KEYS > 8 and in_pool >= tonumber(ARGV[8]) then
+if #KEYS > 10 and in_pool >= tonumber(ARGV[8]) then
   local reserved = 0
-  for i = 9, #KEYS, 2 do
+  for i = 11, #KEYS, 2 do
     if redis.call('LLEN', KEYS[i]) > 0 then
-      local owed = tonumber(ARGV[10 + (i - 9) / 2]) - redis.call('ZCARD', KEYS[i + 1])
+      local owed = tonumber(ARGV[11 + (i - 11) / 2]) - redis.call('ZCARD', KEYS[i + 1])
       if owed > 0 then reserved = reserved + owed end
     end
   end
   if in_group >= limit - reserved then return {'reserved', in_pool, 0} end
 end
 local t = redis.call('TIME')
-local expiry = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[4])
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local backend_limit = tonumber(ARGV[10])
+if backend_limit then
+  redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', now)
+  if redis.call('ZCARD', KEYS[9]) >= backend_limit then return {'backend_cap', in_pool, 0} end
+end
+local expiry = now + tonumber(ARGV[4])
 redis.call('ZADD', KEYS[2], expiry, ARGV[3])
 redis.call('ZADD', KEYS[3], expiry, ARGV[3])
 redis.call('HSET', KEYS[5], ARGV[3], ARGV[7])
+if backend_limit then redis.call('ZADD', KEYS[9], expiry, ARGV[3]) end
 redis.call('LPOP', KEYS[1])
 local token = 0
 if ARGV[9] ~= '' then
@@ -97,8 +113,12 @@ if ARGV[9] ~= '' then
   redis.call('HSET', KEYS[6], ARGV[3], token)
   redis.call('HSET', KEYS[7], ARGV[3], ARGV[9])
 end
+"""
+    + drain_lua("KEYS[10]")
+    + """
 return {'claimed', in_pool + 1, token, redis.call('LLEN', KEYS[1])}
 """
+)
 CLAIMED = "claimed"
 CLAIM_MOVED = "moved"
 CLAIM_DROPPED = "dropped"
@@ -107,15 +127,16 @@ CLAIM_PRODUCER_GONE = "producer_gone"
 CLAIM_POOL_CAP = "pool_cap"
 CLAIM_GROUP_CAP = "group_cap"
 CLAIM_RESERVED = "reserved"
+CLAIM_BACKEND_CAP = "backend_cap"  # the backend's in-flight limit; the dispatcher names the reason
 
 # KEYS: producer alive key, replies list, group lease zset, pool lease zset, lease records hash,
 #       pool wake list, fencing tokens hash, durable envelopes hash, delayed zset, dead-letter list,
-#       then the requests list of every pool of the group
+#       backend lease zset, then the requests list of every pool of the group
 # ARGV: reply bytes (empty: release only), reply list TTL ms, lease member, wake token cap, token TTL ms,
 #       fencing token ('' unfenced: lists mode), settlement (SETTLE_*), the retry's next envelope or the
 #       dead letter, the retry's due time
 # Returns FINISH_DELIVERED, FINISH_PRODUCER_GONE, FINISH_STALE (the lease was taken away: nothing
-# done) or FINISH_DELAYED (the retry waits in the delayed set).
+# done, not even the backend's lease) or FINISH_DELAYED (the retry waits in the delayed set).
 # While the group has backlog, the freed slot wakes one idle dispatcher of the group (the one
 # waiting longest), not necessarily the finisher, so the work spreads over the fleet.
 FINISH = (
@@ -126,7 +147,8 @@ redis.call('ZREM', KEYS[4], ARGV[3])
 redis.call('HDEL', KEYS[5], ARGV[3])
 redis.call('HDEL', KEYS[7], ARGV[3])
 redis.call('HDEL', KEYS[8], ARGV[3])
-for i = 11, #KEYS do
+redis.call('ZREM', KEYS[11], ARGV[3])
+for i = 12, #KEYS do
   if redis.call('LLEN', KEYS[i]) > 0 then
 """
     + wake_lua("KEYS[6]", "ARGV[4]", "ARGV[5]")
@@ -151,18 +173,19 @@ FINISH_PRODUCER_GONE = 0
 FINISH_STALE = -1
 FINISH_DELAYED = 2
 
-# KEYS: group lease zset, pool lease zset; ARGV: new expiry offset seconds, member
+# KEYS: group lease zset, pool lease zset, backend lease zset; ARGV: new expiry offset seconds, member
 # Extends a lease only if it still exists (XX), so a lease reaped after expiry is not revived.
 RENEW = """
 local t = redis.call('TIME')
 local expiry = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[1])
 redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[2])
 redis.call('ZADD', KEYS[2], 'XX', expiry, ARGV[2])
+redis.call('ZADD', KEYS[3], 'XX', expiry, ARGV[2])
 return 1
 """
 
 # KEYS: the group lease zset, the lease records hash, the durable envelopes hash, the fencing tokens
-#       hash, then every pool lease zset of the group
+#       hash, then every pool lease zset of the group and the lease zsets of its backends
 # ARGV: the requests-list key of a pool without its pool id (the key prefix up to it)
 # Drops leases past their expiry (a killed or frozen dispatcher's), so observation counts only live
 # ones. A durable lease's envelope goes back to the head of its pool's list (earliest claim first):

@@ -15,8 +15,10 @@ from typing import Any
 import orjson
 
 from runtime.errors import MalformedEnvelope
+from runtime.policy.admission import AdmissionLimits
 from runtime.policy.retry import RetryPolicy
 from runtime.policy.scheduler import GroupPolicy, PoolPolicy
+from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.keys import KeySpace
 
 POLICIES = ("fifo", "drr")
@@ -27,6 +29,9 @@ DELIVERIES = (LISTS, DURABLE)
 
 @dataclass(frozen=True, slots=True)
 class PoolConfig:
+    """One pool as dispatchers and producers see it. ``endpoint_url`` is resolved from the pool's
+    backend (or the group's) at publication, so tools reading the seed's field keep working."""
+
     pool_id: str
     quantum: int = 1
     max_concurrent: int = 8
@@ -40,9 +45,15 @@ class PoolConfig:
     retry_backoff_base_s: float = 0.5
     retry_backoff_cap_s: float = 30.0
     max_requeues: int = 3
+    backend_id: str = ""  # empty: the group's backend
+    max_queued: int | None = None
+    max_queue_wait_s: float | None = None
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(self.max_attempts, self.retry_backoff_base_s, self.retry_backoff_cap_s)
+
+    def admission_limits(self) -> AdmissionLimits:
+        return AdmissionLimits(max_queued=self.max_queued, max_queue_wait_s=self.max_queue_wait_s)
 
     def policy(self) -> PoolPolicy:
         return PoolPolicy(
@@ -57,6 +68,9 @@ class PoolConfig:
 
 @dataclass(frozen=True, slots=True)
 class GroupConfig:
+    """A group as published. ``default_endpoint_url`` and ``api_key_env`` are the group's backend's,
+    kept for tools that read the seed's fields; ``backends`` holds every backend the group uses."""
+
     group_id: str
     policy: str = "drr"
     total_concurrency: int = 16
@@ -67,6 +81,8 @@ class GroupConfig:
     name: str = ""
     pools: tuple[PoolConfig, ...] = field(default_factory=tuple)
     version: int = 0
+    backend_id: str = ""
+    backends: tuple[BackendConfig, ...] = field(default_factory=tuple)
 
     @property
     def enabled_pools(self) -> tuple[PoolConfig, ...]:
@@ -80,10 +96,21 @@ class GroupConfig:
         )
 
     def endpoint_for(self, pool_id: str) -> str:
-        for pool in self.pools:
-            if pool.pool_id == pool_id and pool.endpoint_url:
-                return pool.endpoint_url
-        return self.default_endpoint_url
+        """The pool's URL: as published, else its backend's, else the group's default."""
+        pool = self.pool(pool_id)
+        if pool is not None and pool.endpoint_url:
+            return pool.endpoint_url
+        backend = self.backend_for(pool_id)
+        return backend.base_url if backend is not None else self.default_endpoint_url
+
+    def backend_for(self, pool_id: str) -> BackendConfig | None:
+        """The backend a pool's calls go to: its own, else the group's; None for a bare-URL config."""
+        pool = self.pool(pool_id)
+        wanted = (pool.backend_id if pool else "") or self.backend_id
+        return self.backend(wanted) if wanted else None
+
+    def backend(self, backend_id: str) -> BackendConfig | None:
+        return next((b for b in self.backends if b.backend_id == backend_id), None)
 
     @property
     def durable(self) -> bool:
@@ -100,7 +127,8 @@ class GroupConfig:
         try:
             data: Mapping[str, Any] = orjson.loads(raw)
             pools = tuple(PoolConfig(**p) for p in data.get("pools", ()))
-            config = cls(**{**data, "pools": pools})
+            backends = tuple(BackendConfig(**b) for b in data.get("backends", ()))
+            config = cls(**{**data, "pools": pools, "backends": backends})
         except (orjson.JSONDecodeError, TypeError, AttributeError) as exc:
             raise MalformedEnvelope(f"published group configuration is unreadable: {exc}") from exc
         if config.policy not in POLICIES:

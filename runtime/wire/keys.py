@@ -18,6 +18,13 @@ REPLY_LIST_TTL_S = 60.0
 INFLIGHT_LEASE_S = 15.0
 # The latest snapshot of each dispatcher; a dead dispatcher disappears when it lapses.
 SNAPSHOT_TTL_S = 10.0
+# The elected scraper of a backend holds its lease this long and renews it every scrape, so a
+# killed scraper is replaced within one lease.
+SCRAPE_LEASE_MS = 2_000
+# A backend's shared load outlives its scraper only briefly: older values are stale anyway.
+BACKEND_LOAD_TTL_S = 30.0
+# A shared breaker state is kept this long after its last change (a closed, quiet one lapses).
+BREAKER_TTL_S = 24 * 3600.0
 # Spans wait here for the history ingester; the stream is trimmed (and the trim counted) past this.
 SPAN_STREAM_MAXLEN = 200_000
 
@@ -117,6 +124,32 @@ class KeySpace:
 
     def snapshot_pattern(self, group_id: str) -> str:
         return f"{self.prefix}key:llm:snapshot:{group_id}:*"
+
+    # --- backends (shared by every group and dispatcher that uses them) -------------------------
+    def backend_load(self, backend_id: str) -> str:
+        """JSON of the backend's last scraped load (runtime.backends.metrics.BackendLoad)."""
+        return f"{self.prefix}key:llm:backend-load:{backend_id}"
+
+    def backend_scrape_lease(self, backend_id: str) -> str:
+        """Lease (SET NX PX) of the one process of the fleet that scrapes the backend."""
+        return f"{self.prefix}key:llm:backend-scraper:{backend_id}"
+
+    def backend_inflight(self, backend_id: str) -> str:
+        """Sorted set of in-flight leases to one backend, across every group and dispatcher."""
+        return f"{self.prefix}zset:llm:inflight-backend:{backend_id}"
+
+    def backend_breaker(self, backend_id: str) -> str:
+        """JSON of the backend's circuit-breaker state, shared by the fleet."""
+        return f"{self.prefix}key:llm:breaker:{backend_id}"
+
+    # --- admission ------------------------------------------------------------------------------
+    def pool_drain(self, pool_id: str) -> str:
+        """Hash of per-second counts of requests that left the pool's queue (its drain rate)."""
+        return f"{self.prefix}hash:llm:drain:{pool_id}"
+
+    def rejections(self) -> str:
+        """Hash ``{pool_id}:{reason}`` -> submits refused by admission control."""
+        return f"{self.prefix}hash:llm:rejections"
 
     def span_stream(self) -> str:
         return f"{self.prefix}stream:llm:spans"

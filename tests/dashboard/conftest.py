@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from pools import connections
-from pools.models import FabricGroup, Pool
+from pools.models import Backend, FabricGroup, Pool
 from runtime.wire.keys import KeySpace
 from tests.dashboard.browser import stack  # noqa: F401 - the browser tests' fixture
 
@@ -48,9 +48,10 @@ def visitor(db):
 @pytest.fixture
 def fabric(db) -> FabricGroup:
     """DRR group "g" (total 8): interactive (weight 4, min 2, max 4) and backfill (weight 1, max 4)."""
+    backend = Backend.objects.create(backend_id="nowhere", base_url="http://127.0.0.1:9/v1", kind="openai",
+                                     load_gating=False)  # fmt: skip
     group = FabricGroup.objects.create(
-        group_id="g", name="Test group", policy="drr", total_concurrency=8,
-        default_endpoint_url="http://127.0.0.1:9/v1",
+        group_id="g", name="Test group", policy="drr", total_concurrency=8, backend=backend
     )  # fmt: skip
     Pool.objects.create(
         group=group, pool_id="interactive", display_name="Interactive", quantum=4, min_concurrent=2,

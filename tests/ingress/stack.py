@@ -30,11 +30,12 @@ POOLS = {
 }
 SETUP = """
 from pools import services
-from pools.models import FabricGroup, Pool
+from pools.models import Backend, FabricGroup, Pool
 group = FabricGroup.objects.create(group_id={group!r}, policy="drr", total_concurrency=2)
+backend = Backend.objects.create(backend_id="ing-sim", base_url={endpoint!r})
 for i, (pool_id, (quantum, most, has_endpoint)) in enumerate({pools!r}.items()):
     Pool.objects.create(group=group, pool_id=pool_id, quantum=quantum, max_concurrent=most, sort_order=i,
-                        endpoint_url={endpoint!r} if has_endpoint else "")
+                        backend=backend if has_endpoint else None)
 Pool.objects.create(group=group, pool_id="dormant", enabled=False, sort_order=9)
 assert services.group_publish(group=group).ok
 """

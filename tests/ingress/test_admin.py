@@ -13,14 +13,15 @@ from django.test import Client
 
 from ingress import selectors
 from ingress.models import ProducerKey
-from pools.models import FabricGroup, Pool
+from pools.models import Backend, FabricGroup, Pool
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def pools() -> None:
-    group = FabricGroup.objects.create(group_id="g", default_endpoint_url="http://127.0.0.1:9/v1")
+    backend = Backend.objects.create(backend_id="nowhere", base_url="http://127.0.0.1:9/v1")
+    group = FabricGroup.objects.create(group_id="g", backend=backend)
     for pool_id in ("gold", "iron"):
         Pool.objects.create(group=group, pool_id=pool_id)
 

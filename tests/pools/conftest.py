@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from pools import connections
-from pools.models import FabricGroup, Pool
+from pools.models import Backend, FabricGroup, Pool
 from runtime.valkey import embedded
 from runtime.wire.groupconfig import GroupConfig
 from runtime.wire.keys import KeySpace
@@ -50,14 +50,20 @@ def superuser_client(db) -> Client:
 
 
 @pytest.fixture
-def group(db) -> FabricGroup:
-    """A DRR group (total 16) with interactive (min 4) and backfill, saved without publishing."""
+def backend(db) -> Backend:
+    """The simulator's address as backend ``sim`` (vLLM metrics, gating on)."""
+    return Backend.objects.create(backend_id="sim", name="Simulator", base_url="http://127.0.0.1:8100/v1")
+
+
+@pytest.fixture
+def group(backend: Backend) -> FabricGroup:
+    """A DRR group (total 16) on backend ``sim`` with interactive (min 4) and backfill, not published."""
     group = FabricGroup.objects.create(
         group_id="g1",
         name="G1",
         policy="drr",
         total_concurrency=16,
-        default_endpoint_url="http://127.0.0.1:8100/v1",
+        backend=backend,
     )
     Pool.objects.create(
         group=group,

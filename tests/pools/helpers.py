@@ -15,7 +15,9 @@ POOL_DEFAULTS = {
     "min_concurrent": 0,
     "max_concurrent": 8,
     "max_burst_per_visit": 1,
-    "endpoint_url": "",
+    "backend": "",
+    "max_queued": "",
+    "max_queue_wait_s": "",
     "enabled": True,
     "paused": False,
     "sort_order": 0,
@@ -36,8 +38,7 @@ def group_form(group: dict[str, Any], pools: list[dict[str, Any]], *, initial: i
     data: dict[str, Any] = {
         "name": group.get("name", ""),
         "policy": group.get("policy", "drr"),
-        "default_endpoint_url": group.get("default_endpoint_url", "http://127.0.0.1:8100/v1"),
-        "api_key_env": group.get("api_key_env", ""),
+        "backend": group.get("backend", ""),
         "total_concurrency": group.get("total_concurrency", 16),
         "delivery": group.get("delivery", "lists"),
         "pools-TOTAL_FORMS": len(pools),
@@ -63,7 +64,9 @@ def existing_rows(group: FabricGroup, **changes: dict[str, Any]) -> list[dict[st
     """The group's stored pools as inline rows, with per-pool_id changes applied."""
     rows = []
     for pool in Pool.objects.filter(group=group).order_by("sort_order", "pool_id"):
-        row = {name: getattr(pool, name) for name in POOL_DEFAULTS}
+        row = {name: getattr(pool, name) for name in POOL_DEFAULTS if name != "backend"}
+        row["backend"] = pool.backend_id or ""
+        row = {name: "" if value is None else value for name, value in row.items()}
         row.update(
             id=pool.pk,
             pool_id=pool.pool_id,

@@ -12,7 +12,7 @@ import redis
 from django.test import Client
 
 from pools import selectors, services
-from pools.models import FabricGroup, Pool
+from pools.models import Backend, FabricGroup, Pool
 from runtime.errors import DeadLettered
 from runtime.producer import SyncProducer
 from runtime.valkey.embedded import free_port
@@ -32,7 +32,9 @@ def test_a_dead_letter_replayed_from_the_admin_completes(
         [sys.executable, "-m", "simulator", "--port", str(sim_port)], cwd=ROOT, stdout=subprocess.DEVNULL
     )
     group = FabricGroup.objects.create(
-        group_id="dl", total_concurrency=4, default_endpoint_url=f"http://127.0.0.1:{sim_port}/v1"
+        group_id="dl",
+        total_concurrency=4,
+        backend=Backend.objects.create(backend_id="dl-sim", base_url=f"http://127.0.0.1:{sim_port}/v1"),
     )
     pool = Pool.objects.create(
         group=group, pool_id="dl-pool", max_concurrent=4, max_attempts=2, retry_backoff_base_s=0.05,

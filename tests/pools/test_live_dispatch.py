@@ -15,7 +15,7 @@ import redis
 from django.test import Client
 
 from pools import services
-from pools.models import FabricGroup, Pool
+from pools.models import Backend, FabricGroup, Pool
 from runtime.producer import SyncProducer
 from runtime.valkey.embedded import free_port
 from runtime.wire.keys import KeySpace
@@ -50,7 +50,7 @@ def test_weight_edited_in_the_admin_changes_the_live_ratio(
         name="Live",
         policy="drr",
         total_concurrency=4,
-        default_endpoint_url=f"http://127.0.0.1:{sim_port}/v1",
+        backend=Backend.objects.create(backend_id="live-sim", base_url=f"http://127.0.0.1:{sim_port}/v1"),
     )
     Pool.objects.create(group=group, pool_id="interactive", quantum=1, max_concurrent=4)
     Pool.objects.create(group=group, pool_id="backfill", quantum=1, max_concurrent=4, sort_order=1)

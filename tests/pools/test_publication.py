@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from pools import selectors, services
-from pools.models import FabricGroup, Pool
+from pools.models import Backend, FabricGroup, Pool
 from runtime.wire.keys import KeySpace
 from tests.pools.conftest import published, registry
 from tests.pools.helpers import changelist_form, existing_rows, group_form
@@ -46,14 +46,19 @@ def test_version_increases_on_every_publish(group: FabricGroup) -> None:
 
 
 def test_group_add_in_admin_publishes(
-    superuser_client: Client, db, sredis: redis.Redis, keys: KeySpace
+    superuser_client: Client, backend: Backend, sredis: redis.Redis, keys: KeySpace
 ) -> None:
+    backend.api_key_env = "OPENAI_API_KEY"
+    backend.save()
     rows = [{"pool_id": "fast", "quantum": 3, "min_concurrent": 2}, {"pool_id": "slow", "sort_order": 1}]
-    data = group_form({"group_id": "g2", "total_concurrency": 10, "api_key_env": "OPENAI_API_KEY"}, rows)
+    data = group_form({"group_id": "g2", "total_concurrency": 10, "backend": "sim"}, rows)
     response = superuser_client.post("/admin/pools/fabricgroup/add/", data, follow=True)
     assert response.status_code == 200
     config = published(sredis, keys, "g2")
+    # The seed's fields are resolved from the group's backend, for tools that read them.
     assert config is not None and config.total_concurrency == 10 and config.api_key_env == "OPENAI_API_KEY"
+    assert config.default_endpoint_url == "http://127.0.0.1:8100/v1"
+    assert [b.backend_id for b in config.backends] == ["sim"] and config.backend_id == "sim"
     assert [(p.pool_id, p.quantum, p.min_concurrent) for p in config.pools] == [
         ("fast", 3, 2),
         ("slow", 1, 0),
@@ -79,17 +84,19 @@ def test_inline_edit_and_delete_publish(
     superuser_client: Client, group: FabricGroup, sredis: redis.Redis, keys: KeySpace
 ) -> None:
     services.group_publish(group=group)
-    rows = existing_rows(
-        group, backfill={"DELETE": True}, interactive={"endpoint_url": "http://gpu-1:8000/v1"}
-    )
+    Backend.objects.create(backend_id="gpu-1", base_url="http://gpu-1:8000/v1", kind="sglang")
+    rows = existing_rows(group, backfill={"DELETE": True}, interactive={"backend": "gpu-1"})
     rows.append({"pool_id": "batch", "sort_order": 5})
-    data = group_form({"total_concurrency": 20}, rows, initial=2)
+    data = group_form({"total_concurrency": 20, "backend": "sim"}, rows, initial=2)
     response = superuser_client.post(f"/admin/pools/fabricgroup/{group.pk}/change/", data)
     assert response.status_code == 302
     config = published(sredis, keys, "g1")
     assert config.total_concurrency == 20
     assert [p.pool_id for p in config.pools] == ["interactive", "batch"]
     assert config.endpoint_for("interactive") == "http://gpu-1:8000/v1"
+    assert config.pool("interactive").endpoint_url == "http://gpu-1:8000/v1"
+    assert config.backend_for("interactive").kind == "sglang"
+    assert config.pool("batch").endpoint_url == "http://127.0.0.1:8100/v1"
     assert registry(sredis, keys) == {"interactive": "g1", "batch": "g1"}
 
 

@@ -9,7 +9,7 @@ from django.core import checks
 from django.core.management import CommandError, call_command
 
 from pools.checks import TAG
-from pools.models import FabricGroup, Pool
+from pools.models import Backend, FabricGroup, Pool
 from runtime.wire.keys import KeySpace
 from tests.pools.conftest import published, registry
 
@@ -32,9 +32,14 @@ def test_seed_demo_creates_and_publishes(sredis: redis.Redis, keys: KeySpace) ->
     call_command("seed_demo")
     group = FabricGroup.objects.get(group_id="demo")
     assert (group.policy, group.total_concurrency) == ("drr", 16)
-    assert group.default_endpoint_url == "http://127.0.0.1:8100/v1"
+    assert group.backend.base_url == "http://127.0.0.1:8100/v1" and group.backend.kind == "vllm"
     assert demo_rows() == DEMO
     config = published(sredis, keys, "demo")
+    # The backlog of backfill is bounded in the demo; the other pools are not.
+    assert {p.pool_id: p.max_queued for p in config.pools} == {
+        "interactive": None, "document-extract": None, "backfill": 200, "default": None,
+    }  # fmt: skip
+    assert config.default_endpoint_url == "http://127.0.0.1:8100/v1"
     assert [p.pool_id for p in config.pools] == list(DEMO)
     assert registry(sredis, keys) == dict.fromkeys(DEMO, "demo")
 
@@ -42,12 +47,15 @@ def test_seed_demo_creates_and_publishes(sredis: redis.Redis, keys: KeySpace) ->
 def test_seed_demo_is_idempotent_and_keeps_operator_edits(sredis: redis.Redis, keys: KeySpace) -> None:
     call_command("seed_demo")
     Pool.objects.filter(pool_id="backfill").update(quantum=3)
+    Backend.objects.filter(pk="sim").update(max_waiting=9)
     call_command("seed_demo")
+    assert Backend.objects.get(pk="sim").max_waiting == 9
     assert FabricGroup.objects.count() == 1 and Pool.objects.count() == 4
     assert demo_rows()["backfill"] == (3, 0, 8, 1)
     assert published(sredis, keys, "demo").pool("backfill").quantum == 3
     call_command("seed_demo", "--reset")
     assert demo_rows() == DEMO
+    assert Backend.objects.get(pk="sim").max_waiting == 5
 
 
 def test_seed_demo_endpoint_and_admin(sredis: redis.Redis, keys: KeySpace) -> None:
@@ -62,7 +70,7 @@ def test_seed_demo_endpoint_and_admin(sredis: redis.Redis, keys: KeySpace) -> No
 def test_seed_demo_refuses_bad_endpoint() -> None:
     with pytest.raises(CommandError, match="This URL embeds credentials"):
         call_command("seed_demo", "--endpoint", "http://u:p@sim:9000/v1")
-    assert not FabricGroup.objects.exists()
+    assert not FabricGroup.objects.exists() and not Backend.objects.exists()
 
 
 def test_seed_demo_valkey_down(valkey_down) -> None:
@@ -91,19 +99,21 @@ def test_check_protected_slots_over_total() -> None:
     assert message.hint
 
 
-def test_check_pool_without_endpoint() -> None:
+def test_check_pool_without_backend() -> None:
     group = FabricGroup.objects.create(group_id="g", total_concurrency=4)
+    backend = Backend.objects.create(backend_id="b", base_url="http://b:1/v1")
     Pool.objects.create(group=group, pool_id="p", max_concurrent=2)
-    Pool.objects.create(group=group, pool_id="q", max_concurrent=2, endpoint_url="http://b:1/v1")
+    Pool.objects.create(group=group, pool_id="q", max_concurrent=2, backend=backend)
     Pool.objects.create(group=group, pool_id="off", max_concurrent=2, enabled=False)
     messages = checks.run_checks(tags=[TAG])
     assert [(m.id, m.obj.pool_id) for m in messages] == [("dispatch.E002", "p")]
 
 
 def test_check_api_key_env_unset(monkeypatch) -> None:
-    FabricGroup.objects.create(
-        group_id="g", api_key_env="DISPATCH_TEST_UNSET_KEY", default_endpoint_url="http://b/"
+    backend = Backend.objects.create(
+        backend_id="b", base_url="http://b/", api_key_env="DISPATCH_TEST_UNSET_KEY"
     )
+    FabricGroup.objects.create(group_id="g", backend=backend)
     monkeypatch.delenv("DISPATCH_TEST_UNSET_KEY", raising=False)
     [message] = checks.run_checks(tags=[TAG])
     assert message.id == "dispatch.W001" and message.level == checks.WARNING

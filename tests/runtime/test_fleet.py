@@ -210,3 +210,41 @@ async def test_one_claim_checks_protected_slots_and_stores_lease_records_for_the
     assert sorted(r.request_id for r in seen.lost) == ["bulk-0", "bulk-1"]
     assert await aredis.hlen(keys.lease_records("g")) == 0
     assert (seen.group_in_flight, seen.views["vip"].heads_read) == (0, True)
+
+
+async def test_durable_claims_hold_backend_leases_that_finish_fences_and_reap_requeues(aredis, keys) -> None:
+    """The durable and backend duties in one set of scripts: a durable claim takes a fencing token
+    and a backend lease under the backend's fleet-wide limit; a stale FINISH releases nothing (not the
+    backend's lease either), the current one releases both; an expired durable lease goes back to the
+    head of its list and gives its backend slot back."""
+    queue = QueueOps(aredis, keys, "g")
+    raws = await _queued(aredis, keys, "bulk", 3)
+    backend = keys.backend_inflight("gpu")
+    claims = [
+        _launch("bulk", raw, i, requeue=raw, backend_id="gpu", backend_limit=2) for i, raw in enumerate(raws)
+    ]
+    results = await queue.claim(claims, lease_s=30)
+    assert [code for code, _, _ in results] == [scripts.CLAIMED, scripts.CLAIMED, scripts.CLAIM_BACKEND_CAP]
+    tokens = [token for _, _, token in results[:2]]
+    assert all(tokens) and tokens[0] != tokens[1]
+    assert await aredis.zcard(backend) == 2
+    assert await aredis.exists(keys.pool_drain("bulk"))  # admission control sees what left the queue
+
+    first = claims[0].lease_member
+    finish = {"pool_id": "bulk", "producer_id": "p", "member": first, "reply": b"ok", "reply_ttl_s": 30}
+    stale = await queue.finish(**finish, token=str(int(tokens[0]) + 100), backend_id="gpu")  # type: ignore[arg-type]
+    assert stale == scripts.FINISH_STALE
+    assert await aredis.zcard(backend) == 2
+    done = await queue.finish(**finish, token=tokens[0], backend_id="gpu")  # type: ignore[arg-type]
+    assert done == scripts.FINISH_DELIVERED
+    assert await aredis.zrange(backend, 0, -1) == [claims[1].lease_member.encode()]
+
+    second = claims[1].lease_member.encode()
+    for zset in (keys.group_inflight("g"), keys.pool_inflight("bulk"), backend):  # its dispatcher died
+        await aredis.zadd(zset, {second: 1}, xx=True)
+    for source in (scripts.REAP, scripts.OBSERVE):
+        await aredis.script_load(source)
+    seen = await queue.observe([PoolRead("bulk", depth=4, pool_max=4)], group_limit=4, backend_ids=["gpu"])
+    assert seen.requeued == (raws[1],) and not seen.lost
+    assert await aredis.lrange(keys.requests("bulk"), 0, 0) == [raws[1]]
+    assert await aredis.zcard(backend) == 0

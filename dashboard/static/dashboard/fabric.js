@@ -134,8 +134,8 @@
       '<td class="name"><strong data-f="name"></strong> <small class="muted" data-f="id"></small> ' +
       '<span data-f="pills"></span><div class="links" data-f="links"></div></td>' +
       '<td class="num" data-f="weight"></td>' +
-      '<td class="bar-col"><span class="fig" data-f="queue_depth"></span>' +
-      '<span class="bar queue"><i data-f="queue_bar"></i></span></td>' +
+      '<td class="bar-col"><span class="fig" data-f="queue_depth"></span><small class="muted" data-f="max_queued"></small>' +
+      '<span class="bar queue"><i data-f="queue_bar"></i></span><small class="refused" data-f="rejected"></small></td>' +
       '<td class="bar-col"><span class="fig"><span data-f="in_flight"></span> / <span data-f="max_concurrent"></span></span>' +
       '<span class="bar flight" data-f="flight"><i data-f="flight_bar"></i><b data-f="min_mark"></b></span>' +
       '<small class="muted" data-f="min"></small></td>' +
@@ -166,6 +166,11 @@
     setText(f.weight, dash(p.weight));
     setText(f.queue_depth, String(p.queue_depth || 0));
     f.queue_bar.style.width = pct(p.queue_depth, maxQueue) + "%";
+    setText(f.max_queued, p.max_queued ? " / max " + p.max_queued : "");
+    var rejected = p.rejected || {};
+    setText(f.rejected, Object.keys(rejected).sort().map(function (r) {
+      return "refused " + rejected[r] + " (" + r + ")";
+    }).join(", "));
     setText(f.in_flight, dash(p.in_flight));
     setText(f.max_concurrent, dash(p.max_concurrent));
     setClass(f.flight, "full", p.in_flight !== null && p.in_flight >= p.max_concurrent);
@@ -191,6 +196,19 @@
   }
 
   // --- the other tables -------------------------------------------------------------------------
+  function backendCells(b) {
+    return [
+      { html: "<strong>" + esc(b.name) + '</strong> <small class="muted">' + esc(b.backend_id) + " · " + esc(b.kind) + "</small>" },
+      { html: esc(dash(b.running)), cls: "num" },
+      { html: esc(dash(b.waiting)), cls: "num" },
+      { html: b.kv_usage === null || b.kv_usage === undefined ? "–" : Math.round(100 * b.kv_usage) + "%", cls: "num" },
+      { html: esc(b.in_flight) + " / " + esc(b.limit) + ' <small class="muted">(max ' + esc(b.max_in_flight) + ")</small>", cls: "num" },
+      { html: esc(b.breaker_words), cls: b.breaker === "closed" ? "" : "hot" },
+      { html: esc(b.metrics_words), cls: b.metrics === "fresh" || b.metrics === "none" ? "" : "hot" },
+      { html: esc(b.held || "–") },
+    ];
+  }
+
   function activeCells(a) {
     var waited = a.queue_wait_s, running = a.execution_s;
     return [
@@ -312,12 +330,18 @@
     setTile("failed_total", totals.failed_total || 0);
     setTile("dropped_total", totals.dropped_total || 0);
     setTile("dead_letters_total", view.dead_letters_total || 0);
+    setTile("rejected_total", view.pools.reduce(function (sum, p) {
+      return sum + Object.keys(p.rejected || {}).reduce(function (n, r) { return n + p.rejected[r]; }, 0);
+    }, 0));
     if (view.policy) setTile("policy", view.policy);
     setTile("active_count", view.active.length);
     var maxQueue = Math.max.apply(null, [1].concat(view.pools.map(function (p) { return p.queue_depth || 0; })));
     syncRows(document.getElementById("pools"), view.pools, function (p) { return p.pool_id; }, buildPoolRow,
       function (tr, p) { updatePoolRow(tr, p, maxQueue); },
       '<td colspan="9" class="muted">This group has no pools.</td>');
+    syncRows(document.getElementById("backends"), view.backends || [], function (b) { return b.backend_id; },
+      cellsRow(8), function (tr, b) { tr.dataset.backend = b.backend_id; setCells(tr, backendCells(b)); },
+      '<td colspan="8" class="muted">No backend is published for this group.</td>');
     syncRows(document.getElementById("active"), view.active, function (a) { return a.dispatcher_id + "/" + a.request_id; },
       cellsRow(8), function (tr, a) { tr.dataset.request = a.request_id; setCells(tr, activeCells(a)); },
       '<td colspan="8" class="muted">Nothing in flight.</td>');

@@ -1,0 +1,164 @@
+"""A dispatcher's view of its group's backends: load gate, shared breaker and scraper together.
+
+Once per scheduling round :meth:`BackendFleet.refresh` reads, in one pipeline, each backend's shared
+load, shared breaker state and the fleet's in-flight leases to it, and turns them into a
+:class:`~runtime.backends.status.BackendStatus` (the pure gate's decision included). Before deciding,
+the dispatcher asks :meth:`blocked` (a skip reason for the backend's pools) and :meth:`allowance`
+(how many heads a pool on it may be offered); its claim script then enforces :meth:`limit`
+atomically across the fleet.
+
+It is also the one place the dispatcher asks about breakers: a pool on a backend row uses the
+fleet's shared breaker, a pool with a bare endpoint URL (no backend row) this process's own
+:class:`~runtime.backends.health.EndpointBreakers`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+
+from runtime.backends.gate import SKIP_BACKEND_CAP
+from runtime.backends.health import EndpointBreakers
+from runtime.backends.scraper import SCRAPE_INTERVAL_S, BackendScraper
+from runtime.backends.shared_breaker import SharedBreakers
+from runtime.backends.status import BackendStatus, queue_reads, status_from_replies
+from runtime.errors import DispatchError
+from runtime.valkey.client import REDIS_ERRORS
+from runtime.wire.backendconfig import BackendConfig
+from runtime.wire.keys import KeySpace
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BackendFleet"]
+
+
+class BackendFleet:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        keys: KeySpace,
+        *,
+        owner_id: str,
+        local: EndpointBreakers,
+        clock: Callable[[], float] = time.time,
+        scrape_interval_s: float = SCRAPE_INTERVAL_S,
+    ) -> None:
+        """``local``: the process's breakers of bare endpoint URLs."""
+        self.client = client
+        self.keys = keys
+        self.clock = clock
+        self.local = local
+        self.breakers = SharedBreakers(client, keys, clock=clock)
+        self.scraper = BackendScraper(client, keys, owner_id=owner_id, interval_s=scrape_interval_s)
+        self.backends: dict[str, BackendConfig] = {}
+        self.statuses: dict[str, BackendStatus] = {}
+
+    def __repr__(self) -> str:
+        held = {b: s.held for b, s in self.statuses.items() if s.held}
+        return f"<BackendFleet {sorted(self.backends)} held={held} breakers={self.breakers.modes()}>"
+
+    def configure(self, backends: tuple[BackendConfig, ...]) -> None:
+        self.backends = {b.backend_id: b for b in backends}
+        self.breakers.configure({b.backend_id: b.breaker_policy() for b in backends})
+        self.scraper.configure(backends)
+        self.statuses = {b: s for b, s in self.statuses.items() if b in self.backends}
+
+    async def refresh(self) -> None:
+        """Each backend's load, breaker and fleet in-flight count (one pipeline)."""
+        if not self.backends:
+            return
+        now = self.clock()
+        ids = sorted(self.backends)
+        async with self.client.pipeline(transaction=False) as pipe:
+            for backend_id in ids:
+                queue_reads(pipe, self.keys, backend_id, now)
+            replies = await pipe.execute()
+        for i, backend_id in enumerate(ids):
+            mine = replies[3 * i : 3 * i + 3]
+            self.statuses[backend_id] = status_from_replies(self.backends[backend_id], mine, now)
+            self.breakers.update(backend_id, mine[1])
+
+    def blocked(self, backend_id: str) -> str | None:
+        """The skip reason for a pool on this backend now (breaker first), None when one may launch."""
+        reason = self.breakers.blocked(backend_id)
+        if reason:
+            return reason
+        status = self.statuses.get(backend_id)
+        return status.held or None if status else None
+
+    def allowance(self, backend_id: str) -> int | None:
+        """Most launches one pool on this backend may be offered now (None: no limit here)."""
+        limits = [self.breakers.allowance(backend_id)]
+        status = self.statuses.get(backend_id)
+        if status is not None:
+            limits.append(max(0, status.limit - status.in_flight))
+        known = [n for n in limits if n is not None]
+        return min(known) if known else None
+
+    def limit(self, backend_id: str) -> int:
+        """The in-flight limit the claim enforces fleet-wide (max_in_flight before the first read)."""
+        status = self.statuses.get(backend_id)
+        if status is not None:
+            return status.limit
+        backend = self.backends.get(backend_id)
+        return backend.max_in_flight if backend else 0
+
+    def skip_reason(self, backend_id: str) -> str:
+        """The skip reason when the claim found the backend's limit reached."""
+        status = self.statuses.get(backend_id)
+        return status.held if status is not None and status.held else SKIP_BACKEND_CAP
+
+    def snapshot(self) -> dict[str, dict[str, object]]:
+        """Per backend, what this dispatcher last saw (for its snapshot)."""
+        return {
+            b: {
+                "held": s.held,
+                "limit": s.limit,
+                "in_flight": s.in_flight,
+                "metrics": s.metrics,
+                "breaker": s.breaker,
+            }
+            for b, s in sorted(self.statuses.items())
+        }
+
+    # --- breakers, shared (backend rows) or local (bare URLs) ---------------------------------------
+    def refusal(self, backend_id: str, endpoint: str) -> str | None:
+        """Why a pool cannot launch now because of its backend, or None."""
+        return self.blocked(backend_id) if backend_id else self.local.blocked(endpoint)
+
+    def room(self, backend_id: str, endpoint: str) -> int | None:
+        """Most calls a pool may launch now because of its backend (None: no limit)."""
+        return self.allowance(backend_id) if backend_id else self.local.allowance(endpoint)
+
+    async def acquire(self, backend_id: str, endpoint: str) -> bool:
+        """Right before claiming a call: False when its breaker refuses it (may take a probe slot)."""
+        if not backend_id:
+            return self.local.acquire(endpoint)
+        try:
+            return await self.breakers.acquire(backend_id)
+        except REDIS_ERRORS as exc:  # the claim itself needs Valkey and will say so
+            log.warning("backend %s: shared breaker unreadable (%s)", backend_id, exc)
+            return True
+
+    async def release(self, backend_id: str, endpoint: str) -> None:
+        """Gives back a breaker slot taken for a call that did not happen."""
+        if not backend_id:
+            self.local.release(endpoint)
+            return
+        try:
+            await self.breakers.release(backend_id)
+        except REDIS_ERRORS as exc:
+            log.warning("backend %s: shared breaker slot not given back (%s)", backend_id, exc)
+
+    async def record(self, backend_id: str, endpoint: str, error: DispatchError | None) -> None:
+        """A call's outcome for its breaker (a deadline cut gives the slot back)."""
+        if not backend_id:
+            self.local.record(endpoint, error)
+            return
+        try:
+            await self.breakers.record(backend_id, error)
+        except REDIS_ERRORS as exc:  # the call's reply matters more than the breaker's bookkeeping
+            log.warning("backend %s: outcome not recorded in the shared breaker (%s)", backend_id, exc)

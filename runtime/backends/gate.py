@@ -1,0 +1,109 @@
+"""Backend-load gating: how many of our calls a backend may have in flight right now.
+
+Pure, like the scheduler and the breaker: :func:`gate` takes the backend's settings, its last shared
+load (:class:`~runtime.backends.metrics.BackendLoad`), how many calls the fleet has in flight to it
+now and ``now`` (wall-clock seconds, as the load's ``scraped_at``), and returns a
+:class:`GateDecision`. The dispatcher offers no head of a pool whose backend has no room, with the
+decision's skip reason, and its CLAIM enforces the decision's ``limit`` fleet-wide and atomically.
+
+Why a limit and not a yes/no: metrics arrive every ~250 ms, while a dispatcher can launch dozens of
+calls in that time. Every call launched since the scrape is counted as already waiting in the
+backend's own queue (``in_flight - in_flight_at_scrape``), so the fleet never pushes the backend's
+waiting queue past ``max_waiting`` between two scrapes, and a full KV cache admits nothing new until
+a scrape says it has room again.
+
+    limit = max_in_flight                                        always
+    limit = min(limit, in_flight_at_scrape + max_waiting - waiting)   fresh metrics
+    limit = min(limit, in_flight_at_scrape)                      fresh metrics, KV cache over its limit
+
+Stale (older than ``metrics_max_age_s``) or failed scrapes fall back to ``max_in_flight`` alone, and
+the decision says so (``metrics`` is ``"stale"`` or ``"unreachable"``) for the dashboard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.backends.metrics import BackendLoad
+
+__all__ = [
+    "METRICS_FRESH",
+    "METRICS_NONE",
+    "METRICS_STALE",
+    "METRICS_UNREACHABLE",
+    "SKIP_BACKEND_CAP",
+    "SKIP_BACKEND_SATURATED",
+    "GateDecision",
+    "GateSettings",
+    "gate",
+]
+
+SKIP_BACKEND_SATURATED = "backend_saturated"  # the backend's own queue or KV cache is full
+SKIP_BACKEND_CAP = "backend_cap"  # the backend's max_in_flight is reached across the fleet
+
+METRICS_FRESH = "fresh"
+METRICS_STALE = "stale"
+METRICS_UNREACHABLE = "unreachable"
+METRICS_NONE = "none"  # kind "openai": the backend exports no load metrics
+
+
+@dataclass(frozen=True, slots=True)
+class GateSettings:
+    """A backend's gating settings, from its admin row."""
+
+    max_in_flight: int
+    max_waiting: int = 5
+    max_kv_cache_usage: float = 0.8
+    metrics_max_age_s: float = 1.0
+    has_metrics: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {self.max_in_flight}")
+        if self.max_waiting < 0:
+            raise ValueError(f"max_waiting must not be negative, got {self.max_waiting}")
+        if not 0 < self.max_kv_cache_usage <= 1:
+            raise ValueError(f"max_kv_cache_usage must be in (0, 1], got {self.max_kv_cache_usage}")
+        if self.metrics_max_age_s <= 0:
+            raise ValueError(f"metrics_max_age_s must be positive, got {self.metrics_max_age_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    """``limit``: calls the fleet may have in flight to the backend now; ``reason``: the skip reason
+    while ``in_flight`` has reached it (None while there is room); ``metrics``: how the load was known;
+    ``age_s``: the age of the load used (None without one)."""
+
+    limit: int
+    reason: str | None
+    metrics: str
+    age_s: float | None = None
+
+    @property
+    def room(self) -> bool:
+        return self.reason is None
+
+
+def gate(settings: GateSettings, load: BackendLoad | None, *, in_flight: int, now: float) -> GateDecision:
+    """The backend's in-flight limit now, and why nothing may launch when it is reached."""
+    cap = settings.max_in_flight
+    age = None if load is None else max(0.0, now - load.scraped_at)
+    if not settings.has_metrics:
+        status = METRICS_NONE
+    elif load is None or age is None or not load.ok:
+        status = METRICS_UNREACHABLE
+    elif age > settings.metrics_max_age_s:
+        status = METRICS_STALE
+    else:
+        status = METRICS_FRESH
+    load_limit = cap
+    if status == METRICS_FRESH and load is not None:
+        load_limit = load.in_flight_at_scrape + settings.max_waiting - load.waiting
+        if load.kv_usage >= settings.max_kv_cache_usage:
+            load_limit = min(load_limit, load.in_flight_at_scrape)
+        load_limit = max(0, load_limit)
+    limit = min(cap, load_limit)
+    reason = None
+    if in_flight >= limit:
+        reason = SKIP_BACKEND_SATURATED if load_limit < cap else SKIP_BACKEND_CAP
+    return GateDecision(limit=limit, reason=reason, metrics=status, age_s=age)

@@ -1,0 +1,111 @@
+"""Admission control at submit: may one more request join a pool's queue?
+
+Pure: :func:`decide` takes the pool's queue depth, its limits and its recent drain rate (requests
+per second that left the queue over the last :data:`DRAIN_WINDOW_S` seconds) and returns ``None``
+(admit) or a :class:`Refusal`. The producer's admission-and-push script
+(:mod:`runtime.dispatch.admission`) applies the same rule inside Valkey, atomically with the push;
+this module is the rule's reference and builds the refusal's details (limit, retry-after hint).
+
+    depth >= max_queued                        -> refused, reason "max_queued"
+    depth / drain_rate > max_queue_wait_s      -> refused, reason "max_queue_wait"
+
+The estimated wait is refused only on evidence: with no drain measured yet (a pool that was idle,
+or whose dispatchers just started) there is no estimate, and only ``max_queued`` applies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "DRAIN_WINDOW_S",
+    "REASON_MAX_QUEUED",
+    "REASON_MAX_QUEUE_WAIT",
+    "AdmissionLimits",
+    "Refusal",
+    "decide",
+    "refusal",
+]
+
+REASON_MAX_QUEUED = "max_queued"
+REASON_MAX_QUEUE_WAIT = "max_queue_wait"
+# The drain rate is measured over this many whole seconds before the current one.
+DRAIN_WINDOW_S = 10
+# Retry-after hints stay within these bounds: a hint of 0 invites a hot loop, hours help nobody.
+RETRY_AFTER_MIN_S = 0.5
+RETRY_AFTER_MAX_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionLimits:
+    """A pool's admission limits; None means unbounded."""
+
+    max_queued: int | None = None
+    max_queue_wait_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_queued is not None and self.max_queued < 1:
+            raise ValueError(f"max_queued must be at least 1 (or None), got {self.max_queued}")
+        if self.max_queue_wait_s is not None and self.max_queue_wait_s <= 0:
+            raise ValueError(f"max_queue_wait_s must be positive (or None), got {self.max_queue_wait_s}")
+
+    @property
+    def bounded(self) -> bool:
+        return self.max_queued is not None or self.max_queue_wait_s is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a submit was refused: the reason, the depth seen, the limit hit and a retry-after hint."""
+
+    reason: str
+    depth: int
+    limit: float
+    retry_after_s: float
+    estimated_wait_s: float | None = None
+
+    def describe(self, pool_id: str) -> str:
+        if self.reason == REASON_MAX_QUEUED:
+            return (
+                f"pool {pool_id!r} is full: {self.depth} requests queued, max_queued is {self.limit:g}; "
+                f"retry in about {self.retry_after_s:.1f}s"
+            )
+        return (
+            f"pool {pool_id!r} would make this request wait about {self.estimated_wait_s or 0:.1f}s "
+            f"({self.depth} queued), over its max_queue_wait_s of {self.limit:g}s; "
+            f"retry in about {self.retry_after_s:.1f}s"
+        )
+
+
+def estimated_wait_s(depth: int, drain_rate: float) -> float | None:
+    """Seconds until a request behind ``depth`` others leaves the queue; None without a measured rate."""
+    if depth <= 0:
+        return 0.0
+    if drain_rate <= 0:
+        return None
+    return depth / drain_rate
+
+
+def decide(depth: int, limits: AdmissionLimits, drain_rate: float) -> Refusal | None:
+    """None to admit the request; the refusal otherwise."""
+    if limits.max_queued is not None and depth >= limits.max_queued:
+        return refusal(REASON_MAX_QUEUED, depth, limits, drain_rate)
+    wait = estimated_wait_s(depth, drain_rate)
+    if limits.max_queue_wait_s is not None and wait is not None and wait > limits.max_queue_wait_s:
+        return refusal(REASON_MAX_QUEUE_WAIT, depth, limits, drain_rate)
+    return None
+
+
+def refusal(reason: str, depth: int, limits: AdmissionLimits, drain_rate: float) -> Refusal:
+    """The refusal's details for a ``reason`` (also used for the verdict of the Valkey script)."""
+    wait = estimated_wait_s(depth, drain_rate)
+    if reason == REASON_MAX_QUEUED:
+        limit = float(limits.max_queued or 0)
+        # Room for one more once (depth - max_queued + 1) requests have left the queue.
+        excess = depth - limit + 1
+        retry = excess / drain_rate if drain_rate > 0 else 1.0
+    else:
+        limit = float(limits.max_queue_wait_s or 0)
+        retry = (wait or 0.0) - limit if drain_rate > 0 else 1.0
+    retry = min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, retry))
+    return Refusal(reason=reason, depth=depth, limit=limit, retry_after_s=retry, estimated_wait_s=wait)

@@ -1,0 +1,66 @@
+"""A backend's configuration as published with each fabric group that uses it.
+
+The Django ``pools`` app owns the ``Backend`` rows; every group publication carries the backends its
+pools and its default point at, so a dispatcher reads one key and knows each backend's URL, key
+variable, fleet-wide in-flight cap, load thresholds and breaker settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+from runtime.backends.breaker import BreakerPolicy
+from runtime.backends.gate import GateSettings
+
+KINDS = ("vllm", "sglang", "openai")  # openai: any OpenAI-compatible server without load metrics
+
+
+@dataclass(frozen=True, slots=True)
+class BackendConfig:
+    backend_id: str
+    base_url: str
+    name: str = ""
+    api_key_env: str = ""
+    kind: str = "vllm"
+    max_in_flight: int = 64
+    timeout_s: float = 120.0
+    connect_timeout_s: float = 5.0
+    metrics_url: str = ""
+    load_gating: bool = True
+    max_waiting: int = 5
+    max_kv_cache_usage: float = 0.8
+    metrics_max_age_s: float = 1.0
+    breaker_failures: int = 5
+    breaker_open_s: float = 10.0
+    breaker_probes: int = 1
+
+    @property
+    def scrapes(self) -> bool:
+        """Whether the fleet scrapes this backend's load (a kind with metrics, gating on)."""
+        return self.load_gating and self.kind != "openai"
+
+    def scrape_url(self) -> str:
+        return self.metrics_url or default_metrics_url(self.base_url)
+
+    def gate_settings(self) -> GateSettings:
+        return GateSettings(
+            max_in_flight=self.max_in_flight,
+            max_waiting=self.max_waiting,
+            max_kv_cache_usage=self.max_kv_cache_usage,
+            metrics_max_age_s=self.metrics_max_age_s,
+            has_metrics=self.scrapes,
+        )
+
+    def breaker_policy(self) -> BreakerPolicy:
+        return BreakerPolicy(
+            failure_threshold=self.breaker_failures,
+            open_s=self.breaker_open_s,
+            half_open_probes=self.breaker_probes,
+        )
+
+
+def default_metrics_url(base_url: str) -> str:
+    """The server's ``/metrics`` (vLLM and SGLang serve it at the root, beside ``/v1``)."""
+    parts = urlsplit(base_url)
+    return urlunsplit((parts.scheme, parts.netloc, "/metrics", "", ""))

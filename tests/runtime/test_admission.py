@@ -1,0 +1,156 @@
+"""Admission control against a real Valkey: the check and the push are one step, even under races."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runtime.dispatch.admission import ADMIT_PUSH, DRAIN_RING, admit_and_push, drain_lua
+from runtime.errors import QueueFull, Rejected
+from runtime.policy.admission import DRAIN_WINDOW_S, AdmissionLimits, decide
+from runtime.valkey.client import connect
+from runtime.wire.keys import KeySpace
+
+
+async def seed_drain_rate(client: aioredis.Redis, keys: KeySpace, pool_id: str, per_second: int) -> float:
+    """Fills the pool's drain ring as if ``per_second`` requests left in each of the last seconds.
+
+    Buckets two or more seconds old are written, so a second ticking over during the test changes
+    nothing but which bucket is newest; returns the rate the script will measure.
+    """
+    now = int((await client.time())[0])
+    seconds = range(now - DRAIN_WINDOW_S + 2, now - 1)  # within the window for the next two seconds
+    mapping: dict[str, int] = {}
+    for sec in seconds:
+        mapping[f"s{sec % DRAIN_RING}"] = sec
+        mapping[f"c{sec % DRAIN_RING}"] = per_second
+    await client.hset(keys.pool_drain(pool_id), mapping=mapping)
+    return per_second * len(seconds) / DRAIN_WINDOW_S
+
+
+async def test_a_full_pool_refuses_at_once_and_queues_nothing(aredis: aioredis.Redis, keys: KeySpace) -> None:
+    script = aredis.register_script(ADMIT_PUSH)
+    limits = AdmissionLimits(max_queued=3)
+    for i in range(3):
+        assert await admit_and_push(script, keys, "backfill", b"r%d" % i, limits) == i + 1
+    with pytest.raises(QueueFull) as caught:
+        await admit_and_push(script, keys, "backfill", b"r3", limits)
+    full = caught.value
+    assert isinstance(full, Rejected) and full.error_type == "queue_full" and full.retryable
+    assert (full.pool_id, full.reason, full.depth, full.limit) == ("backfill", "max_queued", 3, 3)
+    assert full.retry_after_s == 1.0  # no drain measured yet: the rule's default hint
+    assert "pool 'backfill' is full: 3 requests queued, max_queued is 3" in str(full)
+    assert await aredis.lrange(keys.requests("backfill"), 0, -1) == [b"r0", b"r1", b"r2"]
+    assert await aredis.hgetall(keys.rejections()) == {b"backfill:max_queued": b"1"}
+
+
+async def test_estimated_wait_refuses_on_the_measured_drain_rate(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
+    script = aredis.register_script(ADMIT_PUSH)
+    rate = await seed_drain_rate(aredis, keys, "docs", 4)
+    await aredis.rpush(keys.requests("docs"), *[b"x"] * 20)
+    wait = 20 / rate
+    with pytest.raises(QueueFull) as caught:
+        await admit_and_push(script, keys, "docs", b"new", AdmissionLimits(max_queue_wait_s=wait * 0.8))
+    assert caught.value.reason == "max_queue_wait" and caught.value.depth == 20
+    assert caught.value.retry_after_s == pytest.approx(wait * 0.2)
+    assert (
+        await admit_and_push(script, keys, "docs", b"new", AdmissionLimits(max_queue_wait_s=wait * 1.2)) == 21
+    )
+    assert await aredis.hgetall(keys.rejections()) == {b"docs:max_queue_wait": b"1"}
+
+
+async def test_drain_counts_land_in_the_current_seconds_bucket(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
+    key = keys.pool_drain("p")
+    record = aredis.register_script(drain_lua("KEYS[1]", "ARGV[1]"))
+    for _ in range(3):
+        await record(keys=[key], args=[2])
+    ring = {k.decode(): int(v) for k, v in (await aredis.hgetall(key)).items()}
+    assert sum(v for k, v in ring.items() if k.startswith("c")) == 6
+    assert len(ring) <= 2 * DRAIN_RING and await aredis.ttl(key) > 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    depth=st.integers(0, 60),
+    max_queued=st.none() | st.integers(1, 60),
+    max_wait=st.none() | st.floats(0.5, 30),
+    per_second=st.integers(0, 8),
+)
+async def test_the_script_agrees_with_the_pure_rule(
+    valkey_url: str,
+    keys: KeySpace,
+    depth: int,
+    max_queued: int | None,
+    max_wait: float | None,
+    per_second: int,
+) -> None:
+    client = connect(valkey_url)
+    try:
+        pool = f"p{depth}-{max_queued}-{per_second}"
+        await client.delete(keys.requests(pool), keys.pool_drain(pool))
+        rate = await seed_drain_rate(client, keys, pool, per_second)
+        if depth:
+            await client.rpush(keys.requests(pool), *[b"x"] * depth)
+        limits = AdmissionLimits(max_queued=max_queued, max_queue_wait_s=max_wait)
+        expected = decide(depth, limits, rate)
+        try:
+            await admit_and_push(client.register_script(ADMIT_PUSH), keys, pool, b"new", limits)
+        except QueueFull as full:
+            assert expected is not None and (full.reason, full.depth) == (expected.reason, depth)
+            assert full.retry_after_s == pytest.approx(expected.retry_after_s)
+            assert await client.llen(keys.requests(pool)) == depth
+        else:
+            assert expected is None
+            assert await client.llen(keys.requests(pool)) == depth + 1
+    finally:
+        await client.aclose()
+
+
+async def test_racing_producers_never_take_the_queue_past_max_queued(valkey_url: str, keys: KeySpace) -> None:
+    """Eight producers on their own connections race one consumer; a watcher samples the depth."""
+    limits = AdmissionLimits(max_queued=20)
+    clients = [connect(valkey_url) for _ in range(10)]
+    queue = keys.requests("hot")
+    admitted, refused, popped, depths = [0], [0], [0], []
+    done = asyncio.Event()
+
+    async def produce(client: aioredis.Redis, n: int) -> None:
+        script = client.register_script(ADMIT_PUSH)
+        for i in range(n):
+            try:
+                await admit_and_push(script, keys, "hot", b"%d" % i, limits)
+                admitted[0] += 1
+            except QueueFull:
+                refused[0] += 1
+
+    async def consume(client: aioredis.Redis) -> None:
+        while not done.is_set():
+            if await client.lpop(queue) is not None:
+                popped[0] += 1
+
+    async def watch(client: aioredis.Redis) -> None:
+        while not done.is_set():
+            depths.append(await client.llen(queue))
+
+    try:
+        helpers = [asyncio.create_task(consume(clients[8])), asyncio.create_task(watch(clients[9]))]
+        await asyncio.gather(*(produce(c, 150) for c in clients[:8]))
+        done.set()
+        await asyncio.gather(*helpers)
+        final = await clients[0].llen(queue)
+        assert admitted[0] + refused[0] == 8 * 150
+        assert refused[0] > 0 and admitted[0] - popped[0] == final <= 20
+        assert max(depths) <= 20 and len(depths) > 10
+        counted = await clients[0].hget(keys.rejections(), "hot:max_queued")
+        assert int(counted or 0) == refused[0]
+    finally:
+        for client in clients:
+            await client.aclose()

@@ -1,0 +1,83 @@
+"""Tests for runtime.policy.admission: the admission rule as a table and as invariants."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runtime.policy.admission import (
+    REASON_MAX_QUEUE_WAIT,
+    REASON_MAX_QUEUED,
+    RETRY_AFTER_MAX_S,
+    RETRY_AFTER_MIN_S,
+    AdmissionLimits,
+    decide,
+)
+
+UNBOUNDED = AdmissionLimits()
+
+
+@pytest.mark.parametrize(
+    ("depth", "limits", "rate", "reason", "retry"),
+    [
+        (10_000, UNBOUNDED, 0.0, None, None),
+        (9, AdmissionLimits(max_queued=10), 0.0, None, None),
+        (10, AdmissionLimits(max_queued=10), 0.0, REASON_MAX_QUEUED, 1.0),
+        (10, AdmissionLimits(max_queued=10), 2.0, REASON_MAX_QUEUED, 0.5),
+        (13, AdmissionLimits(max_queued=10), 2.0, REASON_MAX_QUEUED, 2.0),
+        # 20 ahead draining at 4/s: 5 s of waiting.
+        (20, AdmissionLimits(max_queue_wait_s=5.0), 4.0, None, None),
+        (24, AdmissionLimits(max_queue_wait_s=5.0), 4.0, REASON_MAX_QUEUE_WAIT, 1.0),
+        # Nothing drained yet: no estimate, so no refusal on the wait.
+        (500, AdmissionLimits(max_queue_wait_s=5.0), 0.0, None, None),
+        (0, AdmissionLimits(max_queue_wait_s=0.001), 0.0, None, None),
+        # Both limits: the count is checked first.
+        (30, AdmissionLimits(max_queued=30, max_queue_wait_s=1.0), 1.0, REASON_MAX_QUEUED, 1.0),
+    ],
+)
+def test_admission_table(depth: int, limits: AdmissionLimits, rate: float, reason: str | None,
+                         retry: float | None) -> None:  # fmt: skip
+    refusal = decide(depth, limits, rate)
+    if reason is None:
+        assert refusal is None
+        return
+    assert refusal is not None
+    assert (refusal.reason, refusal.depth, refusal.retry_after_s) == (reason, depth, retry)
+
+
+def test_refusal_message_names_depth_limit_and_retry() -> None:
+    refusal = decide(10, AdmissionLimits(max_queued=10), 0.0)
+    assert refusal is not None
+    assert refusal.describe("backfill") == (
+        "pool 'backfill' is full: 10 requests queued, max_queued is 10; retry in about 1.0s"
+    )
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [({"max_queued": 0}, "max_queued"),
+                                                ({"max_queue_wait_s": 0}, "max_queue_wait_s")])  # fmt: skip
+def test_bad_limits_are_refused(kwargs: dict[str, float], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        AdmissionLimits(**kwargs)  # type: ignore[arg-type]
+
+
+@given(
+    depth=st.integers(0, 10_000),
+    max_queued=st.none() | st.integers(1, 1000),
+    max_wait=st.none() | st.floats(0.01, 600),
+    rate=st.floats(0, 1000),
+)
+def test_admission_invariants(
+    depth: int, max_queued: int | None, max_wait: float | None, rate: float
+) -> None:
+    limits = AdmissionLimits(max_queued=max_queued, max_queue_wait_s=max_wait)
+    refusal = decide(depth, limits, rate)
+    if max_queued is not None and depth >= max_queued:
+        assert refusal is not None and refusal.reason == REASON_MAX_QUEUED
+    if refusal is None:
+        # An admitted request never takes the depth past max_queued.
+        assert max_queued is None or depth + 1 <= max_queued
+    else:
+        assert RETRY_AFTER_MIN_S <= refusal.retry_after_s <= RETRY_AFTER_MAX_S
+    if not limits.bounded:
+        assert refusal is None

@@ -1,0 +1,193 @@
+"""Backends gating real dispatcher processes against the real simulator over HTTP.
+
+The simulator runs in this test's event loop (so its engine can be sampled at any instant); the
+dispatchers are separate processes; producers push through Valkey.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+import pytest
+import redis.asyncio as aioredis
+
+from runtime.backends.breaker import decode_state
+from runtime.producer import Producer
+from runtime.valkey import embedded
+from runtime.wire import groupconfig
+from runtime.wire.backendconfig import BackendConfig
+from runtime.wire.groupconfig import GroupConfig, PoolConfig
+from runtime.wire.keys import KeySpace
+from simulator.server import SimulatorConfig, SimulatorServer
+from tests.runtime.harness import CALL
+from tests.runtime.test_fair_pools import start_dispatcher, stop
+
+pytestmark = pytest.mark.slow
+
+
+def two_pools(backend: BackendConfig, *, total: int = 32) -> GroupConfig:
+    return GroupConfig(
+        group_id="g",
+        total_concurrency=total,
+        pools=(
+            PoolConfig("interactive", quantum=4, max_concurrent=total, max_burst_per_visit=4),
+            PoolConfig("backfill", quantum=1, max_concurrent=total),
+        ),
+        version=1,
+        backend_id=backend.backend_id,
+        backends=(backend,),
+    )
+
+
+async def sample(
+    sim: SimulatorServer, stop_when: asyncio.Event, every_s: float = 0.01
+) -> list[tuple[float, int, int]]:
+    """(time, running, waiting) of the simulator's engine until ``stop_when`` is set."""
+    seen = []
+    while not stop_when.is_set():
+        seen.append((time.monotonic(), sim.running, sim.waiting))
+        await asyncio.sleep(every_s)
+    return seen
+
+
+async def flood(producer: Producer, pool_id: str, n: int) -> list[object]:
+    return await asyncio.gather(
+        *(producer.submit(CALL, pool_id=pool_id, timeout=120) for _ in range(n)), return_exceptions=True
+    )
+
+
+async def test_gating_keeps_the_backends_queue_at_its_threshold(
+    aredis: aioredis.Redis, keys: KeySpace, valkey_url: str
+) -> None:
+    """max-running 4, group total 32: ungated, 28 calls would wait in the simulator's FIFO."""
+    async with SimulatorServer(SimulatorConfig(max_running=4, latency_ms=60)) as sim:
+        # Metrics stay usable for 3 s: on a loaded machine a scrape of this loop's simulator can be
+        # slow, and stale metrics would (rightly) fall back to max_in_flight alone.
+        backend = BackendConfig("sim", sim.url, max_in_flight=32, max_waiting=3, metrics_max_age_s=3.0)
+        await groupconfig.publish(aredis, keys, two_pools(backend))
+        procs = [start_dispatcher(valkey_url, keys.prefix, "g", f"d{i}", concurrency=32) for i in range(2)]
+        done = asyncio.Event()
+        watcher = asyncio.create_task(sample(sim, done))
+        try:
+            async with Producer(aredis, keys=keys) as producer:
+                results = await flood(producer, "backfill", 160)
+        finally:
+            done.set()
+            stop(procs)
+        seen = await watcher
+    assert all(isinstance(r, dict) or hasattr(r, "completion") for r in results), results[:3]
+    # Over the threshold (3) for at most about one scrape interval (250 ms) at a time; the peak stays
+    # far below what 32 slots would push there (28).
+    longest, since = 0.0, None
+    for at, _, waiting in seen:
+        if waiting > 3:
+            since = at if since is None else since
+            longest = max(longest, at - since)
+        else:
+            since = None
+    # (Generous: on a loaded machine a scrape can come late, and calls done at the backend but not
+    # yet finished by their dispatcher count as ours in flight until the next scrape.)
+    assert longest <= 0.25 + 0.75, f"waiting stayed over the threshold for {longest:.2f}s"
+    assert max(w for _, _, w in seen) <= 8
+    assert max(r for _, r, _ in seen) == 4  # and the backend was kept busy
+
+
+async def test_max_in_flight_holds_across_two_dispatchers_and_two_pools(
+    aredis: aioredis.Redis, keys: KeySpace, valkey_url: str
+) -> None:
+    async with SimulatorServer(SimulatorConfig(latency_ms=40)) as sim:
+        backend = BackendConfig("sim", sim.url, kind="openai", load_gating=False, max_in_flight=3)
+        await groupconfig.publish(aredis, keys, two_pools(backend, total=16))
+        procs = [start_dispatcher(valkey_url, keys.prefix, "g", f"d{i}", concurrency=16) for i in range(2)]
+        done = asyncio.Event()
+        watcher = asyncio.create_task(sample(sim, done, every_s=0.005))
+        try:
+            async with Producer(aredis, keys=keys) as producer:
+                results = await asyncio.gather(
+                    flood(producer, "interactive", 40), flood(producer, "backfill", 40)
+                )
+        finally:
+            done.set()
+            stop(procs)
+        seen = await watcher
+    assert sum(1 for rs in results for r in rs if hasattr(r, "completion")) == 80
+    assert max(r + w for _, r, w in seen) == 3
+
+
+async def test_unreachable_metrics_fall_back_to_max_in_flight(
+    aredis: aioredis.Redis, keys: KeySpace, valkey_url: str
+) -> None:
+    async with SimulatorServer(SimulatorConfig(max_running=8, latency_ms=30)) as sim:
+        dead = f"http://127.0.0.1:{embedded.free_port()}/metrics"
+        backend = BackendConfig("sim", sim.url, max_in_flight=2, metrics_url=dead)
+        await groupconfig.publish(aredis, keys, two_pools(backend, total=16))
+        procs = [start_dispatcher(valkey_url, keys.prefix, "g", "d0", concurrency=16)]
+        done = asyncio.Event()
+        watcher = asyncio.create_task(sample(sim, done, every_s=0.005))
+        try:
+            async with Producer(aredis, keys=keys) as producer:
+                results = await flood(producer, "backfill", 20)
+                raw = await aredis.get(keys.backend_load("sim"))
+        finally:
+            done.set()
+            stop(procs)
+        seen = await watcher
+    assert all(hasattr(r, "completion") for r in results)
+    assert b"ConnectError" in raw  # shared, so the dashboard says why
+    assert max(r + w for _, r, w in seen) == 2
+
+
+async def test_breaker_is_shared_by_two_processes_and_survives_a_restart(
+    aredis: aioredis.Redis, keys: KeySpace, valkey_url: str
+) -> None:
+    async with SimulatorServer(SimulatorConfig(latency_ms=5)) as sim:
+        backend = BackendConfig("sim", sim.url, kind="openai", load_gating=False, breaker_failures=3,
+                                breaker_open_s=30.0)  # fmt: skip
+        config = two_pools(backend, total=8)
+        await groupconfig.publish(aredis, keys, config)
+        procs = [start_dispatcher(valkey_url, keys.prefix, "g", f"d{i}", concurrency=1) for i in range(2)]
+        failing = {**CALL, "sim": {"status": 503, "message": "overloaded"}}
+        async with Producer(aredis, keys=keys) as producer:
+            # Three failures, spread over both processes (one slot each), open the one breaker.
+            fails = [producer.submit(failing, pool_id="backfill", timeout=30) for _ in range(3)]
+            await asyncio.gather(*fails, return_exceptions=True)
+            state = decode_state(await aredis.get(keys.backend_breaker("sim")))
+            assert state.mode == "open" and state.trips == 1
+            served = sim.requests_by_path.get("/v1/chat/completions", 0)
+            stop(procs)
+            # A fresh fleet finds it open: nothing reaches the backend, work waits in its queue.
+            procs = [start_dispatcher(valkey_url, keys.prefix, "g", "d9", concurrency=4)]
+            waiting = asyncio.create_task(producer.submit(CALL, pool_id="interactive", timeout=30))
+            await wait_until_queued(aredis, keys)
+            snapshot_seen = await wait_for_skip(aredis, keys)
+            assert snapshot_seen, await aredis.get(keys.snapshot("g", "d9"))
+            assert sim.requests_by_path.get("/v1/chat/completions", 0) == served
+            # The operator shortens the open time: the next round probes, the probe succeeds.
+            await groupconfig.publish(
+                aredis, keys, replace(config, version=2, backends=(replace(backend, breaker_open_s=0.2),))
+            )
+            result = await waiting
+            assert result.completion["choices"]
+            stop(procs)
+        state = decode_state(await aredis.get(keys.backend_breaker("sim")))
+        assert state.mode == "closed" and state.trips == 1
+
+
+async def wait_until_queued(client: aioredis.Redis, keys: KeySpace) -> None:
+    deadline = time.monotonic() + 10
+    while await client.llen(keys.requests("interactive")) == 0:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+
+
+async def wait_for_skip(client: aioredis.Redis, keys: KeySpace) -> bool:
+    """True once the dispatcher's snapshot reports interactive held back by the open breaker."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        raw = await client.get(keys.snapshot("g", "d9"))
+        if raw and b"breaker_open" in raw:
+            return True
+        await asyncio.sleep(0.05)
+    return False

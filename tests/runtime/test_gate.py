@@ -1,0 +1,107 @@
+"""Tests for runtime.backends.gate: a table of decisions, and invariants over random loads."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runtime.backends.gate import (
+    METRICS_FRESH,
+    METRICS_NONE,
+    METRICS_STALE,
+    METRICS_UNREACHABLE,
+    SKIP_BACKEND_CAP,
+    SKIP_BACKEND_SATURATED,
+    GateSettings,
+    gate,
+)
+from runtime.backends.metrics import BackendLoad
+
+S = GateSettings(max_in_flight=16, max_waiting=5, max_kv_cache_usage=0.8, metrics_max_age_s=1.0)
+NOW = 1000.0
+
+
+def load(
+    waiting: int = 0, kv: float = 0.1, at_scrape: int = 0, age: float = 0.1, error: str = ""
+) -> BackendLoad:
+    return BackendLoad("b", NOW - age, running=4, waiting=waiting, kv_usage=kv, in_flight_at_scrape=at_scrape,
+                       error=error)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("settings", "shared", "in_flight", "limit", "reason", "metrics"),
+    [
+        # Room in the backend's queue: launches since the scrape count as waiting.
+        (S, load(waiting=0, at_scrape=4), 4, 9, None, METRICS_FRESH),
+        (S, load(waiting=0, at_scrape=4), 9, 9, SKIP_BACKEND_SATURATED, METRICS_FRESH),
+        (S, load(waiting=3, at_scrape=7), 8, 9, None, METRICS_FRESH),
+        # Its queue already past the threshold: hold below what was in flight at the scrape.
+        (S, load(waiting=8, at_scrape=12), 10, 9, SKIP_BACKEND_SATURATED, METRICS_FRESH),
+        # KV cache full: nothing beyond what was in flight at the scrape.
+        (S, load(waiting=0, kv=0.85, at_scrape=4), 4, 4, SKIP_BACKEND_SATURATED, METRICS_FRESH),
+        (S, load(waiting=0, kv=0.85, at_scrape=4), 3, 4, None, METRICS_FRESH),
+        # Plenty of room in the backend, but max_in_flight holds.
+        (S, load(waiting=0, at_scrape=14), 16, 16, SKIP_BACKEND_CAP, METRICS_FRESH),
+        # Someone else's traffic queues there: saturated though we run nothing.
+        (S, load(waiting=40, at_scrape=0), 0, 0, SKIP_BACKEND_SATURATED, METRICS_FRESH),
+        # Stale, failed or missing metrics: max_in_flight alone, and said so.
+        (S, load(waiting=40, age=1.5), 3, 16, None, METRICS_STALE),
+        (S, load(waiting=40, error="connect refused"), 3, 16, None, METRICS_UNREACHABLE),
+        (S, None, 16, 16, SKIP_BACKEND_CAP, METRICS_UNREACHABLE),
+        (GateSettings(max_in_flight=2, has_metrics=False), None, 1, 2, None, METRICS_NONE),
+        (GateSettings(max_in_flight=2, has_metrics=False), None, 2, 2, SKIP_BACKEND_CAP, METRICS_NONE),
+    ],
+)
+def test_gate_table(settings: GateSettings, shared: BackendLoad | None, in_flight: int, limit: int,
+                    reason: str | None, metrics: str) -> None:  # fmt: skip
+    decision = gate(settings, shared, in_flight=in_flight, now=NOW)
+    assert (decision.limit, decision.reason, decision.metrics) == (limit, reason, metrics)
+
+
+def test_a_scrape_from_a_clock_slightly_ahead_is_fresh() -> None:
+    decision = gate(S, load(age=-0.05), in_flight=0, now=NOW)
+    assert decision.metrics == METRICS_FRESH and decision.age_s == 0.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_in_flight": 0}, "max_in_flight"),
+        ({"max_in_flight": 1, "max_waiting": -1}, "max_waiting"),
+        ({"max_in_flight": 1, "max_kv_cache_usage": 0}, "max_kv_cache_usage"),
+        ({"max_in_flight": 1, "max_kv_cache_usage": 1.2}, "max_kv_cache_usage"),
+        ({"max_in_flight": 1, "metrics_max_age_s": 0}, "metrics_max_age_s"),
+    ],
+)
+def test_bad_settings_are_refused(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        GateSettings(**kwargs)  # type: ignore[arg-type]
+
+
+@given(
+    cap=st.integers(1, 64),
+    max_waiting=st.integers(0, 20),
+    waiting=st.integers(0, 100),
+    kv=st.floats(0, 1),
+    at_scrape=st.integers(0, 64),
+    launched=st.integers(0, 64),
+    age=st.floats(0, 3),
+)
+def test_gate_invariants(cap: int, max_waiting: int, waiting: int, kv: float, at_scrape: int, launched: int,
+                         age: float) -> None:  # fmt: skip
+    settings = GateSettings(max_in_flight=cap, max_waiting=max_waiting)
+    shared = load(waiting=waiting, kv=kv, at_scrape=at_scrape, age=age)
+    in_flight = at_scrape + launched
+    decision = gate(settings, shared, in_flight=in_flight, now=NOW)
+    # max_in_flight always holds; a reason exactly when the limit is reached.
+    assert 0 <= decision.limit <= cap
+    assert (decision.reason is None) == (in_flight < decision.limit)
+    if decision.metrics == METRICS_FRESH:
+        # Counting every launch since the scrape as waiting, the backend's queue stays at its
+        # threshold (or where it already was), and a full KV cache gets nothing new.
+        assert waiting + max(0, decision.limit - at_scrape) <= max(waiting, max_waiting)
+        if kv >= settings.max_kv_cache_usage:
+            assert decision.limit <= at_scrape
+    else:
+        assert decision.limit == cap
