@@ -93,7 +93,9 @@ def _set_paused(request: HttpRequest, group_id: str, pool_id: str, *, paused: bo
     errors = [r.error for r in results if not r.ok]
     wants_json = request.headers.get("Accept", "").startswith("application/json")
     if wants_json:
-        return JsonResponse({"pool_id": pool_id, "paused": paused, "published": not errors, "errors": errors})
+        version = max((r.version for r in results if r.ok), default=0)
+        body = {"pool_id": pool_id, "paused": paused, "published": not errors, "errors": errors}
+        return JsonResponse({**body, "version": version})
     verb = "Paused" if paused else "Resumed"
     messages.success(request, f"{verb} pool {pool_id}.")
     for error in errors:

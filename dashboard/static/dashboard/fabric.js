@@ -121,7 +121,11 @@
   function isPaused(p) {
     var want = wanted[p.pool_id];
     if (want) {
-      if (!!p.paused === want.paused || Date.now() - want.at > PENDING_MS) delete wanted[p.pool_id];
+      // Only a snapshot of the configuration our save published (or a newer one) settles the row: an
+      // older one, still on its way, would flip the button back under the operator's pointer.
+      var version = (lastView && lastView.config_version) || 0;
+      var settled = want.version ? version >= want.version : !!p.paused === want.paused;
+      if (settled || Date.now() - want.at > PENDING_MS) delete wanted[p.pool_id];
       else return want.paused;
     }
     return !!p.paused;
@@ -406,7 +410,7 @@
         // Saved in the database, but running dispatchers keep their previous configuration.
         problems[poolId] = { label: "not published", detail: (result.errors || []).join("; ") };
       }
-      wanted[result.pool_id] = { paused: result.paused, at: Date.now() };
+      wanted[result.pool_id] = { paused: result.paused, at: Date.now(), version: result.version || 0 };
       render(lastView);
       if (socket && socket.readyState === 1) socket.send(JSON.stringify({ type: "refresh" }));
     }).catch(function (error) {
