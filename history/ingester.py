@@ -22,7 +22,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -342,12 +341,3 @@ def stop_background(timeout_s: float = 5.0) -> None:
         bg.stop.set()
         bg.thread.join(timeout_s)
 
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
-    """Polls ``predicate`` until true or ``timeout_s`` passes (used by commands and tests)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()
