@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from redis.commands.core import AsyncScript
 
 from runtime import eventloop
 from runtime.backends.adapter import BackendPool, OpenAIBackend
@@ -49,6 +48,7 @@ from runtime.errors import (
 from runtime.policy.admission import AdmissionLimits
 from runtime.telemetry import semconv
 from runtime.valkey.client import REDIS_ERRORS, connect
+from runtime.valkey.lua import LuaScript
 from runtime.wire.contract import (
     ChatCall,
     Envelope,
@@ -63,6 +63,8 @@ from runtime.wire.groupconfig import GroupConfig
 from runtime.wire.keys import DEFAULT_KEYS, KeySpace
 
 log = logging.getLogger(__name__)
+_PUSH = LuaScript(PUSH)
+_ADMIT_PUSH = LuaScript(ADMIT_PUSH)
 _propagator = TraceContextTextMapPropagator()
 _T = TypeVar("_T")
 _WAKE_SENTINEL = b"\x00wake"
@@ -149,10 +151,10 @@ class Producer:
         self._closing = asyncio.Event()
         self._alive_key = keys.producer_alive(self.producer_id)
         self._reply_key = keys.replies(self.producer_id)
-        # The request and a wake token for one idle dispatcher, in one script run by SHA; registered on
-        # first use, since a direct-mode producer may have no Valkey client at all.
-        self._push_script: AsyncScript | None = None
-        self._admit_script: AsyncScript | None = None
+        # The request and a wake token for one idle dispatcher, in one script run by SHA over the
+        # client's pipelined connection (a direct-mode producer may have no Valkey client at all).
+        self._push_script = _PUSH.bind(client)
+        self._admit_script = _ADMIT_PUSH.bind(client)
 
     def __repr__(self) -> str:
         mode = "direct" if self.direct_backend else "queued"
@@ -348,13 +350,9 @@ class Producer:
             if limits.bounded:
                 # The limits are checked and the request pushed in one script: racing producers
                 # never take the queue past max_queued.
-                if self._admit_script is None:
-                    self._admit_script = self.client.register_script(ADMIT_PUSH)
                 await admit_and_push(self._admit_script, self.keys, pool_id, raw, limits)
                 return
             # One script: the push, and a wake-up token only when the list was empty (wake one, not all).
-            if self._push_script is None:
-                self._push_script = self.client.register_script(PUSH)
             await self._push_script(
                 keys=[self.keys.requests(pool_id), self.keys.wake_list(pool_id)],
                 args=[raw, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],

@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 
 from runtime.backends.adapter import Completion, OpenAIBackend, parse_usage
 from runtime.errors import BackendTimeout, Cancelled
+from runtime.valkey.lua import LuaScript
 from runtime.wire.contract import Envelope, StreamChunk
 from runtime.wire.keys import KeySpace
 
@@ -99,7 +100,7 @@ class StreamRelay:
     def __init__(self, client: aioredis.Redis, keys: KeySpace, *, reply_ttl_s: float) -> None:
         self.keys = keys
         self.reply_ttl_ms = int(reply_ttl_s * 1000)
-        self._relay = client.register_script(RELAY)
+        self._relay = LuaScript(RELAY).bind(client)
 
     def __repr__(self) -> str:
         return f"<StreamRelay reply_ttl_ms={self.reply_ttl_ms}>"

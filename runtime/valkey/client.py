@@ -1,4 +1,5 @@
-"""The one way the runtime opens Valkey: a blocking pool, so bursts wait for a connection.
+"""The one way the runtime opens Valkey: a blocking pool, so bursts wait for a connection, and one
+shared pipelined connection for the hot path's scripts (:mod:`runtime.valkey.pipelined`).
 
 redis-py's default async pool raises "Too many connections" past its size; a producer with a
 thousand requests in flight should queue its commands on a few connections instead.
@@ -19,11 +20,25 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.utils import HIREDIS_AVAILABLE
 
+from runtime.valkey.pipelined import PipelinedConnection, Target
+
 # What "Valkey is unreachable right now" looks like from redis-py: retry with backoff, never crash.
 REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
-def connect(url: str, *, max_connections: int = 64, pool_timeout_s: float = 20.0) -> aioredis.Redis:
+class ValkeyClient(aioredis.Redis):
+    """redis-py's client, plus ``pipelined``: the connection :func:`runtime.valkey.lua.run_pipeline`
+    sends scripts over (None where it does not apply, e.g. TLS: redis-py's pipeline then)."""
+
+    pipelined: PipelinedConnection | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        if self.pipelined is not None:
+            await self.pipelined.aclose()
+        await super().aclose(close_connection_pool)
+
+
+def connect(url: str, *, max_connections: int = 64, pool_timeout_s: float = 20.0) -> ValkeyClient:
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
@@ -33,7 +48,10 @@ def connect(url: str, *, max_connections: int = 64, pool_timeout_s: float = 20.0
     )
     if HIREDIS_AVAILABLE:
         pool.connection_class = hiredis_packing(pool.connection_class)
-    return aioredis.Redis(connection_pool=pool)
+    client = ValkeyClient(connection_pool=pool)
+    target = Target.of_pool(pool) if HIREDIS_AVAILABLE else None
+    client.pipelined = PipelinedConnection(target) if target is not None else None
+    return client
 
 
 class _HiredisPacking(AbstractConnection):

@@ -4,6 +4,9 @@ redis-py's ``Script`` in a pipeline sends ``SCRIPT EXISTS`` before every executi
 trip per claim batch. :func:`run_pipeline` instead queues plain ``EVALSHA`` commands. A command the
 server refuses with NOSCRIPT (after a restart or ``SCRIPT FLUSH``) did not run, so the scripts are
 loaded and exactly the refused commands run once more; the others keep their results.
+
+The commands go over the client's shared :class:`~runtime.valkey.pipelined.PipelinedConnection` when
+it has one (clients made by :func:`runtime.valkey.client.connect`), else through a redis-py pipeline.
 """
 
 from __future__ import annotations
@@ -15,20 +18,22 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
-__all__ = ["Commands", "LuaScript", "run_pipeline"]
+__all__ = ["BoundScript", "Commands", "LuaScript", "run_pipeline"]
 
 
 class Commands:
     """The commands of one pipeline, recorded so that refused ones can be sent again."""
 
+    __slots__ = ("calls",)
+
     def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.calls: list[tuple[Any, ...]] = []
 
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        def record(*args: Any) -> None:
-            self.calls.append((name, args))
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> None:
+        self.calls.append(("EVALSHA", sha, numkeys, *keys_and_args))
 
-        return record
+    def zcard(self, key: str) -> None:
+        self.calls.append(("ZCARD", key))
 
 
 class LuaScript:
@@ -46,6 +51,25 @@ class LuaScript:
     def queue(self, commands: Any, keys: Sequence[str], args: Sequence[Any]) -> None:
         commands.evalsha(self.sha, len(keys), *keys, *args)
 
+    def bind(self, client: aioredis.Redis) -> BoundScript:
+        return BoundScript(self, client)
+
+
+class BoundScript:
+    """A script and the client it runs on, called like redis-py's ``AsyncScript``:
+    ``await script(keys=[...], args=[...])``; by SHA, loaded again on NOSCRIPT."""
+
+    __slots__ = ("client", "script")
+
+    def __init__(self, script: LuaScript, client: aioredis.Redis) -> None:
+        self.script = script
+        self.client = client
+
+    async def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
+        call = ("EVALSHA", self.script.sha, len(keys), *keys, *args)
+        [result] = await _run(self.client, [self.script], [call])
+        return result
+
 
 async def run_pipeline(
     client: aioredis.Redis, scripts: Sequence[LuaScript], build: Callable[[Any], None]
@@ -56,12 +80,18 @@ async def run_pipeline(
     """
     commands = Commands()
     build(commands)
-    results = await _execute(client, commands.calls)
+    return await _run(client, scripts, commands.calls)
+
+
+async def _run(
+    client: aioredis.Redis, scripts: Sequence[LuaScript], calls: Sequence[tuple[Any, ...]]
+) -> list[Any]:
+    results = await _execute(client, calls)
     refused = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
     if refused:
         for script in scripts:
             await client.script_load(script.source)
-        again = await _execute(client, [commands.calls[i] for i in refused])
+        again = await _execute(client, [calls[i] for i in refused])
         for i, result in zip(refused, again, strict=True):
             results[i] = result
     for result in results:
@@ -70,8 +100,11 @@ async def run_pipeline(
     return results
 
 
-async def _execute(client: aioredis.Redis, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+async def _execute(client: aioredis.Redis, calls: Sequence[tuple[Any, ...]]) -> list[Any]:
+    pipelined = getattr(client, "pipelined", None)
+    if pipelined is not None:
+        return await pipelined.execute(calls)
     async with client.pipeline(transaction=False) as pipe:
-        for name, args in calls:
-            getattr(pipe, name)(*args)
+        for call in calls:
+            pipe.execute_command(*call)
         return list(await pipe.execute(raise_on_error=False))

@@ -1,0 +1,236 @@
+"""One Valkey connection shared by every coroutine of a process for its non-blocking hot-path commands.
+
+Why: redis-py's asyncio client spends more CPU around a command than Valkey spends running it (a pool
+checkout and release, a ``Pipeline`` object, its retry wrapper, per-command response callbacks):
+at concurrency 16 that layer was about a quarter of the dispatcher's CPU per call (bench/RESULTS.md,
+issue 13). Here commands are serialized by hiredis, written as they come, and their answers, which
+Valkey sends in order on one connection, are parsed by hiredis and handed back in that order. Batches
+from concurrent callers share the connection without waiting for each other.
+
+Only commands that answer at once belong here (scripts, ZCARD): a blocking command (BLPOP) would hold
+every caller behind it, so those keep their own redis-py connection.
+
+Failures look like redis-py's: a lost or refused connection raises redis-py's ``ConnectionError`` to
+every batch still waiting for answers (they may or may not have run, as with any client), and the next
+batch connects again. An error reply (NOSCRIPT, a script error) is returned in the batch's results as
+the exception redis-py would have raised, for the caller to inspect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import hiredis
+from redis._parsers.base import BaseParser
+from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import DataError, InvalidResponse
+
+__all__ = ["PipelinedConnection", "Target"]
+
+Command = Sequence[Any]
+_NOT_YET = object()  # hiredis' answer while a reply is still incomplete
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where and as whom to connect (read from a redis-py connection pool's settings)."""
+
+    host: str = "127.0.0.1"
+    port: int = 6379
+    unix_path: str = ""
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    connect_timeout_s: float = 5.0
+    encoding: str | None = None  # decode bulk strings as the client does (decode_responses)
+
+    @classmethod
+    def of_pool(cls, pool: Any) -> Target | None:
+        """The target of a redis-py pool, or None where this connection does not apply (TLS, RESP3,
+        custom connection classes): the caller then keeps redis-py's pipeline."""
+        kwargs = pool.connection_kwargs
+        connection_class = pool.connection_class
+        if kwargs.get("protocol") not in (None, 2, "2") or kwargs.get("credential_provider"):
+            return None
+        unix = issubclass(connection_class, UnixDomainSocketConnection)
+        if issubclass(connection_class, SSLConnection) or not (
+            unix or issubclass(connection_class, Connection)
+        ):
+            return None
+        return cls(
+            host=kwargs.get("host", "127.0.0.1"),
+            port=int(kwargs.get("port", 6379)),
+            unix_path=kwargs.get("path", "") if unix else "",
+            db=int(kwargs.get("db", 0) or 0),
+            username=kwargs.get("username"),
+            password=kwargs.get("password"),
+            connect_timeout_s=kwargs.get("socket_connect_timeout") or 5.0,
+            encoding=kwargs.get("encoding", "utf-8") if kwargs.get("decode_responses") else None,
+        )
+
+
+def _packed(command: Command) -> bytes:
+    """One command in RESP, as redis-py would send it; its DataError for what it would refuse."""
+    try:
+        return hiredis.pack_command(tuple(command))
+    except TypeError as exc:  # hiredis takes str, bytes, int and float only
+        if any(isinstance(arg, bytearray | memoryview) for arg in command):
+            return _packed(
+                [bytes(arg) if isinstance(arg, bytearray | memoryview) else arg for arg in command]
+            )
+        raise DataError(f"invalid argument in {command[0]!r}: {exc}") from exc
+
+
+class _Batch:
+    """The answers one caller waits for, in the order its commands were written."""
+
+    __slots__ = ("future", "remaining", "results")
+
+    def __init__(self, future: asyncio.Future[list[Any]], count: int) -> None:
+        self.future = future
+        self.remaining = count
+        self.results: list[Any] = []
+
+
+class _Protocol(asyncio.Protocol):
+    """Feeds one connection's bytes to hiredis and hands complete answers to the waiting batches."""
+
+    def __init__(self, owner: PipelinedConnection) -> None:
+        self.owner = owner
+        self.transport: asyncio.Transport | None = None
+        self.reader = hiredis.Reader(
+            protocolError=InvalidResponse,
+            replyError=BaseParser.parse_error,
+            notEnoughData=_NOT_YET,
+            **({"encoding": owner.target.encoding} if owner.target.encoding else {}),
+        )
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.owner.protocol is not self:
+            return
+        self.reader.feed(data)
+        waiting = self.owner.waiting
+        try:
+            while (reply := self.reader.gets()) is not _NOT_YET:
+                batch = waiting[0]
+                batch.results.append(reply)
+                batch.remaining -= 1
+                if not batch.remaining:
+                    waiting.popleft()
+                    if not batch.future.done():  # a cancelled caller's answers are read and dropped
+                        batch.future.set_result(batch.results)
+        except (InvalidResponse, IndexError) as exc:  # garbage, or an answer nobody asked for
+            self.owner.lost(self, RedisConnectionError(f"Valkey sent an unreadable reply: {exc!r}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.owner.lost(self, RedisConnectionError(f"Connection to Valkey lost: {exc or 'closed'}"))
+
+
+class PipelinedConnection:
+    """``await execute(commands)``: their answers, in order; commands of concurrent callers interleave
+    per batch on one connection. Connects on first use (in the running loop) and after a loss."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.waiting: collections.deque[_Batch] = collections.deque()
+        self.protocol: _Protocol | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock: asyncio.Lock | None = None
+        self._closed = False
+        self.connects = 0  # connections opened so far (the first, and one after each loss)
+
+    def __repr__(self) -> str:
+        where = self.target.unix_path or f"{self.target.host}:{self.target.port}"
+        state = "open" if self.protocol is not None else "not connected"
+        return f"<PipelinedConnection {where}/{self.target.db} {state} waiting={len(self.waiting)}>"
+
+    async def execute(self, commands: Sequence[Command]) -> list[Any]:
+        """Writes ``commands`` and returns their answers (error replies as redis-py's exceptions)."""
+        if not commands:
+            return []
+        protocol = self.protocol
+        if protocol is None or self._loop is not asyncio.get_running_loop():
+            protocol = await self._connected()
+        return await self._send(protocol, commands)
+
+    def _send(self, protocol: _Protocol, commands: Sequence[Command]) -> asyncio.Future[list[Any]]:
+        assert self._loop is not None and protocol.transport is not None
+        payload = b"".join([_packed(command) for command in commands])  # refused before anything is sent
+        future: asyncio.Future[list[Any]] = self._loop.create_future()
+        self.waiting.append(_Batch(future, len(commands)))
+        protocol.transport.write(payload)
+        return future
+
+    def lost(self, protocol: _Protocol | None, exc: Exception) -> None:
+        """The connection of ``protocol`` is gone: every waiting batch fails with ``exc``, and the next
+        batch connects again. A late notice from an older connection changes nothing."""
+        if protocol is not self.protocol:
+            return
+        self.protocol = None
+        if protocol is not None and protocol.transport is not None:
+            protocol.transport.abort()
+        waiting, self.waiting = self.waiting, collections.deque()
+        for batch in waiting:
+            if not batch.future.done():
+                batch.future.set_exception(exc)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self.lost(self.protocol, RedisConnectionError("Connection to Valkey closed by the client"))
+
+    async def _connected(self) -> _Protocol:
+        if self._closed:
+            raise RedisConnectionError("the Valkey connection is closed")
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a client reused under another loop starts afresh there
+            self.lost(self.protocol, RedisConnectionError("Valkey connection of another event loop"))
+            self._loop, self._lock = loop, asyncio.Lock()
+        assert self._lock is not None
+        async with self._lock:  # one connect at a time; the callers behind it use its connection
+            if self.protocol is None:
+                try:
+                    await self._open(loop)
+                except (OSError, TimeoutError, RedisConnectionError) as exc:
+                    failure = (
+                        exc
+                        if isinstance(exc, RedisConnectionError)
+                        else RedisConnectionError(f"could not connect to Valkey ({self!r}): {exc!r}")
+                    )
+                    self.lost(self.protocol, failure)
+                    raise failure from exc
+            return self.protocol  # type: ignore[return-value]
+
+    async def _open(self, loop: asyncio.AbstractEventLoop) -> None:
+        target = self.target
+        async with asyncio.timeout(target.connect_timeout_s):
+            if target.unix_path:
+                _, protocol = await loop.create_unix_connection(lambda: _Protocol(self), target.unix_path)
+            else:
+                transport, protocol = await loop.create_connection(
+                    lambda: _Protocol(self), target.host, target.port
+                )
+                sock = transport.get_extra_info("socket")
+                if sock is not None:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            self.protocol = protocol
+            self.connects += 1
+            hello: list[Command] = []
+            if target.password is not None:
+                hello.append(["AUTH", *([target.username] if target.username else []), target.password])
+            if target.db:
+                hello.append(["SELECT", target.db])
+            # Written before any caller's command, so the server applies them first.
+            answers = await self._send(protocol, hello) if hello else []
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise RedisConnectionError(f"Valkey refused the connection: {answer}")
