@@ -47,7 +47,7 @@ from runtime.errors import (
 )
 from runtime.policy.admission import AdmissionLimits
 from runtime.telemetry import semconv
-from runtime.valkey.client import REDIS_ERRORS, connect
+from runtime.valkey.client import REDIS_ERRORS, connect, dedicated_connection
 from runtime.valkey.lua import LuaScript
 from runtime.wire.contract import (
     ChatCall,
@@ -64,6 +64,7 @@ from runtime.wire.keys import DEFAULT_KEYS, KeySpace
 
 log = logging.getLogger(__name__)
 _PUSH = LuaScript(PUSH)
+REPLY_BATCH = 512  # most replies the pump takes per round trip
 _ADMIT_PUSH = LuaScript(ADMIT_PUSH)
 _propagator = TraceContextTextMapPropagator()
 _T = TypeVar("_T")
@@ -531,16 +532,25 @@ class Producer:
                 log.warning("producer %s could not refresh liveness: %s", self.producer_id, exc)
 
     async def _pump_replies(self) -> None:
+        # A connection of its own: the pump blocks on it, and a shared one would wait behind it.
+        own = dedicated_connection(self.client)
+        try:
+            await self._pump(own)
+        finally:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await own.aclose()
+
+    async def _pump(self, own: Any) -> None:
         backoff = Backoff(*PUMP_BACKOFF_S)
         while not self._closed:
             try:
-                popped = await self.client.blpop([self._reply_key], timeout=1)
+                # Up to a batch of replies per round trip: BLMPOP blocks for the first, takes the rest.
+                [popped] = await own.execute(
+                    [("BLMPOP", 1, 1, self._reply_key, "LEFT", "COUNT", REPLY_BATCH)]
+                )
                 if popped is None:
                     continue
-                batch: list[bytes | str] = [popped[1]]
-                more = await self.client.lpop(self._reply_key, 512)
-                if isinstance(more, list):
-                    batch.extend(more)
+                batch: list[bytes | str] = popped[1]
                 backoff.reset()
             except REDIS_ERRORS as exc:
                 self.stats.pump_reconnects += 1

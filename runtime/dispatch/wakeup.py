@@ -24,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
 
 from runtime.backoff import Backoff
-from runtime.valkey.client import REDIS_ERRORS
+from runtime.valkey.client import REDIS_ERRORS, dedicated_connection
 
 # One pending token per pool is enough: the dispatcher it wakes takes every launch it can, and a
 # dispatcher waiting at the time of the push takes the token at once, leaving room for the next.
@@ -65,7 +66,8 @@ class WakeWaiter:
 
     ``idle`` is set by the dispatcher while it waits with free slots. Only then does the waiter
     block, so a token goes to a dispatcher that can use it. Exits on its own once ``finished`` is set
-    (cancelling redis-py mid-command can hang).
+    (a BLPOP cancelled mid-wait could take a token nobody uses). Blocks on a connection of its own
+    (:func:`~runtime.valkey.client.dedicated_connection`).
     """
 
     def __init__(
@@ -92,17 +94,14 @@ class WakeWaiter:
         return f"<WakeWaiter tokens={self.tokens} idle={self.idle.is_set()}>"
 
     async def run(self) -> None:
-        # A connection of its own: a blocking command would hold one of the shared pool's, and one
-        # broken mid-BLPOP (a Valkey restart) must not be handed back to the dispatcher's commands.
-        kwargs = dict(self.client.connection_pool.connection_kwargs)
-        own = aioredis.Redis(connection_pool=aioredis.ConnectionPool(max_connections=1, **kwargs))
+        own = dedicated_connection(self.client)
         try:
             await self._loop(own)
         finally:
             with contextlib.suppress(*REDIS_ERRORS):
                 await own.aclose()
 
-    async def _loop(self, own: aioredis.Redis) -> None:
+    async def _loop(self, own: Any) -> None:
         while not self.finished.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.idle.wait(), WAKE_BLOCK_S)
@@ -110,7 +109,7 @@ class WakeWaiter:
             if not self.idle.is_set() or not keys:
                 continue
             try:
-                token = await own.blpop(list(keys), timeout=WAKE_BLOCK_S)
+                [token] = await own.execute([("BLPOP", *keys, WAKE_BLOCK_S)])
             except REDIS_ERRORS as exc:
                 self.on_error(exc)
                 with contextlib.suppress(TimeoutError):

@@ -38,6 +38,32 @@ class ValkeyClient(aioredis.Redis):
         await super().aclose(close_connection_pool)
 
 
+class _RedisPyConnection:
+    """A connection of one's own through redis-py, for clients :class:`PipelinedConnection` does not
+    serve (TLS, RESP3): the same ``execute``/``aclose`` surface."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        kwargs = dict(client.connection_pool.connection_kwargs)
+        pool = aioredis.ConnectionPool(
+            connection_class=client.connection_pool.connection_class, max_connections=1, **kwargs
+        )
+        self._client = aioredis.Redis(connection_pool=pool)
+
+    async def execute(self, commands: Any) -> list[Any]:
+        return [await self._client.execute_command(*command) for command in commands]
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def dedicated_connection(client: aioredis.Redis) -> PipelinedConnection | _RedisPyConnection:
+    """A connection of the caller's own to the client's server, for blocking commands (BLPOP, BLMPOP):
+    on a shared connection they would hold everyone behind them, and one broken mid-wait (a Valkey
+    restart) must not be handed back to other commands. The caller closes it (``aclose``)."""
+    target = Target.of_pool(client.connection_pool) if HIREDIS_AVAILABLE else None
+    return PipelinedConnection(target) if target is not None else _RedisPyConnection(client)
+
+
 def connect(url: str, *, max_connections: int = 64, pool_timeout_s: float = 20.0) -> ValkeyClient:
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
