@@ -16,7 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, NoScriptError, ResponseError
 
 from runtime.valkey import embedded
-from runtime.valkey.client import connect
+from runtime.valkey.client import connect, dedicated_connection
 from runtime.valkey.lua import LuaScript, run_pipeline
 from runtime.valkey.pipelined import PipelinedConnection, Target
 
@@ -135,3 +135,25 @@ def test_tls_and_resp3_pools_keep_redis_py() -> None:
     assert unix is not None and (unix.unix_path, unix.db) == ("/tmp/valkey.sock", 2)
     auth = Target.of_pool(aioredis.Redis.from_url("redis://user:secret@10.0.0.1:7000/4").connection_pool)
     assert auth == Target(host="10.0.0.1", port=7000, db=4, username="user", password="secret")
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+async def test_a_dedicated_connection_blocks_without_holding_the_shared_one(
+    valkey_url, keys, protocol
+) -> None:
+    """RESP2 gets a pipelined connection of its own, RESP3 redis-py's: both block and answer alike."""
+    client = connect(valkey_url) if protocol == 2 else aioredis.Redis.from_url(valkey_url, protocol=3)
+    own = dedicated_connection(client)
+    assert isinstance(own, PipelinedConnection) == (protocol == 2)
+    key = keys.prefix + "replies"
+    try:
+        blocked = asyncio.create_task(own.execute([("BLMPOP", 2, 1, key, "LEFT", "COUNT", 10)]))
+        await asyncio.sleep(0.05)
+        assert await client.ping()  # the client's own commands are not stuck behind the BLMPOP
+        await client.rpush(key, b"a", b"b")
+        [popped] = await blocked
+        assert [bytes(k) for k in [popped[0], *popped[1]]] == [key.encode(), b"a", b"b"]
+        assert await own.execute([("BLPOP", key, 0.05)]) == [None]  # times out: nothing left
+    finally:
+        await own.aclose()
+        await client.aclose()
