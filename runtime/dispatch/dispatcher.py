@@ -444,18 +444,19 @@ class Dispatcher:
         return False
 
     def _backend_id(self, pool_id: str) -> str:
-        backend = self.config.backend_for(pool_id) if self.config else None
-        return backend.backend_id if backend else ""
+        return self.config.route(pool_id).backend_id if self.config else ""
 
     def _refusal(self, pool_id: str) -> str | None:
         """Why the pool's backend takes nothing now (breaker, saturation, cap); None when it may."""
         assert self.config is not None
-        return self.fleet.refusal(self._backend_id(pool_id), self.config.endpoint_for(pool_id))
+        route = self.config.route(pool_id)
+        return self.fleet.refusal(route.backend_id, route.endpoint)
 
     def _room(self, pool_id: str) -> int | None:
         """Most heads offered for the pool: nothing is claimed that its backend would refuse."""
         assert self.config is not None
-        return self.fleet.room(self._backend_id(pool_id), self.config.endpoint_for(pool_id))
+        route = self.config.route(pool_id)
+        return self.fleet.room(route.backend_id, route.endpoint)
 
     def _screen(
         self,
