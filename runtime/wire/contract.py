@@ -105,7 +105,7 @@ def _check_part(part: Any, where: str, index: int) -> int:
         if type(image.get("url")) is not str:
             _expect(image.get("url"), str, f"{where}.content[{index}].image_url.url")
         return 1
-    if kind not in PART_TYPES:
+    if not isinstance(kind, str) or kind not in PART_TYPES:  # a list or object is unhashable
         raise _fail(f"{where}.content[{index}].type must be one of {sorted(PART_TYPES)}, got {kind!r}")
     return 0
 
@@ -115,7 +115,7 @@ def _check_message(message: Any, where: str) -> int:
     if type(message) is not dict:
         _expect(message, dict, where)
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:  # a list or object is unhashable
         raise _fail(f"{where}.role must be one of {sorted(ROLES)}, got {role!r}")
     content = message.get("content")
     if type(content) is str:

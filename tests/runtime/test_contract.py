@@ -122,6 +122,12 @@ def _message(*content: object) -> Callable[[dict], None]:
         (_message({"type": "video"}),
          "call.messages[0].content[0].type must be one of ['file', 'image_url', 'input_audio', 'text'], "
          "got 'video'"),
+        (lambda d: d["call"].update(messages=[{"role": ["user"], "content": "a"}]),
+         "call.messages[0].role must be one of "
+         "['assistant', 'developer', 'function', 'system', 'tool', 'user'], got ['user']"),
+        (_message({"type": {"t": 1}}),
+         "call.messages[0].content[0].type must be one of ['file', 'image_url', 'input_audio', 'text'], "
+         "got {'t': 1}"),
         (lambda d: d["call"].update(messages=[{"role": "user", "content": "a"}, "x"]),
          "call.messages[1] must be an object, got str"),
         (lambda d: d["call"].update(messages=[{"role": "user", "content": {"a": 1}}]),
@@ -145,6 +151,26 @@ def test_malformed_envelopes_name_the_field_exactly(mutate, message: str) -> Non
     with pytest.raises(MalformedEnvelope) as raised:
         Envelope.decode(orjson.dumps(data))
     assert str(raised.value) == message
+
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(role=JSON, kind=JSON, text=JSON)
+def test_any_json_in_a_message_is_accepted_or_malformed(role, kind, text) -> None:
+    """Never another exception: a TypeError (an unhashable role) failed every round of the group."""
+    data = orjson.loads(envelope().encode())
+    data["call"]["messages"] = [{"role": role, "content": [{"type": kind, "text": text}]}]
+    with contextlib.suppress(MalformedEnvelope):
+        Envelope.decode(orjson.dumps(data))
 
 
 def test_accepted_shapes_decode_to_the_same_values() -> None:
