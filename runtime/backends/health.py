@@ -14,6 +14,9 @@ from runtime.backends.breaker import Breaker, BreakerPolicy, BreakerState
 from runtime.backends.redact import redact_url
 from runtime.errors import DeadlineExceeded, DispatchError
 
+# The state of a URL with no history; frozen, so one instance serves every lookup.
+NO_HISTORY = BreakerState()
+
 
 class EndpointBreakers:
     def __init__(self, policy: BreakerPolicy, clock: Callable[[], float] = time.monotonic) -> None:
@@ -42,13 +45,13 @@ class EndpointBreakers:
 
     def acquire(self, url: str) -> bool:
         """Called right before a real call: False means the breaker refuses it (it may take a probe slot)."""
-        allowed, self._states[url] = self.breaker.allow(self._states.get(url, BreakerState()), self.clock())
+        allowed, self._states[url] = self.breaker.allow(self._states.get(url, NO_HISTORY), self.clock())
         return allowed
 
     def record(self, url: str, error: DispatchError | None) -> None:
         """Only retryable backend failures count against a backend; a bad request is the caller's fault,
         and a call cut short by the caller's deadline says nothing about the backend."""
-        state = self._states.get(url, BreakerState())
+        state = self._states.get(url, NO_HISTORY)
         if error is None:
             self._states[url] = self.breaker.record_success(state, self.clock())
         elif isinstance(error, DeadlineExceeded):

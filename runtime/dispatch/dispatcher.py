@@ -444,18 +444,19 @@ class Dispatcher:
         return False
 
     def _backend_id(self, pool_id: str) -> str:
-        backend = self.config.backend_for(pool_id) if self.config else None
-        return backend.backend_id if backend else ""
+        return self.config.route(pool_id).backend_id if self.config else ""
 
     def _refusal(self, pool_id: str) -> str | None:
         """Why the pool's backend takes nothing now (breaker, saturation, cap); None when it may."""
         assert self.config is not None
-        return self.fleet.refusal(self._backend_id(pool_id), self.config.endpoint_for(pool_id))
+        route = self.config.route(pool_id)
+        return self.fleet.refusal(route.backend_id, route.endpoint)
 
     def _room(self, pool_id: str) -> int | None:
         """Most heads offered for the pool: nothing is claimed that its backend would refuse."""
         assert self.config is not None
-        return self.fleet.room(self._backend_id(pool_id), self.config.endpoint_for(pool_id))
+        route = self.config.route(pool_id)
+        return self.fleet.room(route.backend_id, route.endpoint)
 
     def _screen(
         self,
@@ -474,8 +475,9 @@ class Dispatcher:
         drops: list[Drop] = []
         for pool in policy.pools:
             pool_id, view = pool.pool_id, views[pool.pool_id]
+            refusal = refusals.get(pool_id)
             if not view.heads_read and view.backlog > 0:
-                self.stats.skips[(pool_id, unread_skip(pool, view.in_flight, refusals.get(pool_id)))] += 1
+                self.stats.skips[(pool_id, unread_skip(pool, view.in_flight, refusal))] += 1
             heads, unusable = usable_heads(self._peek, view.heads, now)
             if unusable is not None:
                 drops.append((pool_id, *unusable))
@@ -485,12 +487,8 @@ class Dispatcher:
                 pool_id=pool_id,
                 backlog=view.backlog,
                 in_flight=view.in_flight,
-                blocked=refusals.get(pool_id) if refusals.get(pool_id) in BACKEND_REFUSALS else None,
-                heads=tuple(
-                    scheduler.HeadItem(cost=i.cost, enqueued_at=i.envelope.enqueued_at)
-                    for i in heads
-                    if i.envelope
-                ),
+                blocked=refusal if refusal in BACKEND_REFUSALS else None,
+                heads=tuple(i.head for i in heads if i.head is not None),
             )
         return observations, peeked, drops
 
@@ -549,26 +547,23 @@ class Dispatcher:
         assert self.config is not None
         if self._stopping.is_set():  # a stop requested during this round takes no more work
             launches = ()
-        caps = {p.pool_id: p.max_concurrent for p in policy.pools}
+        caps = {p.pool_id: p.max_concurrent for p in policy.pools} if launches else {}
         own = dict(protected)
-        chosen: list[tuple[scheduler.Launch, PeekedItem, ClaimRequest]] = []
+        chosen: list[tuple[scheduler.Launch, PeekedItem, ClaimRequest, str]] = []  # ..., endpoint
         claimed_at = time.time()
         for launch in launches:
             item = peeked[launch.pool_id][launch.index]
             envelope = item.envelope
             assert envelope is not None
-            backend_id = self._backend_id(launch.pool_id)
-            if not await self.fleet.acquire(backend_id, self.config.endpoint_for(launch.pool_id)):
+            route = self.config.route(launch.pool_id)
+            backend_id, endpoint = route.backend_id, route.endpoint
+            allowed = self.fleet.acquire_now(backend_id, endpoint)
+            if allowed is None:
+                allowed = await self.fleet.acquire(backend_id, endpoint)
+            if not allowed:
                 scheduler.refund(self._state, launch)
                 self.stats.skips[(launch.pool_id, BLOCKED_REASON)] += 1
                 continue
-            record = LeaseRecord.of(
-                envelope,
-                pool_id=launch.pool_id,
-                claimed_at=claimed_at,
-                dispatcher_id=self.identity.dispatcher_id,
-                cost=launch.cost,
-            )
             request = ClaimRequest(
                 pool_id=launch.pool_id,
                 raw=item.raw,
@@ -577,30 +572,36 @@ class Dispatcher:
                 producer_id=envelope.producer_id,
                 pool_max=caps[launch.pool_id],
                 group_limit=policy.total_concurrency,
-                lease_record=record.encode(),
+                lease_record=LeaseRecord.encode_of(
+                    envelope,
+                    pool_id=launch.pool_id,
+                    claimed_at=claimed_at,
+                    dispatcher_id=self.identity.dispatcher_id,
+                    cost=launch.cost,
+                ),
                 protected=own.get(launch.pool_id, 0),
-                reserved_for=tuple(p for p in protected if p[0] != launch.pool_id),
+                reserved_for=tuple(p for p in protected if p[0] != launch.pool_id) if protected else (),
                 requeue=redelivery.requeued(envelope).encode() if self.config.durable else b"",
                 backend_id=backend_id,
                 backend_limit=self.fleet.limit(backend_id) if backend_id else None,
             )
-            chosen.append((launch, item, request))
+            chosen.append((launch, item, request, endpoint))
         if not chosen and end_turn is None:
             return 0, False
         try:
             results = await self.queue.claim(
-                [request for _, _, request in chosen], self.settings.lease_s, end_turn=end_turn
+                [request for _, _, request, _ in chosen], self.settings.lease_s, end_turn=end_turn
             )
         except BaseException:
-            for launch, _, request in chosen:
-                await self.fleet.release(request.backend_id, self.config.endpoint_for(launch.pool_id))
+            for _, _, request, endpoint in chosen:
+                await self.fleet.release(request.backend_id, endpoint)
             raise
         claimed, dropped = 0, False
-        for (launch, item, request), (code, _, token) in zip(chosen, results, strict=True):
+        for (launch, item, request, endpoint), (code, _, token) in zip(chosen, results, strict=True):
             claimed += code == scripts.CLAIMED
             dropped = dropped or code in CLAIM_DROPS
             if code != scripts.CLAIMED:  # the call will not happen: its breaker slot goes back
-                await self.fleet.release(request.backend_id, self.config.endpoint_for(launch.pool_id))
+                await self.fleet.release(request.backend_id, endpoint)
             try:
                 self._after_claim(launch, item, request, code, token)
             except Exception:  # the other claimed requests of this round still start

@@ -50,6 +50,27 @@ class LeaseRecord:
             labels=dict(envelope.metadata.labels),
         )
 
+    @staticmethod
+    def encode_of(
+        envelope: Envelope, *, pool_id: str, claimed_at: float, dispatcher_id: str, cost: int
+    ) -> bytes:
+        """``of(...).encode()`` without building the record: the claim of every launch writes one."""
+        return orjson.dumps(
+            {
+                "request_id": envelope.request_id,
+                "producer_id": envelope.producer_id,
+                "pool_id": pool_id,
+                "model": envelope.call.model,
+                "message_count": len(envelope.call.messages),
+                "enqueued_at": envelope.enqueued_at,
+                "claimed_at": claimed_at,
+                "dispatcher_id": dispatcher_id,
+                "cost": cost,
+                "trace": dict(envelope.trace),
+                "labels": dict(envelope.metadata.labels),
+            }
+        )
+
     def encode(self) -> bytes:
         return orjson.dumps(
             {

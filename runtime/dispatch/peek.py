@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from runtime.dispatch.stats import DROP_EXPIRED, DROP_MALFORMED
 from runtime.errors import MalformedEnvelope
 from runtime.policy.cost import CostModel, request_cost
+from runtime.policy.scheduler import HeadItem
 from runtime.wire.contract import Envelope
 
 
@@ -17,6 +18,7 @@ class PeekedItem:
     envelope: Envelope | None
     error: str = ""  # why it is malformed
     cost: int = 0
+    head: HeadItem | None = None  # what the scheduler sees of it, built once (heads are seen in many rounds)
 
 
 class PeekCache:
@@ -67,7 +69,9 @@ class PeekCache:
             page_count=md.page_count,
             image_parts=envelope.call.image_parts,
         )
-        return PeekedItem(raw, envelope, cost=cost)
+        return PeekedItem(
+            raw, envelope, cost=cost, head=HeadItem(cost=cost, enqueued_at=envelope.enqueued_at)
+        )
 
 
 def usable_heads(

@@ -62,6 +62,8 @@ def _fail(what: str) -> MalformedEnvelope:
 
 def _expect(value: Any, types: tuple[type, ...] | type, what: str) -> Any:
     # bool is an int in Python; a JSON true is never a valid count or number here.
+    if type(value) is not bool and isinstance(value, types):
+        return value
     if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
         raise _fail(f"{what} must be {_type_names(types)}, got a boolean")
     if not isinstance(value, types):
@@ -82,37 +84,62 @@ def _type_names(types: tuple[type, ...] | type) -> str:
     return " or ".join(names.get(t, t.__name__) for t in seq)
 
 
-def _check_part(part: Any, where: str) -> int:
-    """Validates one content part; returns 1 for an image part, else 0."""
-    _expect(part, dict, where)
+# Every queued call is validated once, when a dispatcher first peeks it (issue 13). The checks below
+# test exact JSON types inline and build the path of a field ("call.messages[0].content") only when
+# that field is wrong: _expect then decides, so the accepted values and the messages stay the same.
+
+
+def _check_part(part: Any, where: str, index: int) -> int:
+    """Validates ``where``'s content part ``index``; returns 1 for an image part, else 0."""
+    if type(part) is not dict:
+        _expect(part, dict, f"{where}.content[{index}]")
     kind = part.get("type")
-    if kind not in PART_TYPES:
-        raise _fail(f"{where}.type must be one of {sorted(PART_TYPES)}, got {kind!r}")
     if kind == "text":
-        _expect(part.get("text"), str, f"{where}.text")
+        if type(part.get("text")) is not str:
+            _expect(part.get("text"), str, f"{where}.content[{index}].text")
         return 0
     if kind == "image_url":
-        image = _expect(part.get("image_url"), dict, f"{where}.image_url")
-        _expect(image.get("url"), str, f"{where}.image_url.url")
+        image = part.get("image_url")
+        if type(image) is not dict:
+            _expect(image, dict, f"{where}.content[{index}].image_url")
+        if type(image.get("url")) is not str:
+            _expect(image.get("url"), str, f"{where}.content[{index}].image_url.url")
         return 1
+    if not isinstance(kind, str) or kind not in PART_TYPES:  # a list or object is unhashable
+        raise _fail(f"{where}.content[{index}].type must be one of {sorted(PART_TYPES)}, got {kind!r}")
     return 0
 
 
 def _check_message(message: Any, where: str) -> int:
     """Validates one chat message; returns the number of image parts it carries."""
-    _expect(message, dict, where)
+    if type(message) is not dict:
+        _expect(message, dict, where)
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:  # a list or object is unhashable
         raise _fail(f"{where}.role must be one of {sorted(ROLES)}, got {role!r}")
     content = message.get("content")
+    if type(content) is str:
+        return 0
     if content is None:
         if role not in ("assistant",) or not message.get("tool_calls"):
             raise _fail(f"{where}.content is required")
         return 0
     if isinstance(content, str):
         return 0
-    parts = _expect(content, list, f"{where}.content")
-    return sum(_check_part(part, f"{where}.content[{i}]") for i, part in enumerate(parts))
+    if type(content) is not list:
+        _expect(content, list, f"{where}.content")
+    images = 0
+    for i, part in enumerate(content):
+        images += _check_part(part, where, i)
+    return images
+
+
+def _check_messages(messages: list[Any]) -> int:
+    """Validates every message of a call; returns the number of image parts they carry."""
+    images = 0
+    for i, message in enumerate(messages):
+        images += _check_message(message, f"call.messages[{i}]")
+    return images
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +154,8 @@ class ChatCall:
     messages: tuple[Mapping[str, Any], ...]
     parameters: Mapping[str, Any] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # Image parts counted while validating (from_openai), so the cost estimate needs no second pass.
+    _images: int | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def from_openai(cls, body: Any) -> ChatCall:
@@ -138,8 +167,7 @@ class ChatCall:
         messages = _expect(body.get("messages"), list, "call.messages")
         if not messages:
             raise _fail("call.messages must not be empty")
-        for i, message in enumerate(messages):
-            _check_message(message, f"call.messages[{i}]")
+        images = _check_messages(messages)
         if body.get("stream"):
             raise _fail("call.stream is not supported on the queued path")
         parameters: dict[str, Any] = {}
@@ -155,7 +183,9 @@ class ChatCall:
                 parameters[name] = value
             else:
                 extra[name] = value
-        return cls(model=model, messages=tuple(messages), parameters=parameters, extra=extra)
+        call = cls(model=model, messages=tuple(messages), parameters=parameters, extra=extra)
+        object.__setattr__(call, "_images", images)  # frozen: set once, right after construction
+        return call
 
     def to_openai(self) -> dict[str, Any]:
         """The request body sent to the backend, provider extras included."""
@@ -166,6 +196,8 @@ class ChatCall:
 
     @property
     def image_parts(self) -> int:
+        if self._images is not None:
+            return self._images
         return sum(_check_message(m, "message") for m in self.messages)
 
 
@@ -191,8 +223,7 @@ class Metadata:
         if min(image_count, page_count, cost_units if cost_units is not None else 0) < 0:
             raise _fail("metadata counts must not be negative")
         labels = _expect(raw.get("labels", {}), dict, "metadata.labels")
-        for key, value in labels.items():
-            _expect(value, str, f"metadata.labels[{key!r}]")
+        _check_str_values(labels, "metadata.labels")
         return cls(image_count=image_count, page_count=page_count, cost_units=cost_units, labels=labels)
 
     def to_json(self) -> dict[str, Any]:
@@ -257,28 +288,41 @@ class Envelope:
         version = data.get("v", CONTRACT_VERSION)
         if version != CONTRACT_VERSION:
             raise _fail(f"envelope version {version!r} is not supported (expected {CONTRACT_VERSION})")
-        ids = {
-            name: _non_empty_str(data.get(name), f"envelope.{name}")
-            for name in ("request_id", "producer_id", "pool_id")
-        }
+        request_id = _non_empty_str(data.get("request_id"), "envelope.request_id")
+        producer_id = _non_empty_str(data.get("producer_id"), "envelope.producer_id")
+        pool_id = _non_empty_str(data.get("pool_id"), "envelope.pool_id")
         enqueued_at = _wall_clock(data.get("enqueued_at"), "envelope.enqueued_at")
         deadline = data.get("deadline")
         if deadline is not None:
             deadline = _wall_clock(deadline, "envelope.deadline")
         trace = _expect(data.get("trace", {}), dict, "envelope.trace")
-        for key, value in trace.items():
-            _expect(value, str, f"envelope.trace[{key!r}]")
+        _check_str_values(trace, "envelope.trace")
+        attempt = data.get("attempt", 1)
+        requeues = data.get("requeues", 0)
         return cls(
+            request_id=request_id,
+            producer_id=producer_id,
+            pool_id=pool_id,
             call=ChatCall.from_openai(data.get("call")),
             enqueued_at=enqueued_at,
             deadline=deadline,
             trace=trace,
             metadata=Metadata.from_json(data.get("metadata")),
             stream=StreamOptions.from_json(data["stream"]) if data.get("stream") is not None else None,
-            attempt=_count(data.get("attempt", 1), "envelope.attempt", minimum=1),
-            requeues=_count(data.get("requeues", 0), "envelope.requeues", minimum=0),
-            **ids,
+            attempt=1
+            if attempt == 1 and type(attempt) is int
+            else _count(attempt, "envelope.attempt", minimum=1),
+            requeues=0
+            if requeues == 0 and type(requeues) is int
+            else _count(requeues, "envelope.requeues", minimum=0),
         )
+
+
+def _check_str_values(mapping: Mapping[Any, Any], what: str) -> None:
+    """Every value of ``mapping`` must be a string; the message names the first key that is not."""
+    for key, value in mapping.items():
+        if type(value) is not str:
+            _expect(value, str, f"{what}[{key!r}]")
 
 
 def _count(value: Any, what: str, *, minimum: int) -> int:
@@ -289,7 +333,7 @@ def _count(value: Any, what: str, *, minimum: int) -> int:
 
 
 def _wall_clock(value: Any, what: str) -> float:
-    seconds = float(_expect(value, _NUMBER, what))
+    seconds = value if type(value) is float else float(_expect(value, _NUMBER, what))
     if not MIN_WALL_CLOCK_S <= seconds <= MAX_WALL_CLOCK_S:  # also refuses NaN
         raise _fail(
             f"{what} is out of range: {value!r} is not a time between {MIN_WALL_CLOCK_S:.0f} and "
@@ -352,7 +396,8 @@ def decode_reply_item(raw: bytes | str) -> Reply | StreamChunk:
 
 
 def _non_empty_str(value: Any, what: str) -> str:
-    _expect(value, str, what)
+    if type(value) is not str:
+        _expect(value, str, what)
     if not value:
         raise _fail(f"{what} must not be empty")
     return value

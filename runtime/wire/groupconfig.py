@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -66,7 +67,20 @@ class PoolConfig:
         )
 
 
-@dataclass(frozen=True, slots=True)
+class PoolRoute(NamedTuple):
+    """Where one pool's calls go: its backend row (None for a bare URL) and the URL itself."""
+
+    backend: BackendConfig | None
+    endpoint: str
+
+    @property
+    def backend_id(self) -> str:
+        return self.backend.backend_id if self.backend is not None else ""
+
+
+# Not slotted: the lookups below are cached per (immutable) instance in its __dict__, so that a
+# scheduling round's many pool -> backend/URL questions are dict lookups, not scans (issue 13).
+@dataclass(frozen=True)
 class GroupConfig:
     """A group as published. ``default_endpoint_url`` and ``api_key_env`` are the group's backend's,
     kept for tools that read the seed's fields; ``backends`` holds every backend the group uses."""
@@ -84,7 +98,7 @@ class GroupConfig:
     backend_id: str = ""
     backends: tuple[BackendConfig, ...] = field(default_factory=tuple)
 
-    @property
+    @cached_property
     def enabled_pools(self) -> tuple[PoolConfig, ...]:
         return tuple(p for p in self.pools if p.enabled)
 
@@ -95,29 +109,53 @@ class GroupConfig:
             pools=tuple(p.policy() for p in self.enabled_pools),
         )
 
+    def route(self, pool_id: str) -> PoolRoute:
+        """The pool's backend and URL; a pool the group does not have goes to the group's backend."""
+        route = self._routes.get(pool_id)
+        return route if route is not None else self._resolve(None)
+
     def endpoint_for(self, pool_id: str) -> str:
         """The pool's URL: as published, else its backend's, else the group's default."""
-        pool = self.pool(pool_id)
-        if pool is not None and pool.endpoint_url:
-            return pool.endpoint_url
-        backend = self.backend_for(pool_id)
-        return backend.base_url if backend is not None else self.default_endpoint_url
+        return self.route(pool_id).endpoint
 
     def backend_for(self, pool_id: str) -> BackendConfig | None:
         """The backend a pool's calls go to: its own, else the group's; None for a bare-URL config."""
-        pool = self.pool(pool_id)
-        wanted = (pool.backend_id if pool else "") or self.backend_id
-        return self.backend(wanted) if wanted else None
+        return self.route(pool_id).backend
 
     def backend(self, backend_id: str) -> BackendConfig | None:
-        return next((b for b in self.backends if b.backend_id == backend_id), None)
+        return self._backends_by_id.get(backend_id)
 
     @property
     def durable(self) -> bool:
         return self.delivery == DURABLE
 
     def pool(self, pool_id: str) -> PoolConfig | None:
-        return next((p for p in self.pools if p.pool_id == pool_id), None)
+        return self._pools_by_id.get(pool_id)
+
+    @cached_property
+    def _pools_by_id(self) -> dict[str, PoolConfig]:
+        pools: dict[str, PoolConfig] = {}
+        for pool in self.pools:
+            pools.setdefault(pool.pool_id, pool)  # the first of a repeated id wins, as a scan found it
+        return pools
+
+    @cached_property
+    def _backends_by_id(self) -> dict[str, BackendConfig]:
+        backends: dict[str, BackendConfig] = {}
+        for backend in self.backends:
+            backends.setdefault(backend.backend_id, backend)
+        return backends
+
+    @cached_property
+    def _routes(self) -> dict[str, PoolRoute]:
+        return {pool_id: self._resolve(pool) for pool_id, pool in self._pools_by_id.items()}
+
+    def _resolve(self, pool: PoolConfig | None) -> PoolRoute:
+        wanted = (pool.backend_id if pool else "") or self.backend_id
+        backend = self.backend(wanted) if wanted else None
+        if pool is not None and pool.endpoint_url:
+            return PoolRoute(backend, pool.endpoint_url)
+        return PoolRoute(backend, backend.base_url if backend is not None else self.default_endpoint_url)
 
     def encode(self) -> bytes:
         return orjson.dumps(asdict(self))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import orjson
 import pytest
@@ -100,6 +101,112 @@ def test_malformed_envelopes_say_what_is_wrong(mutate, message: str) -> None:
     mutate(data)
     with pytest.raises(MalformedEnvelope, match=message):
         Envelope.decode(orjson.dumps(data))
+
+
+def _message(*content: object) -> Callable[[dict], None]:
+    return lambda d: d["call"].update(messages=[{"role": "user", "content": list(content)}])
+
+
+# Exact messages: the checks name the field only once it is wrong (issue 13), and must name it the
+# same way as before, down to the index of the message and part.
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (_message({"type": "text", "text": "a"}, {"type": "text", "text": 1}),
+         "call.messages[0].content[1].text must be a string, got int"),
+        (_message({"type": "image_url", "image_url": "u"}),
+         "call.messages[0].content[0].image_url must be an object, got str"),
+        (_message({"type": "image_url", "image_url": {"url": 1}}),
+         "call.messages[0].content[0].image_url.url must be a string, got int"),
+        (_message("x"), "call.messages[0].content[0] must be an object, got str"),
+        (_message({"type": "video"}),
+         "call.messages[0].content[0].type must be one of ['file', 'image_url', 'input_audio', 'text'], "
+         "got 'video'"),
+        (lambda d: d["call"].update(messages=[{"role": ["user"], "content": "a"}]),
+         "call.messages[0].role must be one of "
+         "['assistant', 'developer', 'function', 'system', 'tool', 'user'], got ['user']"),
+        (_message({"type": {"t": 1}}),
+         "call.messages[0].content[0].type must be one of ['file', 'image_url', 'input_audio', 'text'], "
+         "got {'t': 1}"),
+        (lambda d: d["call"].update(messages=[{"role": "user", "content": "a"}, "x"]),
+         "call.messages[1] must be an object, got str"),
+        (lambda d: d["call"].update(messages=[{"role": "user", "content": {"a": 1}}]),
+         "call.messages[0].content must be a list, got dict"),
+        (lambda d: d.update(trace={"a": "b", "c": 2}), "envelope.trace['c'] must be a string, got int"),
+        (lambda d: d.update(metadata={"labels": {"a": "b", "c": None}}),
+         "metadata.labels['c'] must be a string, got NoneType"),
+        (lambda d: d.update(producer_id=""), "envelope.producer_id must not be empty"),
+        (lambda d: d.update(enqueued_at=True),
+         "envelope.enqueued_at must be an integer or a number, got a boolean"),
+        (lambda d: d.update(attempt=1.0), "envelope.attempt must be an integer, got float"),
+        (lambda d: d.update(attempt=True), "envelope.attempt must be an integer, got a boolean"),
+        (lambda d: d.update(attempt=0), "envelope.attempt must be at least 1, got 0"),
+        (lambda d: d.update(requeues=False), "envelope.requeues must be an integer, got a boolean"),
+        (lambda d: d.update(requeues=-1), "envelope.requeues must be at least 0, got -1"),
+    ],
+)  # fmt: skip
+def test_malformed_envelopes_name_the_field_exactly(mutate, message: str) -> None:
+    data = orjson.loads(envelope().encode())
+    mutate(data)
+    with pytest.raises(MalformedEnvelope) as raised:
+        Envelope.decode(orjson.dumps(data))
+    assert str(raised.value) == message
+
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(role=JSON, kind=JSON, text=JSON)
+def test_any_json_in_a_message_is_accepted_or_malformed(role, kind, text) -> None:
+    """Never another exception: a TypeError (an unhashable role) failed every round of the group."""
+    data = orjson.loads(envelope().encode())
+    data["call"]["messages"] = [{"role": role, "content": [{"type": kind, "text": text}]}]
+    with contextlib.suppress(MalformedEnvelope):
+        Envelope.decode(orjson.dumps(data))
+
+
+def test_accepted_shapes_decode_to_the_same_values() -> None:
+    data = orjson.loads(envelope().encode())
+    data.update(enqueued_at=5, deadline=7, attempt=2, requeues=1, trace={"traceparent": "00-x"})
+    data["call"]["messages"] = [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "t"}]},
+        {
+            "role": "user",
+            "content": [{"type": "input_audio"}, {"type": "file"}, {"type": "text", "text": "a"}],
+        },
+    ]
+    decoded = Envelope.decode(orjson.dumps(data))
+    assert (decoded.enqueued_at, decoded.deadline) == (5.0, 7.0)
+    assert isinstance(decoded.enqueued_at, float) and isinstance(decoded.deadline, float)
+    assert (decoded.attempt, decoded.requeues, decoded.trace) == (2, 1, {"traceparent": "00-x"})
+    assert decoded.call.image_parts == 0
+
+
+def test_image_parts_counted_while_decoding_match_a_recount() -> None:
+    image = {"type": "image_url", "image_url": {"url": "u"}}
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": [image, {"type": "text", "text": "a"}, image]},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": [image]},
+        ],
+    }
+    call = ChatCall.from_openai(body)
+    built = ChatCall(model="m", messages=tuple(body["messages"]))  # not decoded: counted on demand
+    assert call.image_parts == built.image_parts == 3
+    assert call == built
+    from dataclasses import replace
+
+    assert replace(call, messages=(body["messages"][2],)).image_parts == 1  # a changed call recounts
 
 
 @pytest.mark.parametrize("raw", [b"", b"not json", b"[1,2]", b"null", b'"str"', b"{", b"\xff\xfe"])

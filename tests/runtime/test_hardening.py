@@ -84,6 +84,26 @@ async def test_out_of_range_times_are_malformed_drops(aredis, keys, sim, fields,
     assert any("out of range" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": ["user"], "content": "x"}],  # unhashable: a set lookup raised TypeError, not malformed
+        [{"role": "user", "content": [{"type": {"text": "x"}}]}],
+    ],
+)
+async def test_unhashable_roles_and_part_types_are_malformed_drops(aredis, keys, sim, messages) -> None:
+    """Such an item stayed at its list's head and failed every round of the group."""
+    async with Producer(aredis, keys=keys) as producer:
+        data = orjson.loads(envelope(producer.producer_id))
+        data["call"]["messages"] = messages
+        await aredis.rpush(keys.requests("default"), orjson.dumps(data))
+        async with running_dispatcher(aredis, keys, one_pool_group(sim.url)) as dispatcher:
+            result = await producer.submit(CALL, pool_id="default", timeout=10)
+            assert result.completion["choices"]
+            await wait_until(lambda: dispatcher.stats.dropped[DROP_MALFORMED] == 1)
+            assert dispatcher.stats.internal_errors == 0
+
+
 async def test_a_failure_handling_one_claimed_item_loses_no_other(aredis, keys, sim) -> None:
     """The poison item's producer is gone (dropped, span fails); the valid item claimed with it runs."""
     async with Producer(aredis, keys=keys) as producer:
