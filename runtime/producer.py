@@ -294,12 +294,17 @@ class Producer:
         span: trace.Span,
     ) -> CompletionResult:
         raw = self._envelope(chat, request_id, pool_id, metadata, timeout_s, span)
-        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Reply] = loop.create_future()
         self._waiters[request_id] = _Waiter(future, pool_id)
+        timer: asyncio.TimerHandle | None = None
         try:
             await self._push(pool_id, request_id, raw)
+            # A timer on the reply's own future rather than asyncio.wait_for, which adds a second future,
+            # done callbacks and its own timer to every submit.
+            timer = loop.call_at(loop.time() + timeout_s, _expire, future)
             try:
-                reply = await asyncio.wait_for(future, timeout_s)
+                reply = await future
             except TimeoutError:
                 self.stats.timed_out += 1
                 raise RequestTimeout(
@@ -309,6 +314,8 @@ class Producer:
                 await self.withdraw(pool_id, request_id, raw)
                 raise
         finally:
+            if timer is not None:
+                timer.cancel()
             self._waiters.pop(request_id, None)
         if not reply.ok:
             raise error_from_type(reply.error_type or "dispatch_error", reply.error_message or "")
@@ -606,6 +613,12 @@ class ChatStream:
 
     def __aiter__(self) -> AsyncIterator[Mapping[str, Any]]:
         return self.producer._stream_events(self)
+
+
+def _expire(future: asyncio.Future[Reply]) -> None:
+    """A submit's timer: its reply did not come in time (a reply arriving later is counted late)."""
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 def _fail_span(span: trace.Span, exc: DispatchError) -> None:
