@@ -102,3 +102,30 @@ async def test_admission_limits_follow_the_published_configuration(aredis, keys)
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
             await first
+
+
+async def registry_reads(aredis) -> int:  # type: ignore[no-untyped-def]
+    stats = await aredis.info("commandstats")
+    return int(stats.get("cmdstat_hgetall", {}).get("calls", 0))
+
+
+async def test_concurrent_submits_share_one_read_of_a_stale_pool_registry(aredis, keys) -> None:
+    await groupconfig.publish(aredis, keys, one_pool_group(NO_BACKEND))
+    async with Producer(aredis, keys=keys) as producer:
+        before = await registry_reads(aredis)
+        groups = await asyncio.gather(*(producer.pool_group("default") for _ in range(200)))
+        assert await registry_reads(aredis) - before == 1
+        assert {group.group_id for group in groups if group is not None} == {"g"} and None not in groups
+
+
+async def test_a_cancelled_submit_does_not_cancel_the_registry_read_others_wait_for(aredis, keys) -> None:
+    await groupconfig.publish(aredis, keys, one_pool_group(NO_BACKEND))
+    async with Producer(aredis, keys=keys) as producer:
+        first = asyncio.create_task(producer.pool_group("default"))
+        second = asyncio.create_task(producer.pool_group("default"))
+        await asyncio.sleep(0)  # both wait for the one read
+        first.cancel()
+        group = await second
+        with pytest.raises(asyncio.CancelledError):
+            await first
+    assert group is not None and group.group_id == "g"
