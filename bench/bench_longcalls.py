@@ -6,14 +6,22 @@ The simulator answers every call after ``--latency-ms 1000``; the producer (this
 ``IN_FLIGHT`` calls going (closed loop), either directly (``Producer(direct_backend=...)``, the
 baseline) or through Valkey to one dispatcher process with ``IN_FLIGHT`` slots. Each run measures
 both, alternating which goes first; tables show medians. Reported: completions/s and its ratio to
-direct, added p50/p99 latency, and the dispatcher's CPU (per call and as a share of one core) and
-memory (RSS at the end of the load and its peak, ``VmHWM``, from /proc).
+direct, added p50/p99 latency, the dispatcher's CPU (per call and as a share of one core) and
+memory (RSS at the end of the load and its peak, ``VmHWM``, from /proc), and the CPU per call of
+every process on the path (this one, the simulator, the dispatcher, Valkey): on two cores shared by
+four busy processes the ratio follows their sum, which tells whether the path or the harness is slow.
+
+Each measured load is preceded by an unmeasured round of ``IN_FLIGHT`` calls on the same path: the
+backend client closes connections idle for ``KEEPALIVE_S`` (4 s), longer than the other path's load,
+so without it every load began by reopening 2,000 connections at once against the simulator's
+listen backlog (1,024), a cost steady traffic never pays.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -28,10 +36,10 @@ from bench._common import (
     median,
     new_keys,
     pct,
-    private_valkey,
+    private_valkey_server,
     publish,
     run_benchmark,
-    simulator_proc,
+    simulator_process,
     table,
 )
 from runtime.backends.adapter import OpenAIBackend
@@ -57,7 +65,11 @@ def memory_mib(pid: int) -> tuple[float, float]:
 async def measure(quick: bool, runs: int) -> dict[str, list[dict[str, float]]]:
     in_flight, total = shape(quick)
     samples: dict[str, list[dict[str, float]]] = {"direct": [], "queued": []}
-    with private_valkey() as valkey_url, simulator_proc("--latency-ms", str(LATENCY_MS)) as sim_url:
+    with (
+        private_valkey_server() as valkey,
+        simulator_process("--latency-ms", str(LATENCY_MS)) as (sim_url, sim),
+    ):
+        valkey_url = valkey.url
         keys = new_keys()
         config = group(
             sim_url, [PoolConfig("default", max_concurrent=in_flight)], policy="fifo", total=in_flight
@@ -74,12 +86,18 @@ async def measure(quick: bool, runs: int) -> dict[str, list[dict[str, float]]]:
                     for run in range(runs):
                         order = [("direct", direct), ("queued", queued)]
                         for name, producer in order if run % 2 == 0 else order[::-1]:
-                            cpu_before = cpu_seconds(proc.pid)
+                            await closed_loop(producer, "default", in_flight, in_flight)  # reconnect
+                            pids = {"sim": sim.pid, "dispatcher": proc.pid, "valkey": valkey.pid}
+                            before = {who: cpu_seconds(pid) for who, pid in pids.items()}
+                            bench_before = time.process_time()
                             latencies, wall = await closed_loop(producer, "default", in_flight, total)
-                            cpu = cpu_seconds(proc.pid) - cpu_before
+                            used = {who: cpu_seconds(pid) - before[who] for who, pid in pids.items()}
+                            used["bench"] = time.process_time() - bench_before
+                            cpu = used["dispatcher"]
                             rss, peak = memory_mib(proc.pid)
                             ms = [x * 1000 for x in latencies]
                             sample = {"rate": total / wall, "p50": pct(ms, 0.5), "p99": pct(ms, 0.99)}
+                            sample |= {f"{who}_ms": seconds * 1000 / total for who, seconds in used.items()}
                             if name == "queued":
                                 sample |= {
                                     "cpu_ms": cpu * 1000 / total,
@@ -129,6 +147,14 @@ def report(samples: dict[str, list[dict[str, float]]], runs: int, quick: bool) -
             rows,
         )
     )  # fmt: skip
+    who = ("bench", "sim", "dispatcher", "valkey")
+    cpu_rows = [
+        [name, *(f"{median([s[f'{w}_ms'] for s in samples[name]]):.3f}" for w in who),
+         f"{median([sum(s[f'{w}_ms'] for w in who) for s in samples[name]]):.3f}"]
+        for name in ("direct", "queued")
+    ]  # fmt: skip
+    print(table(["path", "this process (producer)", "simulator", "dispatcher", "Valkey", "sum"], cpu_rows))
+    print("# CPU ms per call of each process during the measured loads (direct: the dispatcher idles)")
     ok = summary["x_direct"] >= 0.9
     print(
         f"target: >= 0.9 x direct with {in_flight} in flight ->",
