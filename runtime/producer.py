@@ -64,6 +64,20 @@ from runtime.wire.keys import DEFAULT_KEYS, KeySpace
 
 log = logging.getLogger(__name__)
 _PUSH = LuaScript(PUSH)
+# The pool registry and the configuration of every group it names, in one round trip (a script, so a
+# cancelled reader is cancelled at once: redis-py's own commands can swallow the cancellation).
+_READ_REGISTRY = LuaScript(
+    """
+local flat = redis.call('HGETALL', KEYS[1])
+local seen, groups, configs = {}, {}, {}
+for i = 2, #flat, 2 do
+  if not seen[flat[i]] then seen[flat[i]] = true; groups[#groups + 1] = flat[i] end
+end
+table.sort(groups)
+for i, group in ipairs(groups) do configs[i] = redis.call('GET', ARGV[1] .. group) end
+return {flat, groups, configs}
+"""
+)
 REPLY_BATCH = 512  # most replies the pump takes per round trip
 _ADMIT_PUSH = LuaScript(ADMIT_PUSH)
 _propagator = TraceContextTextMapPropagator()
@@ -160,6 +174,7 @@ class Producer:
         # client's pipelined connection (a direct-mode producer may have no Valkey client at all).
         self._push_script = _PUSH.bind(client)
         self._admit_script = _ADMIT_PUSH.bind(client)
+        self._registry_script = _READ_REGISTRY.bind(client)
 
     def __repr__(self) -> str:
         mode = "direct" if self.direct_backend else "queued"
@@ -542,12 +557,11 @@ class Producer:
 
     async def _read_registry(self) -> _PoolRegistry:
         try:
-            raw = await self.client.hgetall(self.keys.pool_registry())
-            pools = {_text(k): _text(v) for k, v in raw.items()}
-            group_ids = sorted(set(pools.values()))
-            configs = (
-                await self.client.mget([self.keys.group_config(g) for g in group_ids]) if group_ids else []
+            flat, group_ids, configs = await self._registry_script(
+                keys=[self.keys.pool_registry()], args=[self.keys.group_config("")]
             )
+            pools = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+            group_ids = [_text(g) for g in group_ids]
         except REDIS_ERRORS as exc:
             raise QueueUnavailable(f"could not read the pool registry: {exc}") from exc
         groups = {}
