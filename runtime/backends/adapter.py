@@ -16,7 +16,7 @@ there is no password, its username) is used as the bearer token. Messages and :a
 :func:`runtime.backends.redact.redact_url`, which also masks secret-looking query parameters.
 
 :class:`BackendPool` keeps one pooled client per endpoint (an
-:class:`~runtime.backends.aiohttp_client.AiohttpClient`, which answers in httpx's types), shared by
+:class:`~runtime.backends.aiohttp_client.AiohttpClient`, which answers like httpx does), shared by
 every request (and every API key) sent to it.
 """
 
@@ -29,7 +29,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import orjson
@@ -64,6 +64,20 @@ class Completion:
     usage: Usage | None
     status_code: int
     model: str | None
+
+
+class Answer(Protocol):
+    """A backend's whole HTTP answer: an ``httpx.Response`` (injected transports) or the default
+    client's :class:`~runtime.backends.aiohttp_client.BodyResponse`."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def content(self) -> bytes: ...
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -193,7 +207,8 @@ class OpenAIBackend:
                 "POST", self._url, content=content, headers=headers, timeout=timeout
             ) as response:
                 if not 200 <= response.status_code < 300:
-                    self._completion(httpx.Response(response.status_code, content=await response.aread()))
+                    await response.aread()
+                    self._completion(response)  # raises, with the provider's message and Retry-After
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -244,7 +259,7 @@ class OpenAIBackend:
         url = str(self._url)
         return text.replace(url, redact_url(url))
 
-    def _completion(self, response: httpx.Response) -> Completion:
+    def _completion(self, response: Answer) -> Completion:
         status = response.status_code
         if not 200 <= status < 300:
             raise BackendHTTPError(

@@ -4,8 +4,9 @@ Why: per call, httpx + httpcore cost ~0.55 ms of CPU at concurrency 16 on the be
 merging, header models, h11, anyio stream wrappers, pool bookkeeping), more than the rest of the
 dispatcher together; aiohttp's C-accelerated HTTP/1.1 client does the same call in ~0.1 ms
 (bench/RESULTS.md, issue 13). The adapter keeps speaking httpx: :class:`AiohttpClient` answers
-``post`` with an ``httpx.Response`` and ``stream`` with a streaming one, and raises httpx's exception
-types, so :class:`~runtime.backends.adapter.OpenAIBackend` translates every failure at one edge
+``post`` with a :class:`BodyResponse` (the ``status_code``/``headers``/``content`` of an
+``httpx.Response``, nothing more) and ``stream`` with a streaming ``httpx.Response``, and raises httpx's
+exception types, so :class:`~runtime.backends.adapter.OpenAIBackend` translates every failure at one edge
 whichever client it holds (tests still inject ``httpx.MockTransport`` through the httpx client).
 
 Behaviour kept from the httpx client it replaces: keep-alive pool of ``max_connections``, no
@@ -71,6 +72,25 @@ class _ResponseStream(httpx.AsyncByteStream):
                 yield chunk
 
 
+class BodyResponse:
+    """A whole answer as the adapter reads it: ``status_code``, ``headers`` and ``content``, like httpx's.
+
+    Why not an ``httpx.Response``: building one (header model, byte stream, read) cost ~4 % of the
+    dispatcher's CPU per call, and the old one was built without headers, which lost ``Retry-After``.
+    ``headers`` is aiohttp's own case-insensitive view, already parsed: keeping it costs nothing.
+    """
+
+    __slots__ = ("content", "headers", "status_code")
+
+    def __init__(self, status_code: int, headers: Mapping[str, str], content: bytes) -> None:
+        self.status_code = status_code
+        self.headers = headers
+        self.content = content
+
+    def __repr__(self) -> str:
+        return f"<BodyResponse [{self.status_code}] {len(self.content)} bytes>"
+
+
 class AiohttpClient:
     """One endpoint's pooled client. The session is made on first use, inside the running loop."""
 
@@ -129,7 +149,7 @@ class AiohttpClient:
         content: bytes,
         headers: Mapping[str, str],
         timeout: httpx.Timeout | None = None,
-    ) -> httpx.Response:
+    ) -> BodyResponse:
         """POST ``content``; the whole body is read before returning."""
         session = self._open()
         for attempt in range(2):
@@ -143,7 +163,7 @@ class AiohttpClient:
                         allow_redirects=False,
                     ) as response:
                         body = await response.read()
-                return httpx.Response(response.status, content=body)
+                return BodyResponse(response.status, response.headers, body)
             except httpx.RemoteProtocolError as exc:
                 # Nothing reached the backend, so once more on a fresh connection is safe.
                 if attempt or exc.__cause__ is None or not _never_sent(exc.__cause__):

@@ -101,3 +101,38 @@ async def test_idle_connections_are_dropped_before_uvicorns_keep_alive_ends(sim:
         assert connector._keepalive_timeout < 5.0  # type: ignore[union-attr]
     finally:
         await backend.aclose()
+
+
+@pytest.mark.parametrize(
+    ("hook", "retry_after_s"),
+    [
+        ({"status": 429, "retry_after": 7}, 7.0),
+        ({"status": 503, "retry_after": 3}, 3.0),
+        ({"status": 503}, None),
+    ],
+)
+async def test_retry_after_of_a_refusal_reaches_the_error(
+    sim: SimulatorServer, hook: dict[str, int], retry_after_s: float | None
+) -> None:
+    """The retry policy waits at least what the backend asked: the header must survive the client."""
+    async with open_pool() as pool:
+        with pytest.raises(BackendHTTPError) as info:
+            await pool.get(sim.url).complete({**BODY, "sim": hook})
+    assert info.value.status_code == hook["status"]
+    assert info.value.retry_after_s == retry_after_s
+
+
+async def test_retry_after_of_a_rate_limit_at_the_door_reaches_the_error() -> None:
+    config = SimulatorConfig(rate_limit_rate=1.0, retry_after_s=5)
+    async with SimulatorServer(config) as server, open_pool() as pool:
+        with pytest.raises(BackendHTTPError) as info:
+            await pool.get(server.url).complete(BODY)
+    assert info.value.status_code == 429
+    assert info.value.retry_after_s == 5.0
+
+
+async def test_retry_after_of_a_refused_stream_reaches_the_error(sim: SimulatorServer) -> None:
+    async with open_pool() as pool:
+        with pytest.raises(BackendHTTPError) as info:
+            [c async for c in pool.get(sim.url).stream({**BODY, "sim": {"status": 429, "retry_after": 9}})]
+    assert info.value.retry_after_s == 9.0
