@@ -27,6 +27,8 @@ import httpx
 # Idle connections are dropped before the 5 s after which uvicorn (vLLM, SGLang, LiteLLM) closes
 # them: reusing one the server is closing fails the call (measured: bench_peers against LiteLLM).
 KEEPALIVE_S = 4.0
+# Distinct timeouts converted to aiohttp's form and kept (callers pass a handful of fixed ones).
+TIMEOUTS_KEPT = 16
 
 
 def _never_sent(exc: BaseException) -> bool:
@@ -107,6 +109,7 @@ class AiohttpClient:
         self._ssl_context = ssl_context
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
+        self._timeouts: dict[tuple[float | None, ...], aiohttp.ClientTimeout] = {}
 
     def __repr__(self) -> str:
         connector = self._session.connector if self._session else None
@@ -136,11 +139,18 @@ class AiohttpClient:
         return self._session
 
     def _timeout(self, timeout: httpx.Timeout | None) -> aiohttp.ClientTimeout:
+        """aiohttp's form of ``timeout``, made once per distinct value: building one costs ~6 µs."""
         timeout = timeout or self._default_timeout
-        # httpx's pool timeout (waiting for a free connection) is aiohttp's ``connect``.
-        return aiohttp.ClientTimeout(
-            total=None, connect=timeout.pool, sock_connect=timeout.connect, sock_read=timeout.read
-        )
+        key = (timeout.pool, timeout.connect, timeout.read)
+        converted = self._timeouts.get(key)
+        if converted is None:
+            if len(self._timeouts) >= TIMEOUTS_KEPT:
+                self._timeouts.clear()
+            # httpx's pool timeout (waiting for a free connection) is aiohttp's ``connect``.
+            converted = self._timeouts[key] = aiohttp.ClientTimeout(
+                total=None, connect=timeout.pool, sock_connect=timeout.connect, sock_read=timeout.read
+            )
+        return converted
 
     async def post(
         self,
@@ -152,22 +162,21 @@ class AiohttpClient:
     ) -> BodyResponse:
         """POST ``content``; the whole body is read before returning."""
         session = self._open()
+        # A str URL goes to aiohttp as it is; str() of an httpx.URL rebuilds it (~4 µs).
+        target = url if isinstance(url, str) else str(url)
+        aiohttp_timeout = self._timeout(timeout)
         for attempt in range(2):
             try:
-                with _httpx_errors():
-                    async with session.post(
-                        str(url),
-                        data=content,
-                        headers=headers,
-                        timeout=self._timeout(timeout),
-                        allow_redirects=False,
-                    ) as response:
-                        body = await response.read()
+                async with session.post(
+                    target, data=content, headers=headers, timeout=aiohttp_timeout, allow_redirects=False
+                ) as response:
+                    body = await response.read()
                 return BodyResponse(response.status, response.headers, body)
-            except httpx.RemoteProtocolError as exc:
+            except aiohttp.ClientError as exc:
+                translated = _translated(exc)
                 # Nothing reached the backend, so once more on a fresh connection is safe.
-                if attempt or exc.__cause__ is None or not _never_sent(exc.__cause__):
-                    raise
+                if attempt or not isinstance(translated, httpx.RemoteProtocolError) or not _never_sent(exc):
+                    raise translated from exc
         raise AssertionError("unreachable")
 
     @contextlib.asynccontextmanager
