@@ -24,6 +24,7 @@ SIM_KEYS = frozenset(
         "hang",
         "fail_times",
         "key",
+        "retry_after",
     }
 )
 _SIM_MILLISECONDS = ("latency_ms", "ttft_ms", "itl_ms")
@@ -85,6 +86,9 @@ def _check_sim(sim: dict[str, Any]) -> str:
     status = sim.get("status", 200)
     if isinstance(status, bool) or not isinstance(status, int) or not 200 <= status <= 599:
         return "'sim.status' must be an HTTP status between 200 and 599"
+    retry_after = sim.get("retry_after", 0)
+    if isinstance(retry_after, bool) or not isinstance(retry_after, int) or retry_after < 0:
+        return "'sim.retry_after' must be a whole number of seconds >= 0"
     tokens = sim.get("completion_tokens", 0)
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
         return "'sim.completion_tokens' must be an integer >= 0"

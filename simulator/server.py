@@ -291,6 +291,13 @@ class SimulatorServer:
         finally:
             self._active_by_model[model] -= 1
 
+    def _error_headers(self, status: int, sim: dict[str, Any]) -> dict[str, str] | None:
+        """``Retry-After``: the hook's ``retry_after`` on any injected error (a 503 may carry one too),
+        else the configured one on a 429."""
+        if "retry_after" in sim:
+            return {"Retry-After": str(sim["retry_after"])}
+        return self._retry_after if status == HTTPStatus.TOO_MANY_REQUESTS else None
+
     async def _run_chat(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         sim: dict[str, Any] = body.get("sim") or {}
         plan = self._behaviour.plan(body, sim)
@@ -308,8 +315,7 @@ class SimulatorServer:
                 await asyncio.get_running_loop().create_future()  # until the client disconnects
             if plan.status:
                 await self._sleep_until(job, plan.latency_s)
-                headers = self._retry_after if plan.status == HTTPStatus.TOO_MANY_REQUESTS else None
-                return _error(plan.status, plan.message, headers)
+                return _error(plan.status, plan.message, self._error_headers(plan.status, sim))
             reply = fmt.Reply(
                 model=model_of(body, self.config.model),
                 completion_id=f"chatcmpl-sim-{self.completions_requested}",

@@ -16,7 +16,7 @@ there is no password, its username) is used as the bearer token. Messages and :a
 :func:`runtime.backends.redact.redact_url`, which also masks secret-looking query parameters.
 
 :class:`BackendPool` keeps one pooled client per endpoint (an
-:class:`~runtime.backends.aiohttp_client.AiohttpClient`, which answers in httpx's types), shared by
+:class:`~runtime.backends.aiohttp_client.AiohttpClient`, which answers like httpx does), shared by
 every request (and every API key) sent to it.
 """
 
@@ -29,7 +29,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import orjson
@@ -64,6 +64,20 @@ class Completion:
     usage: Usage | None
     status_code: int
     model: str | None
+
+
+class Answer(Protocol):
+    """A backend's whole HTTP answer: an ``httpx.Response`` (injected transports) or the default
+    client's :class:`~runtime.backends.aiohttp_client.BodyResponse`."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def content(self) -> bytes: ...
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -150,6 +164,7 @@ class OpenAIBackend:
         self._headers = {"content-type": "application/json", "accept": "application/json"}
         if key:
             self._headers["authorization"] = f"Bearer {key}"
+        self._stream_headers = {**self._headers, "accept": "text/event-stream"}
         self._owns_client = client is None
         self._client = client or make_client(
             timeout_s=timeout_s,
@@ -157,6 +172,16 @@ class OpenAIBackend:
             max_connections=max_connections,
             transport=transport,
         )
+        # httpx wants its parsed URL (it re-parses a str per request); aiohttp takes the str as is.
+        self._request_url: str | httpx.URL = (
+            self._url if isinstance(self._client, httpx.AsyncClient) else str(self._url)
+        )
+        # A streamed call is bounded per read here (its caller bounds the whole stream).
+        self._stream_timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        # A whole call is bounded by its budget in complete(); only the connect phase has its own
+        # timeout (it tells a backend that cannot be reached apart from a slow one). No read timeout
+        # also spares aiohttp re-arming a timer on every chunk it receives.
+        self._call_timeout = httpx.Timeout(None, connect=connect_timeout_s)
 
     def __repr__(self) -> str:
         return f"<OpenAIBackend {self.display_url} timeout_s={self.timeout_s}>"
@@ -167,11 +192,13 @@ class OpenAIBackend:
         if budget <= 0:
             raise BackendTimeout(f"no time left to call backend {self.display_url}")
         content = orjson.dumps(body)
-        timeout = httpx.Timeout(budget, connect=min(budget, self.connect_timeout_s))
+        timeout = (
+            self._call_timeout if budget >= self.connect_timeout_s else httpx.Timeout(None, connect=budget)
+        )
         try:
             async with asyncio.timeout(budget):
                 response = await self._client.post(
-                    self._url, content=content, headers=self._headers, timeout=timeout
+                    self._request_url, content=content, headers=self._headers, timeout=timeout
                 )
         except TimeoutError as exc:
             raise BackendTimeout(f"backend {self.display_url} did not answer within {budget:.3g}s") from exc
@@ -186,14 +213,17 @@ class OpenAIBackend:
         bounded by the backend's timeout. Failures are translated like :meth:`complete`'s.
         """
         content = orjson.dumps({**body, "stream": True})
-        headers = {**self._headers, "accept": "text/event-stream"}
-        timeout = httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s)
         try:
             async with self._client.stream(
-                "POST", self._url, content=content, headers=headers, timeout=timeout
+                "POST",
+                self._request_url,
+                content=content,
+                headers=self._stream_headers,
+                timeout=self._stream_timeout,
             ) as response:
                 if not 200 <= response.status_code < 300:
-                    self._completion(httpx.Response(response.status_code, content=await response.aread()))
+                    await response.aread()
+                    self._completion(response)  # raises, with the provider's message and Retry-After
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -244,7 +274,7 @@ class OpenAIBackend:
         url = str(self._url)
         return text.replace(url, redact_url(url))
 
-    def _completion(self, response: httpx.Response) -> Completion:
+    def _completion(self, response: Answer) -> Completion:
         status = response.status_code
         if not 200 <= status < 300:
             raise BackendHTTPError(

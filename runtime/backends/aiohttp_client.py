@@ -4,8 +4,9 @@ Why: per call, httpx + httpcore cost ~0.55 ms of CPU at concurrency 16 on the be
 merging, header models, h11, anyio stream wrappers, pool bookkeeping), more than the rest of the
 dispatcher together; aiohttp's C-accelerated HTTP/1.1 client does the same call in ~0.1 ms
 (bench/RESULTS.md, issue 13). The adapter keeps speaking httpx: :class:`AiohttpClient` answers
-``post`` with an ``httpx.Response`` and ``stream`` with a streaming one, and raises httpx's exception
-types, so :class:`~runtime.backends.adapter.OpenAIBackend` translates every failure at one edge
+``post`` with a :class:`BodyResponse` (the ``status_code``/``headers``/``content`` of an
+``httpx.Response``, nothing more) and ``stream`` with a streaming ``httpx.Response``, and raises httpx's
+exception types, so :class:`~runtime.backends.adapter.OpenAIBackend` translates every failure at one edge
 whichever client it holds (tests still inject ``httpx.MockTransport`` through the httpx client).
 
 Behaviour kept from the httpx client it replaces: keep-alive pool of ``max_connections``, no
@@ -26,6 +27,8 @@ import httpx
 # Idle connections are dropped before the 5 s after which uvicorn (vLLM, SGLang, LiteLLM) closes
 # them: reusing one the server is closing fails the call (measured: bench_peers against LiteLLM).
 KEEPALIVE_S = 4.0
+# Distinct timeouts converted to aiohttp's form and kept (callers pass a handful of fixed ones).
+TIMEOUTS_KEPT = 16
 
 
 def _never_sent(exc: BaseException) -> bool:
@@ -71,6 +74,25 @@ class _ResponseStream(httpx.AsyncByteStream):
                 yield chunk
 
 
+class BodyResponse:
+    """A whole answer as the adapter reads it: ``status_code``, ``headers`` and ``content``, like httpx's.
+
+    Why not an ``httpx.Response``: building one (header model, byte stream, read) cost ~4 % of the
+    dispatcher's CPU per call, and the old one was built without headers, which lost ``Retry-After``.
+    ``headers`` is aiohttp's own case-insensitive view, already parsed: keeping it costs nothing.
+    """
+
+    __slots__ = ("content", "headers", "status_code")
+
+    def __init__(self, status_code: int, headers: Mapping[str, str], content: bytes) -> None:
+        self.status_code = status_code
+        self.headers = headers
+        self.content = content
+
+    def __repr__(self) -> str:
+        return f"<BodyResponse [{self.status_code}] {len(self.content)} bytes>"
+
+
 class AiohttpClient:
     """One endpoint's pooled client. The session is made on first use, inside the running loop."""
 
@@ -87,6 +109,7 @@ class AiohttpClient:
         self._ssl_context = ssl_context
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
+        self._timeouts: dict[tuple[float | None, ...], aiohttp.ClientTimeout] = {}
 
     def __repr__(self) -> str:
         connector = self._session.connector if self._session else None
@@ -116,11 +139,18 @@ class AiohttpClient:
         return self._session
 
     def _timeout(self, timeout: httpx.Timeout | None) -> aiohttp.ClientTimeout:
+        """aiohttp's form of ``timeout``, made once per distinct value: building one costs ~6 µs."""
         timeout = timeout or self._default_timeout
-        # httpx's pool timeout (waiting for a free connection) is aiohttp's ``connect``.
-        return aiohttp.ClientTimeout(
-            total=None, connect=timeout.pool, sock_connect=timeout.connect, sock_read=timeout.read
-        )
+        key = (timeout.pool, timeout.connect, timeout.read)
+        converted = self._timeouts.get(key)
+        if converted is None:
+            if len(self._timeouts) >= TIMEOUTS_KEPT:
+                self._timeouts.clear()
+            # httpx's pool timeout (waiting for a free connection) is aiohttp's ``connect``.
+            converted = self._timeouts[key] = aiohttp.ClientTimeout(
+                total=None, connect=timeout.pool, sock_connect=timeout.connect, sock_read=timeout.read
+            )
+        return converted
 
     async def post(
         self,
@@ -129,25 +159,24 @@ class AiohttpClient:
         content: bytes,
         headers: Mapping[str, str],
         timeout: httpx.Timeout | None = None,
-    ) -> httpx.Response:
+    ) -> BodyResponse:
         """POST ``content``; the whole body is read before returning."""
         session = self._open()
+        # A str URL goes to aiohttp as it is; str() of an httpx.URL rebuilds it (~4 µs).
+        target = url if isinstance(url, str) else str(url)
+        aiohttp_timeout = self._timeout(timeout)
         for attempt in range(2):
             try:
-                with _httpx_errors():
-                    async with session.post(
-                        str(url),
-                        data=content,
-                        headers=headers,
-                        timeout=self._timeout(timeout),
-                        allow_redirects=False,
-                    ) as response:
-                        body = await response.read()
-                return httpx.Response(response.status, content=body)
-            except httpx.RemoteProtocolError as exc:
+                async with session.post(
+                    target, data=content, headers=headers, timeout=aiohttp_timeout, allow_redirects=False
+                ) as response:
+                    body = await response.read()
+                return BodyResponse(response.status, response.headers, body)
+            except aiohttp.ClientError as exc:
+                translated = _translated(exc)
                 # Nothing reached the backend, so once more on a fresh connection is safe.
-                if attempt or exc.__cause__ is None or not _never_sent(exc.__cause__):
-                    raise
+                if attempt or not isinstance(translated, httpx.RemoteProtocolError) or not _never_sent(exc):
+                    raise translated from exc
         raise AssertionError("unreachable")
 
     @contextlib.asynccontextmanager

@@ -6,6 +6,7 @@ submit span (its W3C context travels in the envelope). Without an SDK provider t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,6 +88,13 @@ def content_attributes(envelope: Envelope, completion: Mapping[str, Any] | None)
     return content
 
 
+@functools.lru_cache(maxsize=64)
+def _server_of(url: str) -> tuple[str | None, int | None]:
+    """Host and port of a backend URL; every span of an endpoint asks, so each is parsed once."""
+    parts = urlsplit(url)
+    return parts.hostname, parts.port
+
+
 def record_span(
     tracer: trace.Tracer,
     request: Envelope | Subject,
@@ -119,11 +127,11 @@ def record_span(
     }
     if outcome.backend_url:
         attributes[semconv.BACKEND_URL] = outcome.backend_url
-        parts = urlsplit(outcome.backend_url)
-        if parts.hostname:
-            attributes[semconv.SERVER_ADDRESS] = parts.hostname
-        if parts.port:
-            attributes[semconv.SERVER_PORT] = parts.port
+        host, port = _server_of(outcome.backend_url)
+        if host:
+            attributes[semconv.SERVER_ADDRESS] = host
+        if port:
+            attributes[semconv.SERVER_PORT] = port
     optional = {
         semconv.ERROR_TYPE: outcome.error_type,
         semconv.ERROR_MESSAGE: outcome.error_message,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import warnings
 from collections.abc import AsyncIterator
@@ -11,7 +12,7 @@ import pytest
 
 from runtime.backends.adapter import OpenAIBackend
 from runtime.backends.aiohttp_client import AiohttpClient
-from runtime.errors import BackendConnectError, BackendError, BackendHTTPError
+from runtime.errors import BackendConnectError, BackendError, BackendHTTPError, BackendTimeout
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.test_adapter import open_pool
 
@@ -101,3 +102,66 @@ async def test_idle_connections_are_dropped_before_uvicorns_keep_alive_ends(sim:
         assert connector._keepalive_timeout < 5.0  # type: ignore[union-attr]
     finally:
         await backend.aclose()
+
+
+@pytest.mark.parametrize(
+    ("hook", "retry_after_s"),
+    [
+        ({"status": 429, "retry_after": 7}, 7.0),
+        ({"status": 503, "retry_after": 3}, 3.0),
+        ({"status": 503}, None),
+    ],
+)
+async def test_retry_after_of_a_refusal_reaches_the_error(
+    sim: SimulatorServer, hook: dict[str, int], retry_after_s: float | None
+) -> None:
+    """The retry policy waits at least what the backend asked: the header must survive the client."""
+    async with open_pool() as pool:
+        with pytest.raises(BackendHTTPError) as info:
+            await pool.get(sim.url).complete({**BODY, "sim": hook})
+    assert info.value.status_code == hook["status"]
+    assert info.value.retry_after_s == retry_after_s
+
+
+async def test_retry_after_of_a_rate_limit_at_the_door_reaches_the_error() -> None:
+    config = SimulatorConfig(rate_limit_rate=1.0, retry_after_s=5)
+    async with SimulatorServer(config) as server, open_pool() as pool:
+        with pytest.raises(BackendHTTPError) as info:
+            await pool.get(server.url).complete(BODY)
+    assert info.value.status_code == 429
+    assert info.value.retry_after_s == 5.0
+
+
+async def test_retry_after_of_a_refused_stream_reaches_the_error(sim: SimulatorServer) -> None:
+    async with open_pool() as pool:
+        with pytest.raises(BackendHTTPError) as info:
+            [c async for c in pool.get(sim.url).stream({**BODY, "sim": {"status": 429, "retry_after": 9}})]
+    assert info.value.retry_after_s == 9.0
+
+
+async def test_a_body_that_trickles_past_the_budget_is_cut_by_it() -> None:
+    """Each chunk comes quickly, so only the call's overall budget can end it (no per-read timeout)."""
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n")
+        with contextlib.suppress(ConnectionError):
+            for _ in range(100):
+                writer.write(b" ")
+                await writer.drain()
+                await asyncio.sleep(0.05)  # not a wait: this is the slow backend
+        writer.close()
+
+    server = await asyncio.start_server(trickle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        with pytest.raises(BackendTimeout, match=r"within 0\.3s"):
+            await backend.complete(BODY, timeout_s=0.3)
+    finally:
+        await backend.aclose()
+        server.close()
+        await server.wait_closed()
+    assert 0.25 < loop.time() - started < 2

@@ -94,6 +94,7 @@ async def test_models_and_health(sim: SimulatorServer, client: httpx.AsyncClient
         ("POST", "/v1/chat/completions", orjson.dumps(chat(stream_options={"include_usage": True})), 400),
         ("POST", "/v1/chat/completions", orjson.dumps(chat(sim={"bogus": 1})), 400),
         ("POST", "/v1/chat/completions", orjson.dumps(chat(sim={"status": "x"})), 400),
+        ("POST", "/v1/chat/completions", orjson.dumps(chat(sim={"retry_after": -1})), 400),
     ],
 )
 async def test_bad_requests_get_openai_error_bodies(
@@ -162,6 +163,22 @@ async def test_sim_hook_status_and_message(client: httpx.AsyncClient) -> None:
         "param": None,
         "code": "internal_error",
     }
+
+
+@pytest.mark.parametrize(
+    ("hook", "retry_after"),
+    [
+        ({"status": 503, "retry_after": 7}, "7"),  # any injected error may carry one
+        ({"status": 429}, "1"),  # a 429 carries the configured one
+        ({"status": 503}, None),
+    ],
+)
+async def test_sim_hook_retry_after(
+    client: httpx.AsyncClient, hook: dict[str, int], retry_after: str | None
+) -> None:
+    response = await client.post("/chat/completions", json=chat(sim=hook))
+    assert response.status_code == hook["status"]
+    assert response.headers.get("retry-after") == retry_after
 
 
 async def test_sim_hook_latency(client: httpx.AsyncClient) -> None:
