@@ -210,6 +210,9 @@ async def test_half_open_breaker_claims_one_probe_and_leaves_the_rest_queued(are
     ):
         await fail_calls(producer, 2)
         assert dispatcher.breakers.modes()[sim.url]["mode"] == "open"
+        # A failed call's task ends just after its reply went out: gone before the count below means
+        # the probe, not a leftover.
+        await wait_until(lambda: not dispatcher.running, timeout=5)
         done_before = sim.completions_total
         calls = [
             asyncio.create_task(producer.submit(slow_call(600), pool_id="default", timeout=20))
