@@ -104,6 +104,7 @@ class _Protocol(asyncio.Protocol):
     def __init__(self, owner: PipelinedConnection) -> None:
         self.owner = owner
         self.transport: asyncio.Transport | None = None
+        self.outbox: list[bytes] = []
         self.reader = hiredis.Reader(
             protocolError=InvalidResponse,
             replyError=BaseParser.parse_error,
@@ -113,6 +114,13 @@ class _Protocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+
+    def flush(self) -> None:
+        """Writes what this loop turn's batches queued, in one system call: on loopback a write also
+        pays for delivering it to Valkey, the largest single cost of a batch (py-spy, issue 13)."""
+        outbox, self.outbox = self.outbox, []
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(outbox))
 
     def data_received(self, data: bytes) -> None:
         if self.owner.protocol is not self:
@@ -167,7 +175,10 @@ class PipelinedConnection:
         payload = b"".join([_packed(command) for command in commands])  # refused before anything is sent
         future: asyncio.Future[list[Any]] = self._loop.create_future()
         self.waiting.append(_Batch(future, len(commands)))
-        protocol.transport.write(payload)
+        # Written once per loop turn: every batch sent in this turn leaves in the same write.
+        if not protocol.outbox:
+            self._loop.call_soon(protocol.flush)
+        protocol.outbox.append(payload)
         return future
 
     def lost(self, protocol: _Protocol | None, exc: Exception) -> None:
