@@ -386,7 +386,7 @@ def decode_reply_item(raw: bytes | str) -> Reply | StreamChunk:
     """An item of a reply list: a final :class:`Reply` or a :class:`StreamChunk`."""
     data = _load(raw, "reply")
     if data.get("status") != STATUS_CHUNK:
-        return Reply.decode(raw)
+        return Reply.from_json(data)
     queue_wait = data.get("queue_wait_s")
     return StreamChunk(
         _non_empty_str(data.get("request_id"), "chunk.request_id"),
@@ -462,7 +462,11 @@ class Reply:
 
     @classmethod
     def decode(cls, raw: bytes | str) -> Reply:
-        data = _load(raw, "reply")
+        return cls.from_json(_load(raw, "reply"))
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Reply:
+        """A reply from its parsed JSON object, validated as :meth:`decode` validates the bytes."""
         request_id = _non_empty_str(data.get("request_id"), "reply.request_id")
         status = data.get("status")
         if status == STATUS_OK:
