@@ -68,7 +68,7 @@ class Completion:
 
 class Answer(Protocol):
     """A backend's whole HTTP answer: an ``httpx.Response`` (injected transports) or the default
-    client's :class:`~runtime.backends.aiohttp_client.BodyResponse`."""
+    client's :class:`~runtime.backends.body.BodyResponse`."""
 
     @property
     def status_code(self) -> int: ...

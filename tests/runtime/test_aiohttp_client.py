@@ -25,14 +25,14 @@ async def sim() -> AsyncIterator[SimulatorServer]:
         yield server
 
 
-async def test_the_default_client_is_aiohttp_and_reuses_its_connection(sim: SimulatorServer) -> None:
-    backend = OpenAIBackend(sim.url)  # made outside any call: the session opens on first use
+async def test_the_default_client_reuses_one_keep_alive_connection(sim: SimulatorServer) -> None:
+    backend = OpenAIBackend(sim.url)  # made outside any call: pools open on first use
     try:
         assert isinstance(backend._client, AiohttpClient)
         for _ in range(3):
             assert (await backend.complete(BODY)).status_code == 200
-        connector = backend._client._session.connector  # type: ignore[union-attr]
-        assert len(connector._conns) == 1  # type: ignore[union-attr]  # one idle keep-alive connection
+        (pool,) = backend._client._origins.values()  # whole POSTs: the lean HTTP/1.1 pool
+        assert pool.opened == 1
     finally:
         await backend.aclose()
     assert backend._client.is_closed
@@ -98,7 +98,15 @@ async def test_idle_connections_are_dropped_before_uvicorns_keep_alive_ends(sim:
     backend = OpenAIBackend(sim.url)
     try:
         await backend.complete(BODY)
-        connector = backend._client._session.connector  # type: ignore[union-attr]
+        (pool,) = backend._client._origins.values()  # type: ignore[union-attr]
+        assert pool.keepalive_s < 5.0
+        for connection in pool._idle:  # as if it had waited past the keep-alive
+            connection.idle_since -= pool.keepalive_s
+        await backend.complete(BODY)
+        assert pool.opened == 2
+        async with backend._client.stream("POST", backend._request_url, content=b"{}", headers={}):
+            pass
+        connector = backend._client._session.connector  # type: ignore[union-attr]  # streams: aiohttp's
         assert connector._keepalive_timeout < 5.0  # type: ignore[union-attr]
     finally:
         await backend.aclose()

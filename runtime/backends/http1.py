@@ -1,0 +1,182 @@
+"""A keep-alive HTTP/1.1 connection pool for one origin, for whole (non-streamed) POSTs.
+
+Why: after the Valkey round trips were cut, aiohttp's client was the largest part of the dispatcher's
+CPU per call (a quarter of its samples at concurrency 16: request and response objects, header
+multidicts, timers, signals). A call here is one prepared write and httptools' C parser (llhttp, as
+uvicorn uses) on the answer. Streaming, proxies and everything else stay with aiohttp.
+
+Behaviour kept from aiohttp's pool: at most ``max_connections`` open, idle ones reused newest first
+and dropped after ``keepalive_s``, a request resent once only when it could not be written at all
+(the idle connection was already closing). Failures raise httpx's exception types, as the adapter
+expects of every client: ``ConnectError``/``ConnectTimeout`` before anything was sent, and
+``RemoteProtocolError`` once the request may have reached the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+
+import httptools
+import httpx
+
+from runtime.backends.body import BodyResponse
+
+__all__ = ["Http1Pool"]
+
+
+class _Connection(asyncio.Protocol):
+    """One connection; one exchange at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.answer: asyncio.Future[BodyResponse] | None = None
+        self.headers: dict[str, str] = {}
+        self.body: list[bytes] = []
+        self.closed = False
+        self.idle_since = 0.0
+        self.headers_done = False
+        self.keep_alive = False
+
+    # --- asyncio.Protocol --------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(httpx.RemoteProtocolError(f"malformed HTTP answer: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        body_until_close = self.headers_done and not (
+            "content-length" in self.headers or "transfer-encoding" in self.headers
+        )
+        if body_until_close:  # an answer that ends when the server closes (no length, not chunked)
+            self.on_message_complete()
+        else:
+            self._fail(
+                httpx.RemoteProtocolError(f"server disconnected without a whole answer: {exc or 'EOF'}")
+            )
+
+    # --- httptools callbacks -----------------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.keep_alive = self.parser.should_keep_alive()  # known only now: the parser resets after
+        answer = self.answer
+        if answer is not None and not answer.done():
+            answer.set_result(BodyResponse(self.parser.get_status_code(), self.headers, b"".join(self.body)))
+        self.answer = None
+
+    # --- use ---------------------------------------------------------------------------------------
+    def send(self, request: bytes) -> asyncio.Future[BodyResponse]:
+        assert self.transport is not None
+        self.headers, self.body, self.headers_done, self.keep_alive = {}, [], False, False
+        self.answer = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        return self.answer
+
+    def reusable(self) -> bool:
+        return not self.closed and self.keep_alive
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _fail(self, exc: Exception) -> None:
+        answer = self.answer
+        if answer is not None and not answer.done():
+            answer.set_exception(exc)
+        self.answer = None
+        self.close()
+
+
+class Http1Pool:
+    """``await post(path, head, content)``: the whole answer of one POST to this origin."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None,
+        max_connections: int,
+        keepalive_s: float,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.ssl_context = ssl_context
+        self.keepalive_s = keepalive_s
+        self._idle: list[_Connection] = []
+        self._slots = asyncio.Semaphore(max_connections)
+        self.opened = 0  # connections opened so far
+
+    def __repr__(self) -> str:
+        scheme = "https" if self.ssl_context else "http"
+        return f"<Http1Pool {scheme}://{self.host}:{self.port} idle={len(self._idle)} opened={self.opened}>"
+
+    async def post(self, request: bytes, *, connect_timeout_s: float | None) -> BodyResponse:
+        """Sends ``request`` (a whole HTTP/1.1 request) and returns the answer."""
+        async with self._slots:
+            for _ in range(2):
+                connection = self._take_idle() or await self._open(connect_timeout_s)
+                if connection.closed:  # closed by the server between the take and now: never sent
+                    continue
+                try:
+                    answer = await connection.send(request)
+                except BaseException:  # cut (timeout, cancel) or failed: the connection's state is unknown
+                    connection.close()
+                    raise
+                if connection.reusable():
+                    connection.idle_since = time.monotonic()
+                    self._idle.append(connection)
+                else:
+                    connection.close()
+                return answer
+        raise httpx.RemoteProtocolError(f"{self!r}: the server closed two connections before the request")
+
+    def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
+    def _take_idle(self) -> _Connection | None:
+        now = time.monotonic()
+        while self._idle:
+            connection = self._idle.pop()
+            if not connection.closed and now - connection.idle_since < self.keepalive_s:
+                return connection
+            connection.close()
+        return None
+
+    async def _open(self, connect_timeout_s: float | None) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(connect_timeout_s):
+                _, connection = await loop.create_connection(
+                    _Connection,
+                    self.host,
+                    self.port,
+                    ssl=self.ssl_context,
+                    server_hostname=self.host if self.ssl_context else None,
+                )
+        except TimeoutError as exc:
+            raise httpx.ConnectTimeout(
+                f"no connection to {self.host}:{self.port} in {connect_timeout_s}s"
+            ) from exc
+        except OSError as exc:
+            raise httpx.ConnectError(f"could not connect to {self.host}:{self.port}: {exc}") from exc
+        self.opened += 1
+        return connection
