@@ -47,6 +47,9 @@ async def main(url: str, prefix: str, group_id: str, concurrency: int, dispatche
                         "claim_lost": stats.claim_lost,
                         "turn_busy": stats.turn_busy,
                         "wake_tokens": dispatcher.waiter.tokens,
+                        "rounds": stats.rounds,
+                        "launched": sum(stats.launched_by_pool.values()),
+                        "skips": {f"{pool}:{reason}": n for (pool, reason), n in stats.skips.items()},
                     }
                 )
             )

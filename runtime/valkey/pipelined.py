@@ -35,6 +35,7 @@ __all__ = ["PipelinedConnection", "Target"]
 
 Command = Sequence[Any]
 _NOT_YET = object()  # hiredis' answer while a reply is still incomplete
+OUTBOX_BATCHES = 16  # batches held for one write at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +120,7 @@ class _Protocol(asyncio.Protocol):
         """Writes what this loop turn's batches queued, in one system call: on loopback a write also
         pays for delivering it to Valkey, the largest single cost of a batch (py-spy, issue 13)."""
         outbox, self.outbox = self.outbox, []
-        if self.transport is not None and not self.transport.is_closing():
+        if outbox and self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(outbox))
 
     def data_received(self, data: bytes) -> None:
@@ -175,10 +176,14 @@ class PipelinedConnection:
         payload = b"".join([_packed(command) for command in commands])  # refused before anything is sent
         future: asyncio.Future[list[Any]] = self._loop.create_future()
         self.waiting.append(_Batch(future, len(commands)))
-        # Written once per loop turn: every batch sent in this turn leaves in the same write.
+        # Written once per loop turn: every batch sent in this turn leaves in the same write. A turn
+        # that sends many (a producer answering a burst of replies with new requests) writes every
+        # OUTBOX_BATCHES of them at once: Valkey can start on the first before the turn ends.
         if not protocol.outbox:
             self._loop.call_soon(protocol.flush)
         protocol.outbox.append(payload)
+        if len(protocol.outbox) >= OUTBOX_BATCHES:
+            protocol.flush()
         return future
 
     def lost(self, protocol: _Protocol | None, exc: Exception) -> None:

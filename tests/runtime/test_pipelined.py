@@ -18,7 +18,7 @@ from redis.exceptions import DataError, NoScriptError, ResponseError
 from runtime.valkey import embedded
 from runtime.valkey.client import connect, dedicated_connection
 from runtime.valkey.lua import LuaScript, run_pipeline
-from runtime.valkey.pipelined import PipelinedConnection, Target
+from runtime.valkey.pipelined import OUTBOX_BATCHES, PipelinedConnection, Target
 
 pytest.importorskip("hiredis")
 
@@ -157,3 +157,16 @@ async def test_a_dedicated_connection_blocks_without_holding_the_shared_one(
     finally:
         await own.aclose()
         await client.aclose()
+
+
+async def test_a_turn_that_sends_many_batches_writes_them_in_groups_without_waiting_for_the_turn(
+    aredis,
+) -> None:
+    """Batches of one loop turn share a write, but at most OUTBOX_BATCHES wait for the turn's end:
+    a producer answering a burst of replies with new requests gets the first ones to Valkey early."""
+    conn = aredis.pipelined
+    await conn.execute([("PING",)])
+    protocol = conn.protocol
+    futures = [conn._send(protocol, [("ECHO", str(i))]) for i in range(OUTBOX_BATCHES * 2 + 1)]
+    assert len(protocol.outbox) == 1  # two groups already written, in this same turn
+    assert [(await future)[0] for future in futures] == [str(i).encode() for i in range(len(futures))]
