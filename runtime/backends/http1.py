@@ -121,6 +121,7 @@ class Http1Pool:
         self.keepalive_s = keepalive_s
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(max_connections)
+        self._closed = False
         self.opened = 0  # connections opened so far
 
     def __repr__(self) -> str:
@@ -139,7 +140,7 @@ class Http1Pool:
                 except BaseException:  # cut (timeout, cancel) or failed: the connection's state is unknown
                     connection.close()
                     raise
-                if connection.reusable():
+                if connection.reusable() and not self._closed:
                     connection.idle_since = time.monotonic()
                     self._idle.append(connection)
                 else:
@@ -148,6 +149,8 @@ class Http1Pool:
         raise httpx.RemoteProtocolError(f"{self!r}: the server closed two connections before the request")
 
     def close(self) -> None:
+        """Closes the idle connections; those in use close when their call ends."""
+        self._closed = True
         idle, self._idle = self._idle, []
         for connection in idle:
             connection.close()

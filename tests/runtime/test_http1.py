@@ -251,3 +251,14 @@ async def test_an_https_endpoint_is_called_over_tls(tmp_path) -> None:
         await untrusting.aclose()
         srv.close()
         await srv.wait_closed()
+
+
+async def test_a_call_in_flight_when_the_client_closes_ends_and_leaves_no_connection_open() -> None:
+    async with SimulatorServer(SimulatorConfig(latency_ms=200)) as sim:
+        backend = OpenAIBackend(sim.url)
+        call = asyncio.create_task(backend.complete(BODY))
+        await asyncio.sleep(0.05)  # written, the answer not yet back
+        (pool,) = backend._client._origins.values()  # type: ignore[union-attr]
+        await backend.aclose()
+        assert (await call).status_code == 200
+        assert pool._idle == []  # not kept for reuse by a closed client
