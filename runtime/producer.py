@@ -527,8 +527,8 @@ class Producer:
         in flight. (Each used to start its own: with 2,000 calls in flight, a burst of 2,000 HGETALL and
         MGET round trips every refresh interval, a sixth of the producer's CPU.)
 
-        The first caller reads in its own task, as before (no extra task: its commands take the pooled
-        connections in the same order); the others wait for its result or its error.
+        The first caller reads in its own task (no extra task per read); the others wait for its result
+        or its error.
         """
         while (pending := self._registry_read) is not None:
             try:
