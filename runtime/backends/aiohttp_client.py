@@ -37,6 +37,8 @@ from runtime.backends.http1 import Http1Pool
 KEEPALIVE_S = 4.0
 # Distinct timeouts converted to aiohttp's form and kept (callers pass a handful of fixed ones).
 TIMEOUTS_KEPT = 16
+# Distinct (URL, headers) request heads kept (an adapter calls one URL with fixed headers).
+ROUTES_KEPT = 16
 
 
 def _never_sent(exc: BaseException) -> bool:
@@ -208,7 +210,7 @@ class AiohttpClient:
                 *(f"{k}: {v}" for k, v in headers.items()),
             ]
             route = (pool, ("\r\n".join(lines) + "\r\ncontent-length: ").encode("latin-1"))
-        if len(self._routes) >= TIMEOUTS_KEPT:
+        if len(self._routes) >= ROUTES_KEPT:
             self._routes.clear()
         self._routes[key] = route
         return route

@@ -60,8 +60,13 @@ def dedicated_connection(client: aioredis.Redis) -> PipelinedConnection | _Redis
     """A connection of the caller's own to the client's server, for blocking commands (BLPOP, BLMPOP):
     on a shared connection they would hold everyone behind them, and one broken mid-wait (a Valkey
     restart) must not be handed back to other commands. The caller closes it (``aclose``)."""
-    target = Target.of_pool(client.connection_pool) if HIREDIS_AVAILABLE else None
+    target = _pipelined_target(client.connection_pool)
     return PipelinedConnection(target) if target is not None else _RedisPyConnection(client)
+
+
+def _pipelined_target(pool: aioredis.ConnectionPool) -> Target | None:
+    """Where a :class:`PipelinedConnection` for the pool connects; None where it does not apply."""
+    return Target.of_pool(pool) if HIREDIS_AVAILABLE else None
 
 
 def connect(url: str, *, max_connections: int = 64, pool_timeout_s: float = 20.0) -> ValkeyClient:
@@ -75,7 +80,7 @@ def connect(url: str, *, max_connections: int = 64, pool_timeout_s: float = 20.0
     if HIREDIS_AVAILABLE:
         pool.connection_class = hiredis_packing(pool.connection_class)
     client = ValkeyClient(connection_pool=pool)
-    target = Target.of_pool(pool) if HIREDIS_AVAILABLE else None
+    target = _pipelined_target(pool)
     client.pipelined = PipelinedConnection(target) if target is not None else None
     return client
 

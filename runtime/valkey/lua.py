@@ -29,9 +29,6 @@ class Commands:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
 
-    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> None:
-        self.calls.append(("EVALSHA", sha, numkeys, *keys_and_args))
-
     def zcard(self, key: str) -> None:
         self.calls.append(("ZCARD", key))
 
@@ -48,8 +45,12 @@ class LuaScript:
     def __repr__(self) -> str:
         return f"<LuaScript {self.sha[:10]}>"
 
-    def queue(self, commands: Any, keys: Sequence[str], args: Sequence[Any]) -> None:
-        commands.evalsha(self.sha, len(keys), *keys, *args)
+    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
+        """The EVALSHA command that runs this script on ``keys`` and ``args``."""
+        return ("EVALSHA", self.sha, len(keys), *keys, *args)
+
+    def queue(self, commands: Commands, keys: Sequence[str], args: Sequence[Any]) -> None:
+        commands.calls.append(self.command(keys, args))
 
     def bind(self, client: aioredis.Redis) -> BoundScript:
         return BoundScript(self, client)
@@ -66,8 +67,7 @@ class BoundScript:
         self.client = client
 
     async def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
-        call = ("EVALSHA", self.script.sha, len(keys), *keys, *args)
-        [result] = await _run(self.client, [self.script], [call])
+        [result] = await _run(self.client, [self.script], [self.script.command(keys, args)])
         return result
 
 
