@@ -78,6 +78,15 @@ for i, group in ipairs(groups) do configs[i] = redis.call('GET', ARGV[1] .. grou
 return {flat, groups, configs}
 """
 )
+# KEYS: the pool's list and, when its group is known, the group's counters; ARGV: the envelope, the
+# counter's field. Removes the queued request and counts it; returns how many were removed.
+_WITHDRAW = LuaScript(
+    """
+local removed = redis.call('LREM', KEYS[1], 1, ARGV[1])
+if removed > 0 and KEYS[2] then redis.call('HINCRBY', KEYS[2], ARGV[2], 1) end
+return removed
+"""
+)
 REPLY_BATCH = 512  # most replies the pump takes per round trip
 _ADMIT_PUSH = LuaScript(ADMIT_PUSH)
 _propagator = TraceContextTextMapPropagator()
@@ -175,6 +184,7 @@ class Producer:
         self._push_script = _PUSH.bind(client)
         self._admit_script = _ADMIT_PUSH.bind(client)
         self._registry_script = _READ_REGISTRY.bind(client)
+        self._withdraw_script = _WITHDRAW.bind(client)
 
     def __repr__(self) -> str:
         mode = "direct" if self.direct_backend else "queued"
@@ -480,12 +490,12 @@ class Producer:
         self.stats.cancelled += 1
         group_id = self._registry.pools.get(pool_id)
         try:
-            removed = await self.client.lrem(self.keys.requests(pool_id), 1, raw)  # type: ignore[arg-type]
-            if not group_id:
-                return
-            if removed:
-                await self.client.hincrby(self.keys.counters(group_id), f"dropped:{Cancelled.error_type}", 1)
-            else:
+            # Taken out and counted in one script: nobody sees the queue without it and the count not yet.
+            counters = [self.keys.counters(group_id)] if group_id else []
+            removed = await self._withdraw_script(
+                keys=[self.keys.requests(pool_id), *counters], args=[raw, f"dropped:{Cancelled.error_type}"]
+            )
+            if group_id and not removed:
                 await self.client.publish(self.keys.cancel_channel(group_id), request_id.encode())
         except REDIS_ERRORS as exc:
             log.warning("producer %s could not withdraw request %s: %s", self.producer_id, request_id, exc)
