@@ -33,7 +33,8 @@ class ModelLister:
         if cached is not None and time.monotonic() - cached[0] < CACHE_S:
             return cached[1]
         headers = {}
-        api_key = self.secrets.get(group.api_key_env) if group and group.api_key_env else None
+        key_env = group.api_key_env_for(pool_id) if group is not None else ""
+        api_key = self.secrets.get(key_env) if key_env else None
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
         url = strip_userinfo(endpoint).rstrip("/") + "/models"

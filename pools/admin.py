@@ -327,6 +327,8 @@ class BackendAdmin(admin.ModelAdmin):
                     "max_waiting",
                     "max_kv_cache_usage",
                     "metrics_max_age_s",
+                    "metrics_timeout_s",
+                    "metrics_max_bytes",
                 )
             },
         ),

@@ -91,6 +91,17 @@ class Backend(models.Model):
         default=1.0,
         help_text="Older metrics are stale: gating falls back to max in flight alone.",
     )
+    metrics_timeout_s = models.FloatField(
+        "metrics timeout (s)",
+        default=1.0,
+        help_text="Time budget of one whole scrape of the metrics, from connecting to the last byte; "
+        "a slower scrape counts as unreachable.",
+    )
+    metrics_max_bytes = models.PositiveIntegerField(
+        "metrics max size (bytes)",
+        default=1 << 20,
+        help_text="A larger metrics body is refused unread (a vLLM or SGLang server sends a few dozen KB).",
+    )
     breaker_failures = models.PositiveIntegerField(
         "breaker: failures to open",
         default=5,
@@ -100,7 +111,10 @@ class Backend(models.Model):
         "breaker: open for (s)", default=10.0, help_text="How long calls are held before a probe."
     )
     breaker_probes = models.PositiveIntegerField(
-        "breaker: probes", default=1, help_text="Successful probes (one at a time, fleet-wide) that close it."
+        "breaker: probes",
+        default=1,
+        help_text="Calls let through at once, fleet-wide, once the open time is over; when all of them "
+        "succeed the breaker closes, when one fails it opens again.",
     )
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -126,6 +126,8 @@ def backend_value_errors(values: Mapping[str, Any]) -> dict[str, str]:
     below("timeout_s", 0, "The call timeout must be more than 0 seconds.", inclusive=False)
     below("connect_timeout_s", 0, "The connect timeout must be more than 0 seconds.", inclusive=False)
     below("metrics_max_age_s", 0, "Metrics max age must be more than 0 seconds.", inclusive=False)
+    below("metrics_timeout_s", 0, "The metrics timeout must be more than 0 seconds.", inclusive=False)
+    below("metrics_max_bytes", 1024, "The metrics max size must be at least 1024 bytes.")
     below("breaker_failures", 1, "The breaker needs at least 1 failure to open.")
     below("breaker_open_s", 0, "The breaker's open time must be more than 0 seconds.", inclusive=False)
     below("breaker_probes", 1, "The breaker needs at least 1 probe to close again.")

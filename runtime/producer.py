@@ -510,8 +510,17 @@ class Producer:
             return None
         if self._backends is None:
             self._backends = BackendPool()
-        api_key = self.secrets.get(group.api_key_env) if group.api_key_env else None
-        return self._backends.get(group.endpoint_for(pool_id), api_key)
+        key_env = group.api_key_env_for(pool_id)
+        api_key = self.secrets.get(key_env) if key_env else None
+        route = group.route(pool_id)
+        if route.backend is None:
+            return self._backends.get(route.endpoint, api_key)
+        return self._backends.get(
+            route.endpoint,
+            api_key,
+            timeout_s=route.backend.timeout_s,
+            connect_timeout_s=route.backend.connect_timeout_s,
+        )
 
     async def pool_group(self, pool_id: str) -> GroupConfig | None:
         """The published configuration of the group serving ``pool_id``; UnknownPool if no group has it.

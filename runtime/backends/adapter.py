@@ -363,21 +363,36 @@ class BackendPool:
         self._api_keys = dict(api_keys or {})
         self._backend_kwargs = backend_kwargs
         self._clients: dict[str, EndpointClient] = {}
-        self._backends: dict[tuple[str, str | None], OpenAIBackend] = {}
+        self._backends: dict[tuple[str, str | None, float | None, float | None], OpenAIBackend] = {}
 
-    def get(self, base_url: str, api_key: str | None = None) -> OpenAIBackend:
-        """The backend for ``base_url``; the key defaults to ``api_keys[base_url]``, then URL userinfo."""
+    def get(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout_s: float | None = None,
+        connect_timeout_s: float | None = None,
+    ) -> OpenAIBackend:
+        """The backend for ``base_url``; the key defaults to ``api_keys[base_url]``, then URL userinfo.
+        ``timeout_s`` / ``connect_timeout_s`` are a backend row's own (None: the pool's defaults); calls
+        with other timeouts still share the endpoint's connections."""
         if api_key is None:
             api_key = self._api_keys.get(base_url)
-        backend = self._backends.get((base_url, api_key))
+        wanted = (base_url, api_key, timeout_s, connect_timeout_s)
+        backend = self._backends.get(wanted)
         if backend is not None:
             return backend
         endpoint = _chat_url(base_url)
         client = self._clients.get(endpoint)
         if client is None:
             client = self._clients[endpoint] = make_client(**self._client_kwargs())
-        backend = OpenAIBackend(base_url, api_key=api_key, client=client, **self._backend_only_kwargs())
-        self._backends[(base_url, api_key)] = backend
+        options = self._backend_only_kwargs()
+        if timeout_s is not None:
+            options["timeout_s"] = timeout_s
+        if connect_timeout_s is not None:
+            options["connect_timeout_s"] = connect_timeout_s
+        backend = OpenAIBackend(base_url, api_key=api_key, client=client, **options)
+        self._backends[wanted] = backend
         return backend
 
     def _client_kwargs(self) -> dict[str, Any]:

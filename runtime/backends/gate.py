@@ -16,19 +16,25 @@ a scrape says it has room again.
     limit = min(limit, in_flight_at_scrape + max_waiting - waiting)   fresh metrics
     limit = min(limit, in_flight_at_scrape)                      fresh metrics, KV cache over its limit
 
-Stale (older than ``metrics_max_age_s``) or failed scrapes fall back to ``max_in_flight`` alone, and
-the decision says so (``metrics`` is ``"stale"`` or ``"unreachable"``) for the dashboard.
+Stale (older than ``metrics_max_age_s``), failed or refused scrapes fall back to ``max_in_flight``
+alone, and the decision says so (``metrics`` is ``"stale"``, ``"unreachable"`` or ``"refused"``) for
+the dashboard.
+
+Total: the load comes from Valkey, so its fields may hold anything JSON can; a load that breaks
+:func:`~runtime.backends.metrics.load_problem`'s rules is refused, never computed with.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from runtime.backends.metrics import BackendLoad
+from runtime.backends.metrics import BackendLoad, load_problem
 
 __all__ = [
     "METRICS_FRESH",
     "METRICS_NONE",
+    "METRICS_REFUSED",
     "METRICS_STALE",
     "METRICS_UNREACHABLE",
     "SKIP_BACKEND_CAP",
@@ -44,6 +50,7 @@ SKIP_BACKEND_CAP = "backend_cap"  # the backend's max_in_flight is reached acros
 METRICS_FRESH = "fresh"
 METRICS_STALE = "stale"
 METRICS_UNREACHABLE = "unreachable"
+METRICS_REFUSED = "refused"  # the backend answered with metrics that cannot be used (the load says why)
 METRICS_NONE = "none"  # kind "openai": the backend exports no load metrics
 
 
@@ -87,15 +94,7 @@ class GateDecision:
 def gate(settings: GateSettings, load: BackendLoad | None, *, in_flight: int, now: float) -> GateDecision:
     """The backend's in-flight limit now, and why nothing may launch when it is reached."""
     cap = settings.max_in_flight
-    age = None if load is None else max(0.0, now - load.scraped_at)
-    if not settings.has_metrics:
-        status = METRICS_NONE
-    elif load is None or age is None or not load.ok:
-        status = METRICS_UNREACHABLE
-    elif age > settings.metrics_max_age_s:
-        status = METRICS_STALE
-    else:
-        status = METRICS_FRESH
+    status, age = metrics_status(settings, load, now)
     load_limit = cap
     if status == METRICS_FRESH and load is not None:
         load_limit = load.in_flight_at_scrape + settings.max_waiting - load.waiting
@@ -107,3 +106,20 @@ def gate(settings: GateSettings, load: BackendLoad | None, *, in_flight: int, no
     if in_flight >= limit:
         reason = SKIP_BACKEND_SATURATED if load_limit < cap else SKIP_BACKEND_CAP
     return GateDecision(limit=limit, reason=reason, metrics=status, age_s=age)
+
+
+def metrics_status(settings: GateSettings, load: BackendLoad | None, now: float) -> tuple[str, float | None]:
+    """How the load is known (fresh, stale, unreachable, refused or none) and its age."""
+    age = None
+    if load is not None and load_problem(load) is None:
+        age = now - load.scraped_at
+        age = max(0.0, age) if math.isfinite(age) else None
+    if not settings.has_metrics:
+        return METRICS_NONE, age
+    if load is None:
+        return METRICS_UNREACHABLE, age
+    if not load.ok:
+        return (METRICS_REFUSED if load.refused is True else METRICS_UNREACHABLE), age
+    if age is None:
+        return METRICS_REFUSED, age
+    return (METRICS_STALE if age > settings.metrics_max_age_s else METRICS_FRESH), age

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.backends.breaker import CLOSED, HALF_OPEN, Breaker, BreakerState, decode_state
-from runtime.backends.gate import METRICS_FRESH, METRICS_NONE, METRICS_STALE, gate
-from runtime.backends.metrics import BackendLoad
+from runtime.backends.gate import METRICS_FRESH, METRICS_NONE, METRICS_REFUSED, METRICS_STALE, gate
+from runtime.backends.metrics import METRIC_NAMES, BackendLoad, load_problem
 from runtime.errors import MalformedEnvelope
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.keys import KeySpace
@@ -32,14 +32,23 @@ class BackendStatus:
     in_flight: int  # ours, across the fleet
     limit: int  # what the gate allows in flight now
     held: str  # "" while there is room, else the skip reason (backend_saturated / backend_cap)
-    metrics: str  # fresh / stale / unreachable / none
+    metrics: str  # fresh / stale / unreachable / refused / none
     metrics_age_s: float | None
     running: int | None
     waiting: int | None
     kv_usage: float | None
-    scrape_error: str
+    scrape_error: str  # why the metrics are unreachable or refused
     breaker: str  # closed / open / half_open
     breaker_trips: int
+    kv_metric: str = ""  # the gauge the KV-cache usage was read from
+
+    @property
+    def kv_metric_note(self) -> str:
+        """Names the KV-cache gauge read when it is not the kind's current one (an older server)."""
+        names = METRIC_NAMES.get(self.kind)
+        if not self.kv_metric or names is None or self.kv_metric == names.kv_usage[0]:
+            return ""
+        return f"KV-cache usage read from {self.kv_metric} (older server)"
 
     @property
     def breaker_words(self) -> str:
@@ -48,19 +57,22 @@ class BackendStatus:
     def metrics_words(self) -> str:
         if self.metrics == METRICS_NONE:
             return "no load metrics (max in flight only)"
+        note = f" ({self.kv_metric_note})" if self.kv_metric_note else ""
         if self.metrics == METRICS_FRESH:
-            return f"metrics {self.metrics_age_s or 0:.1f}s old"
+            return f"metrics {self.metrics_age_s or 0:.1f}s old{note}"
         if self.metrics == METRICS_STALE:
-            return f"metrics stale ({self.metrics_age_s or 0:.1f}s old): max in flight only"
+            return f"metrics stale ({self.metrics_age_s or 0:.1f}s old){note}: max in flight only"
         why = f": {self.scrape_error}" if self.scrape_error else ""
-        return f"metrics unreachable{why}: max in flight only"
+        word = "refused" if self.metrics == METRICS_REFUSED else "unreachable"
+        return f"metrics {word}{why}: max in flight only"
 
     def describe(self) -> str:
         """One line for the admin's list and form."""
         parts = [f"{self.in_flight}/{self.max_in_flight} in flight from us"]
         if self.running is not None:
+            kv = f" ({self.kv_metric})" if self.kv_metric and not self.kv_metric_note else ""
             parts.append(
-                f"running {self.running}, waiting {self.waiting}, KV {100 * (self.kv_usage or 0):.0f}%"
+                f"running {self.running}, waiting {self.waiting}, KV {100 * (self.kv_usage or 0):.0f}%{kv}"
             )
         parts.append(self.metrics_words())
         parts.append(f"breaker {self.breaker_words}")
@@ -83,8 +95,8 @@ def status_from_replies(config: BackendConfig, replies: list[Any], now: float) -
     if raw_load:
         try:
             load = BackendLoad.decode(raw_load)
-        except MalformedEnvelope:
-            load = None
+        except MalformedEnvelope as exc:  # refused, and said why, like a bad value
+            load = BackendLoad(config.backend_id, now, error=str(exc), refused=True)
     try:
         breaker = decode_state(raw_breaker)
     except ValueError:
@@ -99,7 +111,8 @@ def backend_status(
     mode = breaker.mode
     if mode != CLOSED and Breaker(config.breaker_policy()).blocked(breaker, now) is None:
         mode = HALF_OPEN  # open time over: the next call is a probe
-    shown = load if load is not None and load.ok and config.scrapes else None
+    problem = load_problem(load) if load is not None and load.ok else None
+    shown = load if load is not None and load.ok and problem is None and config.scrapes else None
     return BackendStatus(
         backend_id=config.backend_id,
         name=config.name or config.backend_id,
@@ -113,7 +126,8 @@ def backend_status(
         running=shown.running if shown else None,
         waiting=shown.waiting if shown else None,
         kv_usage=shown.kv_usage if shown else None,
-        scrape_error=load.error if load is not None else "",
+        scrape_error=str(load.error or problem or "")[:300] if load is not None else "",
         breaker=mode,
         breaker_trips=breaker.trips,
+        kv_metric=shown.kv_metric if shown else "",
     )

@@ -195,7 +195,11 @@ class Dispatcher:
                     group.create_task(self._renew_leases()),
                     group.create_task(self._publish_snapshots()),
                     group.create_task(self._promote_retries()),
-                    group.create_task(self.fleet.scraper.run(self._finished, on_error=self._valkey_lost)),
+                    group.create_task(
+                        self.fleet.scraper.run(
+                            self._finished, on_error=self._valkey_lost, on_crash=self._internal_error
+                        )
+                    ),
                 ]
                 await self._schedule_loop()
                 await self._drain()

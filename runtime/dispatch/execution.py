@@ -233,7 +233,10 @@ class Executor:
                 raise Rejected(f"fabric group {config.group_id} has no endpoint for pool {envelope.pool_id}")
             key_env = row.api_key_env if row is not None else config.api_key_env
             api_key = self.secrets.get(key_env) if key_env else None
-            backend = self.backends.get(endpoint, api_key)
+            # The row's connect timeout tells a backend that cannot be reached from a slow one.
+            backend = self.backends.get(
+                endpoint, api_key, connect_timeout_s=row.connect_timeout_s if row is not None else None
+            )
             try:
                 call = (
                     self._stream(backend, envelope, timeout, summary)

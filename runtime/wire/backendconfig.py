@@ -31,6 +31,8 @@ class BackendConfig:
     max_waiting: int = 5
     max_kv_cache_usage: float = 0.8
     metrics_max_age_s: float = 1.0
+    metrics_timeout_s: float = 1.0  # a whole scrape, connect to last byte
+    metrics_max_bytes: int = 1 << 20  # a larger /metrics body is refused unread
     breaker_failures: int = 5
     breaker_open_s: float = 10.0
     breaker_probes: int = 1

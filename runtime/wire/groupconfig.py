@@ -125,6 +125,12 @@ class GroupConfig:
     def backend(self, backend_id: str) -> BackendConfig | None:
         return self._backends_by_id.get(backend_id)
 
+    def api_key_env_for(self, pool_id: str) -> str:
+        """The variable holding the key for the pool's calls: its backend's (even when that backend
+        needs none), else, for a bare-URL configuration, the group's."""
+        backend = self.route(pool_id).backend
+        return backend.api_key_env if backend is not None else self.api_key_env
+
     @property
     def durable(self) -> bool:
         return self.delivery == DURABLE
