@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from runtime.backends.gate import (
     METRICS_FRESH,
     METRICS_NONE,
+    METRICS_REFUSED,
     METRICS_STALE,
     METRICS_UNREACHABLE,
     SKIP_BACKEND_CAP,
@@ -105,3 +106,76 @@ def test_gate_invariants(cap: int, max_waiting: int, waiting: int, kv: float, at
             assert decision.limit <= at_scrape
     else:
         assert decision.limit == cap
+
+
+# --- issue 19: the load is read back from Valkey, so it may hold anything JSON can ---------------
+JSON_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=5),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+@given(
+    settings=st.builds(
+        GateSettings,
+        max_in_flight=st.integers(1, 10**6),
+        max_waiting=st.integers(0, 10**6),
+        max_kv_cache_usage=st.floats(0.01, 1),
+        metrics_max_age_s=st.floats(0.01, 1e6),
+        has_metrics=st.booleans(),
+    ),
+    shared=st.none()
+    | st.builds(
+        BackendLoad,
+        backend_id=st.text(max_size=3),
+        scraped_at=JSON_VALUES | st.floats(NOW - 10, NOW + 10),
+        running=JSON_VALUES,
+        waiting=JSON_VALUES,
+        kv_usage=JSON_VALUES,
+        in_flight_at_scrape=JSON_VALUES,
+        error=JSON_VALUES,
+        refused=JSON_VALUES,
+    ),
+    in_flight=st.integers(),
+    now=st.floats(allow_nan=True, allow_infinity=True) | st.just(NOW),
+)
+def test_gate_is_total(
+    settings: GateSettings, shared: BackendLoad | None, in_flight: int, now: float
+) -> None:
+    """No load value can make the gate raise (a NaN shared as null used to raise TypeError in every
+    round); whatever it holds, max_in_flight holds and the reason matches the limit."""
+    decision = gate(settings, shared, in_flight=in_flight, now=now)
+    assert type(decision.limit) is int and 0 <= decision.limit <= settings.max_in_flight
+    assert (decision.reason is None) == (in_flight < decision.limit)
+    if decision.metrics != METRICS_FRESH:
+        assert decision.limit == settings.max_in_flight
+    assert decision.age_s is None or decision.age_s >= 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"kv_usage": None},
+        {"kv_usage": float("nan")},
+        {"kv_usage": 3.0},
+        {"waiting": -1},
+        {"waiting": 2.5},
+        {"running": True},
+        {"in_flight_at_scrape": "4"},
+        {"scraped_at": float("inf")},
+    ],
+)
+def test_a_load_breaking_the_rules_is_refused(bad: dict[str, object]) -> None:
+    shared = BackendLoad(**{"backend_id": "b", "scraped_at": NOW, **bad})  # type: ignore[arg-type]
+    decision = gate(S, shared, in_flight=3, now=NOW)
+    assert (decision.limit, decision.reason, decision.metrics) == (16, None, METRICS_REFUSED)
+
+
+def test_a_refused_scrape_says_refused_and_an_unanswered_one_unreachable() -> None:
+    refused = BackendLoad("b", NOW, error="vllm:num_requests_running is inf", refused=True)
+    assert gate(S, refused, in_flight=0, now=NOW).metrics == METRICS_REFUSED
+    assert gate(S, load(error="ConnectError"), in_flight=0, now=NOW).metrics == METRICS_UNREACHABLE
