@@ -21,10 +21,12 @@ from runtime.backends.metrics import BackendLoad
 from runtime.backends.scraper import BackendScraper
 from runtime.backends.status import status_from_replies
 from runtime.producer import Producer
+from runtime.wire import groupconfig
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from runtime.wire.keys import KeySpace
 from simulator.server import SimulatorConfig, SimulatorServer
+from tests.runtime.dispatcher_proc import start_dispatcher, stop_dispatcher
 from tests.runtime.harness import CALL, running_dispatcher
 from tests.runtime.hostile_metrics import MetricsServer, body, drip, streamed, vllm_text
 from tests.waiting import wait_until
@@ -257,3 +259,35 @@ async def test_a_load_shared_with_null_values_never_stops_dispatching(
         b'{"backend_id":"b","scraped_at":1.0,"kv_usage":null}', None, 0], time.time())  # fmt: skip
     assert status.metrics == METRICS_REFUSED and "kv_usage is None, not a fraction" in status.scrape_error
     assert status.kv_usage is None and BreakerState().mode == status.breaker
+
+
+@pytest.mark.slow
+async def test_infinite_metrics_never_end_a_dispatcher_process(
+    aredis: aioredis.Redis, keys: KeySpace, valkey_url: str, sim: SimulatorServer
+) -> None:
+    """Before: +Inf raised OverflowError in the scraper's task, the dispatcher's task group ended and
+    rundispatcher exited; the next dispatcher took the scrape lease and died the same way."""
+    async with MetricsServer(body(vllm_text(running="+Inf"))) as server:
+        await groupconfig.publish(aredis, keys, gated_group(sim.url, server.url))
+        procs = {
+            f"d{i}": start_dispatcher(valkey_url, keys.prefix, "g", f"d{i}", concurrency=4) for i in range(2)
+        }
+        try:
+            await wait_until(lambda: server.scrapes >= 8, timeout=30, what="eight scrapes")
+            assert {d: p.poll() for d, p in procs.items()} == {"d0": None, "d1": None}
+            load = await shared(aredis, keys, "b")
+            assert load.refused and "vllm:num_requests_running is inf" in load.error
+            # The lease holder really dies: the other takes the lease over and lives on too.
+            holder = (await aredis.get(keys.backend_scrape_lease("b"))).decode()
+            procs[holder].kill()
+            procs[holder].wait(10)
+            seen = server.scrapes
+            await wait_until(lambda: server.scrapes >= seen + 8, timeout=30, what="the heir's scrapes")
+            [heir] = [p for d, p in procs.items() if d != holder]
+            assert heir.poll() is None
+            async with Producer(aredis, keys=keys) as producer:
+                result = await producer.submit(CALL, pool_id="default", timeout=20)
+            assert result.completion["choices"]  # gating fell back to max in flight, and said why
+        finally:
+            for proc in procs.values():
+                stop_dispatcher(proc)
