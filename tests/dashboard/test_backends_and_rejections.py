@@ -97,3 +97,27 @@ def test_stale_metrics_say_so(staff_client: Client, gated: Backend, sredis, keys
     sredis.set(keys.backend_load("gpu"), BackendLoad("gpu", time.time() - 3, running=4, waiting=50).encode())
     page = staff_client.get("/fabric/g/").content.decode()
     assert "metrics stale" in page and "max in flight only" in page
+
+
+def test_refused_metrics_say_why_on_the_page_and_in_metrics(
+    staff_client: Client, gated: Backend, sredis, keys: KeySpace
+) -> None:
+    """Before: a NaN shared as null made the gate raise: the dashboard and /metrics answered 500."""
+    sredis.set(
+        keys.backend_load("gpu"), b'{"backend_id":"gpu","scraped_at":%f,"kv_usage":null}' % time.time()
+    )
+    response = staff_client.get("/fabric/g/")
+    assert response.status_code == 200
+    assert (
+        "metrics refused: the shared load&#x27;s kv_usage is None, not a fraction"
+        in response.content.decode()
+    )
+    response = staff_client.get("/metrics")
+    assert response.status_code == 200
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.content.decode())
+        for s in family.samples
+    }
+    assert samples[("llm_dispatch_backend_metrics_fresh", (("backend", "gpu"), ("metrics", "refused")))] == 0
+    assert samples[("llm_dispatch_backend_in_flight_limit", (("backend", "gpu"),))] == 6  # max in flight

@@ -36,6 +36,8 @@ GOOD = {
     "max_waiting": 5,
     "max_kv_cache_usage": 0.8,
     "metrics_max_age_s": 1,
+    "metrics_timeout_s": 1,
+    "metrics_max_bytes": 1048576,
     "breaker_failures": 5,
     "breaker_open_s": 10,
     "breaker_probes": 1,
@@ -63,6 +65,8 @@ def post(**changes: Any) -> dict[str, Any]:
         ({"max_waiting": -1}, "Ensure this value is greater than or equal to 0"),
         ({"metrics_max_age_s": 0}, "Metrics max age must be more than 0 seconds"),
         ({"timeout_s": 0}, "The call timeout must be more than 0 seconds"),
+        ({"metrics_timeout_s": 0}, "The metrics timeout must be more than 0 seconds"),
+        ({"metrics_max_bytes": 100}, "The metrics max size must be at least 1024 bytes"),
         ({"breaker_failures": 0}, "The breaker needs at least 1 failure to open"),
         ({"breaker_probes": 0}, "The breaker needs at least 1 probe to close again"),
         ({"breaker_open_s": -1}, "The breaker's open time must be more than 0 seconds"),
@@ -121,6 +125,34 @@ def test_admin_shows_live_load_next_to_the_settings(
     sredis.set(keys.backend_load("sim"), BackendLoad("sim", now - 5).encode())
     page = superuser_client.get("/admin/pools/backend/sim/change/").content.decode()
     assert re.search(r"metrics stale \(5\.\ds old\): max in flight only", page)
+
+
+def test_admin_says_why_metrics_are_refused(
+    superuser_client: Client, backend: Backend, sredis: redis.Redis, keys: KeySpace
+) -> None:
+    """Before: a NaN shared as null made the gate raise, and the backend list answered 500."""
+    now = time.time()
+    sredis.set(keys.backend_load("sim"), b'{"backend_id":"sim","scraped_at":%f,"kv_usage":null}' % now)
+    response = superuser_client.get("/admin/pools/backend/")
+    assert response.status_code == 200
+    assert (
+        "metrics refused: the shared load&#x27;s kv_usage is None, not a fraction"
+        in response.content.decode()
+    )
+    refused = BackendLoad(
+        "sim", now, error="vllm:num_requests_running is inf (not a finite number)", refused=True
+    )
+    sredis.set(keys.backend_load("sim"), refused.encode())
+    page = superuser_client.get("/admin/pools/backend/sim/change/").content.decode()
+    assert (
+        "metrics refused: vllm:num_requests_running is inf (not a finite number): max in flight only" in page
+    )
+    old = BackendLoad("sim", now, running=1, kv_usage=0.5, kv_metric="vllm:gpu_cache_usage_perc")
+    sredis.set(keys.backend_load("sim"), old.encode())
+    page = superuser_client.get("/admin/pools/backend/").content.decode()
+    assert "KV-cache usage read from vllm:gpu_cache_usage_perc (older server)" in page
+    page = superuser_client.get("/admin/pools/backend/sim/change/").content.decode()
+    assert "Time budget of one whole scrape" in page and "A larger metrics body is refused" in page
 
 
 def test_live_load_says_when_valkey_is_down(superuser_client: Client, backend: Backend, valkey_down) -> None:
