@@ -153,6 +153,8 @@ def test_admin_says_why_metrics_are_refused(
     assert "KV-cache usage read from vllm:gpu_cache_usage_perc (older server)" in page
     page = superuser_client.get("/admin/pools/backend/sim/change/").content.decode()
     assert "Time budget of one whole scrape" in page and "A larger metrics body is refused" in page
+    # N probes run at once (the breaker's half_open_probes); the help text said "one at a time".
+    assert "Calls let through at once, fleet-wide" in page and "one at a time" not in page
 
 
 def test_live_load_says_when_valkey_is_down(superuser_client: Client, backend: Backend, valkey_down) -> None:
