@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,6 +20,8 @@ from runtime.backends.gate import (
     gate,
 )
 from runtime.backends.metrics import BackendLoad
+from runtime.backends.status import status_from_replies
+from runtime.wire.backendconfig import BackendConfig
 
 S = GateSettings(max_in_flight=16, max_waiting=5, max_kv_cache_usage=0.8, metrics_max_age_s=1.0)
 NOW = 1000.0
@@ -179,3 +183,23 @@ def test_a_refused_scrape_says_refused_and_an_unanswered_one_unreachable() -> No
     refused = BackendLoad("b", NOW, error="vllm:num_requests_running is inf", refused=True)
     assert gate(S, refused, in_flight=0, now=NOW).metrics == METRICS_REFUSED
     assert gate(S, load(error="ConnectError"), in_flight=0, now=NOW).metrics == METRICS_UNREACHABLE
+
+
+LOAD_FIELDS = ("backend_id", "scraped_at", "running", "waiting", "kv_usage", "in_flight_at_scrape", "error",
+               "scrape_ms", "refused", "kv_metric")  # fmt: skip
+
+
+@given(
+    fields=st.dictionaries(st.sampled_from(LOAD_FIELDS) | st.text(max_size=3), JSON_VALUES, max_size=12),
+    raw=st.binary(max_size=20),
+)
+def test_any_shared_load_gives_a_status_and_its_words(fields: dict[str, object], raw: bytes) -> None:
+    """The admin list, the dashboard and /metrics answered 500 on a load shared with null: whatever the
+    key holds (any JSON object, any bytes), the status and its words come out, and say refused."""
+    config = BackendConfig("b", "http://gpu:8000/v1", max_in_flight=7)
+    for shared in (json.dumps(fields).encode(), raw):
+        status = status_from_replies(config, [shared, None, 2], NOW)
+        assert status.describe() and status.metrics_words()
+        assert 0 <= status.limit <= 7
+        if status.metrics != METRICS_FRESH and status.metrics != METRICS_STALE:
+            assert status.running is None and status.kv_usage is None
