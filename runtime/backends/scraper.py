@@ -205,7 +205,12 @@ class BackendScraper:
         timeout = httpx.Timeout(budget, connect=min(budget, backend.connect_timeout_s))
         # The budget bounds the whole scrape: httpx's own timeouts are per read, and a server
         # dripping a byte at a time would never trip them.
-        async with asyncio.timeout(budget), self._http.stream("GET", url, timeout=timeout) as response:
+        # Uncompressed: the cap then bounds what is read, not a gzip bomb's expansion.
+        headers = {"accept-encoding": "identity"}
+        async with (
+            asyncio.timeout(budget),
+            self._http.stream("GET", url, timeout=timeout, headers=headers) as response,
+        ):
             response.raise_for_status()
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > cap:
