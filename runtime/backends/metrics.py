@@ -74,6 +74,8 @@ METRIC_NAMES: dict[str, MetricNames] = {
     "sglang": MetricNames("sglang:num_running_reqs", "sglang:num_queue_reqs", ("sglang:token_usage",)),
 }
 
+_CURRENT_KV_NAMES = frozenset({"", *(names.kv_usage[0] for names in METRIC_NAMES.values())})
+
 # A sample line is short (name, a few labels, a value); a longer "line" is not a sample of ours.
 MAX_LINE = 64 * 1024
 
@@ -162,7 +164,15 @@ class BackendLoad:
         return not self.error
 
     def encode(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        # The fields added by issue 19 are left out at their usual values: a dispatcher of the previous
+        # release (during a rolling upgrade) then reads the load as before; it cannot read a refused
+        # one or an older server's KV gauge, and falls back to max_in_flight, as it did for those.
+        fields = asdict(self)
+        if not self.refused:
+            del fields["refused"]
+        if self.kv_metric in _CURRENT_KV_NAMES:
+            del fields["kv_metric"]
+        return orjson.dumps(fields)
 
     @classmethod
     def decode(cls, raw: bytes | str) -> BackendLoad:

@@ -129,5 +129,11 @@ def backend_status(
         scrape_error=str(load.error or problem or "")[:300] if load is not None else "",
         breaker=mode,
         breaker_trips=breaker.trips,
-        kv_metric=shown.kv_metric if shown else "",
+        kv_metric=(shown.kv_metric or _current_kv_name(config.kind)) if shown else "",
     )
+
+
+def _current_kv_name(kind: str) -> str:
+    """The KV-cache gauge read when the shared load names none (the kind's current name)."""
+    names = METRIC_NAMES.get(kind)
+    return names.kv_usage[0] if names is not None else ""

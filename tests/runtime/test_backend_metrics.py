@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -135,6 +137,18 @@ def test_fed_in_any_chunks_the_body_reads_the_same(cuts: list[int]) -> None:
     assert load_from_lines(lines, backend_id="b", scraped_at=10.0) == parse_load(
         VLLM, kind="vllm", backend_id="b", scraped_at=10.0
     )
+
+
+def test_a_usual_load_reads_in_the_previous_release() -> None:
+    """A dispatcher of the previous release builds the load from the fields it knows: the usual load
+    carries no others (it would refuse an unknown field, and fall back to max_in_flight)."""
+    load = parse_load(VLLM, kind="vllm", backend_id="b", scraped_at=10.0)
+    previous = {"backend_id", "scraped_at", "running", "waiting", "kv_usage", "in_flight_at_scrape", "error",
+                "scrape_ms"}  # fmt: skip
+    assert set(orjson.loads(load.encode())) == previous
+    assert BackendLoad.decode(load.encode()) == dataclasses.replace(load, kv_metric="")  # the usual name
+    old = parse_load(OLD_VLLM, kind="vllm", backend_id="b", scraped_at=10.0)
+    assert BackendLoad.decode(old.encode()).kv_metric == "vllm:gpu_cache_usage_perc"
 
 
 def test_load_round_trips_through_valkey_bytes() -> None:
