@@ -77,6 +77,7 @@ def test_backends_and_rejections_in_the_view_page_and_metrics(
 
     page = staff_client.get("/fabric/g/").content.decode()
     assert 'data-backend="gpu"' in page and "GPU box" in page and "failing (calls held)" in page
+    assert 'title="Read from vllm:kv_cache_usage_perc">50%' in page  # the KV gauge read
     assert "refused 2 (max_queued)" in page and " / max 2" in page
 
     text = staff_client.get("/metrics").content.decode()
