@@ -88,6 +88,7 @@ return removed
 """
 )
 REPLY_BATCH = 512  # most replies the pump takes per round trip
+REPLY_BLOCK_S = 1  # how long one BLMPOP of the pump waits for a first reply
 _ADMIT_PUSH = LuaScript(ADMIT_PUSH)
 _propagator = TraceContextTextMapPropagator()
 _T = TypeVar("_T")
@@ -617,7 +618,8 @@ class Producer:
             try:
                 # Up to a batch of replies per round trip: BLMPOP blocks for the first, takes the rest.
                 [popped] = await own.execute(
-                    [("BLMPOP", 1, 1, self._reply_key, "LEFT", "COUNT", REPLY_BATCH)]
+                    [("BLMPOP", REPLY_BLOCK_S, 1, self._reply_key, "LEFT", "COUNT", REPLY_BATCH)],
+                    block_s=REPLY_BLOCK_S,
                 )
                 if popped is None:
                     continue
