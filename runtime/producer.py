@@ -712,7 +712,8 @@ class SyncProducer:
             target=self._loop.run_forever, name="llm-dispatch-producer", daemon=True
         )
         self._thread.start()
-        self._client = connect(url)
+        settings = producer_kwargs.get("settings") or ProducerSettings()
+        self._client = connect(url, health_s=settings.valkey_health_s)
         self.producer = Producer(self._client, **producer_kwargs)
         self._run(self.producer.start())
 

@@ -163,3 +163,15 @@ async def test_a_silent_valkey_fails_the_round_and_the_pump_in_seconds_and_loses
     assert all(isinstance(r, CompletionResult) for r in results[len(before) :])  # traffic resumed
     assert producer.stats.timed_out == 0
     assert producer.stats.failed == len(refused) + len(outcomes)
+    # A refused submit may still have been queued (its push ran, the answer was cut off): its reply
+    # then arrives for nobody and is counted late, never delivered to another caller.
+    assert producer.stats.late_replies <= len(refused) + len(outcomes)
+
+
+def test_connect_gives_every_connection_the_health_check(valkey_url) -> None:
+    client = connect(valkey_url, health_s=1.5)
+    kwargs = client.connection_pool.connection_kwargs
+    assert (kwargs["socket_timeout"], kwargs["socket_keepalive"]) == (1.5, True)
+    assert client.pipelined is not None and client.pipelined.target.health_s == 1.5
+    own = dedicated_connection(client)
+    assert isinstance(own, PipelinedConnection) and own.target.health_s == 1.5
