@@ -24,6 +24,7 @@ from runtime.producer import CompletionResult, Producer
 from runtime.valkey import embedded
 from runtime.valkey.client import REDIS_ERRORS, connect, dedicated_connection
 from runtime.valkey.pipelined import PipelinedConnection, Target
+from runtime.wire.contract import Reply
 from tests.runtime.harness import one_pool_group, running_dispatcher, slow_call, wait_until
 
 pytest.importorskip("hiredis")
@@ -32,6 +33,7 @@ HEALTH_S = 1.0
 # The health check looks at the silence four times per HEALTH_S: a loss is found between HEALTH_S and
 # 1.25 HEALTH_S after the last answer; the rest is slack for a busy machine.
 DETECTED_WITHIN_S = 2.5 * HEALTH_S
+TRIALS = 8
 
 
 @contextlib.contextmanager
@@ -175,3 +177,45 @@ def test_connect_gives_every_connection_the_health_check(valkey_url) -> None:
     assert client.pipelined is not None and client.pipelined.target.health_s == 1.5
     own = dedicated_connection(client)
     assert isinstance(own, PipelinedConnection) and own.target.health_s == 1.5
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_replies_pushed_while_valkey_is_frozen_reach_the_producer_whose_pump_gave_up(
+    private_valkey, keys
+) -> None:
+    """The pump's last pop, left blocked on the connection it abandoned, is served when the server
+    resumes: it takes replies and answers into a socket nobody reads. Such replies must come again.
+
+    A reply written while Valkey is frozen (a dispatcher's FINISH) is run, on resume, before the server
+    notices that the pump's old connection is gone in about half the trials: several trials make the
+    loss near certain before the fix."""
+    client = connect(private_valkey.url, health_s=0.3)
+    finisher = PipelinedConnection(Target(port=private_valkey.port, health_s=30.0))  # a patient dispatcher
+    try:
+        async with Producer(client, keys=keys) as producer:
+            await finisher.execute([("PING",)])
+            for trial in range(TRIALS):
+                request_id = f"frozen-{trial}"
+                submit = asyncio.create_task(
+                    producer.submit(slow_call(0), pool_id="default", timeout=15, request_id=request_id)
+                )
+                await wait_until(lambda: client.llen(keys.requests("default")), what="the request queued")
+                await client.delete(keys.requests("default"))  # taken by the "dispatcher" (this test)
+                reply = Reply(request_id, "ok", completion={"id": request_id}).encode()
+                gave_up = producer.stats.pump_reconnects
+                with stopped(private_valkey):
+                    finish = asyncio.create_task(
+                        finisher.execute([("RPUSH", keys.replies(producer.producer_id), reply)])
+                    )
+                    await wait_until(
+                        lambda gave_up=gave_up: producer.stats.pump_reconnects > gave_up,
+                        timeout=5,
+                        what="the pump giving up on its connection",
+                    )
+                await finish
+                result = await submit
+                assert result.completion == {"id": request_id}
+    finally:
+        await finisher.aclose()
+        await client.aclose()
