@@ -26,14 +26,7 @@ def test_the_web_processs_valkey_reads_time_out_after_the_health_check(settings,
         connections.valkey_url.cache_clear()
 
 
-@pytest.mark.django_db
-def test_rundispatcher_refuses_a_health_check_that_is_not_positive(settings) -> None:
-    from pools.models import Backend, FabricGroup, Pool
-
-    backend = Backend.objects.create(backend_id="nowhere", base_url="http://127.0.0.1:9/v1", kind="openai",
-                                     load_gating=False)  # fmt: skip
-    group = FabricGroup.objects.create(group_id="g", name="G", total_concurrency=4, backend=backend)
-    Pool.objects.create(group=group, pool_id="p-health")
+def test_rundispatcher_refuses_a_health_check_that_is_not_positive(settings, group_g) -> None:
     settings.DISPATCH_VALKEY_HEALTH_S = 0
     with pytest.raises(CommandError, match="Valkey health check must be more than 0"):
         call_command("rundispatcher", "--group", "g", "--no-publish")
