@@ -30,3 +30,21 @@ def test_rundispatcher_refuses_a_health_check_that_is_not_positive(settings, gro
     settings.DISPATCH_VALKEY_HEALTH_S = 0
     with pytest.raises(CommandError, match="Valkey health check must be more than 0"):
         call_command("rundispatcher", "--group", "g", "--no-publish")
+
+
+def test_the_history_ingester_blocks_well_within_the_health_check(
+    settings, valkey_url, ch_url, history
+) -> None:
+    """Its blocking XREADGROUP shares the web client's socket_timeout: it must never run into it."""
+    from history.ingester import build_from_settings
+
+    connections.valkey_url.cache_clear()
+    settings.VALKEY_URL, settings.CLICKHOUSE_URL = valkey_url, ch_url
+    settings.DISPATCH_VALKEY_HEALTH_S = 0.4
+    try:
+        ingester = build_from_settings()
+        # An idle stream: the blocking read waits, then answers nothing, without running into a timeout.
+        assert ingester.step() == 0 and ingester.step() == 0
+        assert ingester.block_ms < 0.4 * 1000
+    finally:
+        connections.valkey_url.cache_clear()
