@@ -5,6 +5,10 @@ does not retry by default. After Valkey restarts, every idle connection in the p
 next ``group_add`` (a dashboard websocket's handshake) or ``BZPOPMIN`` (its receive loop) picks one,
 fails with ``ConnectionError`` and the handshake ends in HTTP 500. With a retry policy redis-py
 drops the dead connection and opens a fresh one instead, within the same command.
+
+A Valkey that stops answering without closing the socket (stopped, partitioned away) fails a command
+after ``DISPATCH_VALKEY_HEALTH_S`` beyond what it may block (the receive loop's BZPOPMIN waits
+``brpop_timeout``), instead of hanging a websocket's handshake or disconnect with it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 
 from channels_redis.core import RedisChannelLayer as _ChannelsRedisLayer
 from channels_redis.utils import create_pool
+from django.conf import settings
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -36,6 +41,8 @@ class RedisChannelLayer(_ChannelsRedisLayer):  # type: ignore[misc]
     def create_pool(self, index: int) -> Any:
         host = dict(self.hosts[index])
         host.setdefault("retry", Retry(RECONNECT_BACKOFF, RECONNECT_ATTEMPTS))
+        host.setdefault("socket_timeout", self.brpop_timeout + settings.DISPATCH_VALKEY_HEALTH_S)
+        host.setdefault("socket_keepalive", True)
         return create_pool(host)
 
     async def receive(self, channel: str) -> Any:

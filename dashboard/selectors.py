@@ -101,12 +101,15 @@ def _merge_pools(ordered: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _dispatcher_row(snap: Mapping[str, Any], now: float) -> dict[str, Any]:
+    age_s = max(0.0, now - float(snap.get("at", 0)))
     return {
         "dispatcher_id": snap.get("dispatcher_id", ""),
         "gateway_id": snap.get("gateway_id", ""),
         "up_since": snap.get("up_since"),
         "uptime_s": round(max(0.0, now - float(snap.get("up_since") or now)), 1),
-        "valkey_ok": bool(snap.get("valkey_ok", False)),
+        # Snapshots travel through Valkey, so a dispatcher cut off from it cannot say so: its last word
+        # stays "ok". One not heard from for longer than a few heartbeats cannot vouch for its link.
+        "valkey_ok": bool(snap.get("valkey_ok", False)) and age_s <= STALE_AFTER_S,
         "breakers": dict(snap.get("breakers") or {}),
         "stopping": bool(snap.get("stopping", False)),
         "in_flight": int(snap.get("in_flight", 0)),
@@ -119,7 +122,7 @@ def _dispatcher_row(snap: Mapping[str, Any], now: float) -> dict[str, Any]:
         "config_rejected": int(snap.get("config_rejected", 0)),
         "config_version": snap.get("config_version"),
         "at": snap.get("at"),
-        "age_s": round(max(0.0, now - float(snap.get("at", 0))), 1),
+        "age_s": round(age_s, 1),
     }
 
 

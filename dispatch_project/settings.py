@@ -39,6 +39,9 @@ DISPATCH_CONCURRENCY = env.int("DISPATCH_CONCURRENCY", default=64)
 DISPATCH_SHUTDOWN_GRACE_S = env.float("DISPATCH_SHUTDOWN_GRACE_S", default=30.0)
 DISPATCH_LEASE_S = env.float("DISPATCH_LEASE_S", default=15.0)
 DISPATCH_BACKEND_TIMEOUT_S = env.float("DISPATCH_BACKEND_TIMEOUT_S", default=120.0)
+# A Valkey that leaves a command unanswered this long (stopped, partitioned away) counts as lost: every
+# process (dispatchers, producers, the web) fails the command and reconnects instead of hanging.
+DISPATCH_VALKEY_HEALTH_S = env.float("DISPATCH_VALKEY_HEALTH_S", default=5.0)
 DISPATCH_COST_PER_IMAGE = env.int("DISPATCH_COST_PER_IMAGE", default=2)
 DISPATCH_COST_PER_PAGE = env.int("DISPATCH_COST_PER_PAGE", default=1)
 DISPATCH_COST_MAX = env.int("DISPATCH_COST_MAX", default=64)

@@ -294,6 +294,8 @@ def build_from_settings(**kwargs: Any) -> Ingester:
 
     client = connections.sync_client()
     kwargs.setdefault("consumer", f"{DEFAULT_CONSUMER}-{socket.gethostname()}")
+    # The client gives up on a read after DISPATCH_VALKEY_HEALTH_S: a blocking read stays well within it.
+    kwargs.setdefault("block_ms", min(500, int(settings.DISPATCH_VALKEY_HEALTH_S * 500)))
     return Ingester(
         client,
         history_client(),

@@ -23,9 +23,10 @@ def producer_id() -> str:
 
 
 def make_producer() -> Producer:
+    producer_config = producer_settings()
     return Producer(
-        connect(valkey_url()),
-        settings=producer_settings(),
+        connect(valkey_url(), health_s=producer_config.valkey_health_s),
+        settings=producer_config,
         keys=key_space(),
         producer_id=producer_id(),
         secrets=os.environ,

@@ -26,6 +26,7 @@ def dispatcher_settings(group_id: str, **overrides: Any) -> DispatcherSettings:
         "shutdown_grace_s": settings.DISPATCH_SHUTDOWN_GRACE_S,
         "lease_s": settings.DISPATCH_LEASE_S,
         "backend_timeout_s": settings.DISPATCH_BACKEND_TIMEOUT_S,
+        "valkey_health_s": settings.DISPATCH_VALKEY_HEALTH_S,
         "cost": cost_model(),
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
@@ -37,6 +38,7 @@ def producer_settings(**overrides: Any) -> ProducerSettings:
         "alive_ttl_s": settings.DISPATCH_PRODUCER_ALIVE_TTL_S,
         "alive_refresh_s": settings.DISPATCH_PRODUCER_ALIVE_REFRESH_S,
         "max_envelope_bytes": settings.DISPATCH_MAX_ENVELOPE_BYTES,
+        "valkey_health_s": settings.DISPATCH_VALKEY_HEALTH_S,
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     return ProducerSettings(**values)

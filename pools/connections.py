@@ -52,10 +52,14 @@ def sync_client() -> redis.Redis:
     Shared and thread-safe; ``close()`` on it only returns its connection to the pool (the pool is
     passed in, so redis-py does not tear it down), so callers may keep closing what they open.
     """
-    return _client_for(valkey_url())
+    return _client_for(valkey_url(), float(settings.DISPATCH_VALKEY_HEALTH_S))
 
 
 @functools.cache
-def _client_for(url: str) -> redis.Redis:
-    pool = redis.ConnectionPool.from_url(url, socket_timeout=5, socket_connect_timeout=2)
+def _client_for(url: str, health_s: float) -> redis.Redis:
+    # A Valkey that stops answering (stopped, partitioned away) fails a read after health_s: a view or
+    # the dashboard's refresh reports it as unreachable instead of hanging with it.
+    pool = redis.ConnectionPool.from_url(
+        url, socket_timeout=health_s, socket_connect_timeout=min(2.0, health_s), socket_keepalive=True
+    )
     return redis.Redis(connection_pool=pool)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from runtime.backends.breaker import BreakerPolicy
 from runtime.policy.cost import CostModel
+from runtime.valkey.pipelined import DEFAULT_HEALTH_S
 from runtime.wire import keys
 from runtime.wire.contract import DEFAULT_MAX_ENVELOPE_BYTES
 
@@ -26,6 +27,9 @@ class ProducerSettings:
     max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
     # How long the known-pool list is trusted before it is read again from Valkey.
     pool_registry_refresh_s: float = 2.0
+    # A Valkey that leaves a command unanswered this long (stopped, partitioned away) is lost: the
+    # caller gets the usual connection error and the connection is rebuilt (runtime.valkey.client).
+    valkey_health_s: float = DEFAULT_HEALTH_S
 
     def __post_init__(self) -> None:
         if self.alive_ttl_s <= 0 or self.alive_refresh_s <= 0:
@@ -37,6 +41,7 @@ class ProducerSettings:
             )
         if self.max_envelope_bytes < 1024:
             raise ValueError("max_envelope_bytes must be at least 1024")
+        _check_health(self.valkey_health_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +68,9 @@ class DispatcherSettings:
     snapshot_ttl_s: float = keys.SNAPSHOT_TTL_S
     cost: CostModel = field(default_factory=CostModel)
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+    # A Valkey that leaves a command unanswered this long is lost (see ProducerSettings): the round
+    # fails with the usual connection error, and the dashboard is told Valkey is unreachable.
+    valkey_health_s: float = DEFAULT_HEALTH_S
 
     def __post_init__(self) -> None:
         if not self.group_id:
@@ -73,6 +81,12 @@ class DispatcherSettings:
             raise ValueError("the in-flight lease must be longer than one second")
         if self.peek_depth < 1:
             raise ValueError("peek_depth must be at least 1")
+        _check_health(self.valkey_health_s)
+
+
+def _check_health(health_s: float) -> None:
+    if not health_s > 0:
+        raise ValueError(f"the Valkey health check must be more than 0 seconds (got {health_s!r})")
 
 
 def default_dispatcher_id() -> str:

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from redis.exceptions import RedisError
 
 from runtime import eventloop
 from runtime.backends.adapter import BackendPool, OpenAIBackend
@@ -60,7 +61,7 @@ from runtime.wire.contract import (
     decode_reply_item,
 )
 from runtime.wire.groupconfig import GroupConfig
-from runtime.wire.keys import DEFAULT_KEYS, KeySpace
+from runtime.wire.keys import DEFAULT_KEYS, REPLY_LIST_TTL_S, KeySpace
 
 log = logging.getLogger(__name__)
 _PUSH = LuaScript(PUSH)
@@ -88,6 +89,28 @@ return removed
 """
 )
 REPLY_BATCH = 512  # most replies the pump takes per round trip
+REPLY_BLOCK_S = 1  # how long one BLMOVE of the pump waits for a first reply
+# The pump's take: replies move from the reply list to its taken list and leave that only once
+# delivered, acknowledged with the next take. A pop is never answered into a dead connection: a Valkey
+# frozen mid-wait (a silent partition) serves the pump's abandoned BLMPOP when it resumes and sends the
+# replies into a socket nobody reads; moved, they are still there for the next take. The ack is fenced
+# by a sequence number, so a take replayed on resume trims nothing twice.
+# KEYS: reply list, taken list, ack key; ARGV: ack sequence, replies delivered since, batch, ttl ms.
+# Returns the taken list (undelivered replies first, in order). Sent as EVAL, source and all: the
+# pump's connection is its own, and a server restarted under it has no script cache to miss.
+_TAKE_REPLIES = """
+if tonumber(ARGV[1]) > tonumber(redis.call('GET', KEYS[3]) or '0') then
+  redis.call('LTRIM', KEYS[2], ARGV[2], -1)
+  redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[4])
+end
+local room = tonumber(ARGV[3]) - redis.call('LLEN', KEYS[2])
+if room > 0 then
+  local more = redis.call('LPOP', KEYS[1], room)
+  if more then redis.call('RPUSH', KEYS[2], unpack(more)) end
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return redis.call('LRANGE', KEYS[2], 0, -1)
+"""
 _ADMIT_PUSH = LuaScript(ADMIT_PUSH)
 _propagator = TraceContextTextMapPropagator()
 _T = TypeVar("_T")
@@ -230,7 +253,11 @@ class Producer:
             inbox.put_nowait(closed_reply)
         if self.direct_backend is None:
             with contextlib.suppress(*REDIS_ERRORS):
-                await self.client.delete(self._alive_key)
+                await self.client.delete(
+                    self._alive_key,
+                    self.keys.replies_taken(self.producer_id),
+                    self.keys.replies_acked(self.producer_id),
+                )
         if self._backends is not None:
             await self._backends.aclose()
 
@@ -622,17 +649,29 @@ class Producer:
 
     async def _pump(self, own: Any) -> None:
         backoff = Backoff(*PUMP_BACKOFF_S)
+        taken_key = self.keys.replies_taken(self.producer_id)
+        keys = [self._reply_key, taken_key, self.keys.replies_acked(self.producer_id)]
+        ttl_ms = int(REPLY_LIST_TTL_S * 1000)
+        # Above any sequence an earlier pump of the same producer_id acknowledged (a restarted process).
+        seq, delivered = time.time_ns() // 1000, 0
         while not self._closed:
             try:
-                # Up to a batch of replies per round trip: BLMPOP blocks for the first, takes the rest.
-                [popped] = await own.execute(
-                    [("BLMPOP", 1, 1, self._reply_key, "LEFT", "COUNT", REPLY_BATCH)]
+                # Up to a batch of replies per round trip: BLMOVE blocks for the first, the take moves the
+                # rest (it runs right after, on this connection) and acknowledges the last batch.
+                _, batch = await own.execute(
+                    [
+                        ("BLMOVE", self._reply_key, taken_key, "LEFT", "RIGHT", REPLY_BLOCK_S),
+                        ("EVAL", _TAKE_REPLIES, len(keys), *keys, seq, delivered, REPLY_BATCH, ttl_ms),
+                    ],
+                    block_s=REPLY_BLOCK_S,
                 )
-                if popped is None:
+                if isinstance(batch, Exception):
+                    raise batch  # an error reply (e.g. OOM): nothing taken, retried like a lost connection
+                seq, delivered = seq + 1, len(batch)
+                if not batch:
                     continue
-                batch: list[bytes | str] = popped[1]
                 backoff.reset()
-            except REDIS_ERRORS as exc:
+            except (*REDIS_ERRORS, RedisError) as exc:
                 self.stats.pump_reconnects += 1
                 pause = backoff.next()
                 log.warning(
@@ -719,7 +758,8 @@ class SyncProducer:
             target=self._loop.run_forever, name="llm-dispatch-producer", daemon=True
         )
         self._thread.start()
-        self._client = connect(url)
+        settings = producer_kwargs.get("settings") or ProducerSettings()
+        self._client = connect(url, health_s=settings.valkey_health_s)
         self.producer = Producer(self._client, **producer_kwargs)
         self._run(self.producer.start())
 

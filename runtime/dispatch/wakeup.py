@@ -109,7 +109,7 @@ class WakeWaiter:
             if not self.idle.is_set() or not keys:
                 continue
             try:
-                [token] = await own.execute([("BLPOP", *keys, WAKE_BLOCK_S)])
+                [token] = await own.execute([("BLPOP", *keys, WAKE_BLOCK_S)], block_s=WAKE_BLOCK_S)
             except REDIS_ERRORS as exc:
                 self.on_error(exc)
                 with contextlib.suppress(TimeoutError):

@@ -7,10 +7,17 @@ thousand requests in flight should queue its commands on a few connections inste
 Commands are serialized by hiredis in C when it is installed (redis-py does so for its sync client
 only): the asyncio client's pure-Python ``pack_command`` was ~20 % of the dispatcher's CPU per call,
 ~40 µs for a FINISH call against ~6 µs (bench/RESULTS.md, issue 13).
+
+Every connection gives up on a Valkey that stops answering without closing the socket (stopped,
+partitioned away) after ``health_s``: redis-py's through ``socket_timeout``, the pipelined one through
+its own watchdog, a blocking command only ``health_s`` after the time it may block. Callers then see
+redis-py's ``ConnectionError``/``TimeoutError`` (:data:`REDIS_ERRORS`) and the next command connects
+afresh, instead of waiting for TCP to give up, about two hours later.
 """
 
 from __future__ import annotations
 
+import asyncio
 from functools import cache
 from typing import Any
 
@@ -20,7 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.utils import HIREDIS_AVAILABLE
 
-from runtime.valkey.pipelined import PipelinedConnection, Target
+from runtime.valkey.pipelined import DEFAULT_HEALTH_S, PipelinedConnection, Target
 
 # What "Valkey is unreachable right now" looks like from redis-py: retry with backoff, never crash.
 REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
@@ -44,13 +51,24 @@ class _RedisPyConnection:
 
     def __init__(self, client: aioredis.Redis) -> None:
         kwargs = dict(client.connection_pool.connection_kwargs)
+        self.health_s = float(kwargs.get("socket_timeout") or DEFAULT_HEALTH_S)
+        # Timed per call instead (below): a blocking command may wait longer than socket_timeout.
+        kwargs["socket_timeout"] = None
         pool = aioredis.ConnectionPool(
             connection_class=client.connection_pool.connection_class, max_connections=1, **kwargs
         )
         self._client = aioredis.Redis(connection_pool=pool)
 
-    async def execute(self, commands: Any) -> list[Any]:
-        return [await self._client.execute_command(*command) for command in commands]
+    async def execute(self, commands: Any, *, block_s: float = 0.0) -> list[Any]:
+        answers = []
+        for command in commands:
+            try:
+                # redis-py drops a connection whose read is cancelled, so the next command reconnects.
+                async with asyncio.timeout(block_s + self.health_s):
+                    answers.append(await self._client.execute_command(*command))
+            except TimeoutError as exc:
+                raise RedisTimeoutError(f"Valkey did not answer {command[0]} in time") from exc
+        return answers
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -69,12 +87,17 @@ def _pipelined_target(pool: aioredis.ConnectionPool) -> Target | None:
     return Target.of_pool(pool) if HIREDIS_AVAILABLE else None
 
 
-def connect(url: str, *, max_connections: int = 64, pool_timeout_s: float = 20.0) -> ValkeyClient:
+def connect(
+    url: str, *, max_connections: int = 64, pool_timeout_s: float = 20.0, health_s: float = DEFAULT_HEALTH_S
+) -> ValkeyClient:
+    """The runtime's client of ``url``; a command Valkey leaves unanswered for ``health_s`` fails."""
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
         timeout=pool_timeout_s,
-        socket_connect_timeout=5.0,
+        socket_connect_timeout=min(5.0, health_s),
+        socket_timeout=health_s,
+        socket_keepalive=True,
         health_check_interval=15,
     )
     if HIREDIS_AVAILABLE:

@@ -14,6 +14,11 @@ Failures look like redis-py's: a lost or refused connection raises redis-py's ``
 every batch still waiting for answers (they may or may not have run, as with any client), and the next
 batch connects again. An error reply (NOSCRIPT, a script error) is returned in the batch's results as
 the exception redis-py would have raised, for the caller to inspect.
+
+A server that stops answering without closing the socket (stopped, partitioned away) is a loss too:
+while batches wait, Valkey must send something within ``Target.health_s`` (plus the time the head
+batch's blocking command may legitimately wait), else the connection is dropped as lost. Without
+this the waiting batches hung until TCP gave up, about two hours later.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import socket
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +42,9 @@ __all__ = ["PipelinedConnection", "Target"]
 Command = Sequence[Any]
 _NOT_YET = object()  # hiredis' answer while a reply is still incomplete
 OUTBOX_BATCHES = 16  # batches held for one write at most
+# How long waiting batches may go without a byte from Valkey where the client sets no socket_timeout.
+DEFAULT_HEALTH_S = 5.0
+HEALTH_CHECKS = 4  # silence is looked at this many times per health_s: found within 1.25 health_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +59,8 @@ class Target:
     password: str | None = None
     connect_timeout_s: float = 5.0
     encoding: str | None = None  # decode bulk strings as the client does (decode_responses)
+    # Waiting batches hear from Valkey within this (beyond a blocking command's own wait) or it is lost.
+    health_s: float = DEFAULT_HEALTH_S
 
     @classmethod
     def of_pool(cls, pool: Any) -> Target | None:
@@ -73,6 +84,7 @@ class Target:
             password=kwargs.get("password"),
             connect_timeout_s=kwargs.get("socket_connect_timeout") or 5.0,
             encoding=kwargs.get("encoding", "utf-8") if kwargs.get("decode_responses") else None,
+            health_s=kwargs.get("socket_timeout") or DEFAULT_HEALTH_S,
         )
 
 
@@ -91,12 +103,13 @@ def _packed(command: Command) -> bytes:
 class _Batch:
     """The answers one caller waits for, in the order its commands were written."""
 
-    __slots__ = ("future", "remaining", "results")
+    __slots__ = ("block_s", "future", "remaining", "results")
 
-    def __init__(self, future: asyncio.Future[list[Any]], count: int) -> None:
+    def __init__(self, future: asyncio.Future[list[Any]], count: int, block_s: float) -> None:
         self.future = future
         self.remaining = count
         self.results: list[Any] = []
+        self.block_s = block_s  # how long the server may hold its answer back (a blocking command)
 
 
 class _Protocol(asyncio.Protocol):
@@ -124,10 +137,12 @@ class _Protocol(asyncio.Protocol):
             self.transport.write(b"".join(outbox))
 
     def data_received(self, data: bytes) -> None:
-        if self.owner.protocol is not self:
+        owner = self.owner
+        if owner.protocol is not self:
             return
+        owner.quiet_since = owner.clock()  # one clock read per socket read, not per answer
         self.reader.feed(data)
-        waiting = self.owner.waiting
+        waiting = owner.waiting
         try:
             while (reply := self.reader.gets()) is not _NOT_YET:
                 batch = waiting[0]
@@ -156,26 +171,41 @@ class PipelinedConnection:
         self._lock: asyncio.Lock | None = None
         self._closed = False
         self.connects = 0  # connections opened so far (the first, and one after each loss)
+        self.silences = 0  # connections dropped because Valkey went quiet with batches waiting
+        # Since when waiting batches have heard nothing (the last byte read, or the first batch sent).
+        self.quiet_since = 0.0
+        self.clock: Callable[[], float] = time.monotonic  # the running loop's clock once bound to it
+        self._watchdog: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:
         where = self.target.unix_path or f"{self.target.host}:{self.target.port}"
         state = "open" if self.protocol is not None else "not connected"
         return f"<PipelinedConnection {where}/{self.target.db} {state} waiting={len(self.waiting)}>"
 
-    async def execute(self, commands: Sequence[Command]) -> list[Any]:
-        """Writes ``commands`` and returns their answers (error replies as redis-py's exceptions)."""
+    async def execute(self, commands: Sequence[Command], *, block_s: float = 0.0) -> list[Any]:
+        """Writes ``commands`` and returns their answers (error replies as redis-py's exceptions).
+
+        ``block_s``: how long a blocking command among them (BLPOP on a dedicated connection) may wait
+        in the server before it answers; silence is a loss only ``health_s`` beyond it.
+        """
         if not commands:
             return []
         protocol = self.protocol
         if protocol is None or self._loop is not asyncio.get_running_loop():
             protocol = await self._connected()
-        return await self._send(protocol, commands)
+        return await self._send(protocol, commands, block_s)
 
-    def _send(self, protocol: _Protocol, commands: Sequence[Command]) -> asyncio.Future[list[Any]]:
+    def _send(
+        self, protocol: _Protocol, commands: Sequence[Command], block_s: float = 0.0
+    ) -> asyncio.Future[list[Any]]:
         assert self._loop is not None and protocol.transport is not None
         payload = b"".join([_packed(command) for command in commands])  # refused before anything is sent
         future: asyncio.Future[list[Any]] = self._loop.create_future()
-        self.waiting.append(_Batch(future, len(commands)))
+        if not self.waiting:  # silence counts from now: an idle connection owes nobody an answer
+            self.quiet_since = self._loop.time()
+            if self._watchdog is None:
+                self._watchdog = self._loop.call_later(self._check_every(), self._check_silence)
+        self.waiting.append(_Batch(future, len(commands), block_s))
         # Written once per loop turn: every batch sent in this turn leaves in the same write. A turn
         # that sends many (a producer answering a burst of replies with new requests) writes every
         # OUTBOX_BATCHES of them at once: Valkey can start on the first before the turn ends.
@@ -186,6 +216,29 @@ class PipelinedConnection:
             protocol.flush()
         return future
 
+    def _check_every(self) -> float:
+        return self.target.health_s / HEALTH_CHECKS
+
+    def _check_silence(self) -> None:
+        """The watchdog, ticking while batches wait: a connection that has been silent for longer than
+        ``health_s`` past what its oldest batch may block is lost (Valkey stopped or partitioned away)."""
+        self._watchdog = None
+        if not self.waiting or self._loop is None:
+            return  # nothing owed; the next batch re-arms
+        allowed = self.target.health_s + self.waiting[0].block_s
+        silent_for = self._loop.time() - self.quiet_since
+        if silent_for > allowed:
+            self.silences += 1
+            self.lost(
+                self.protocol,
+                RedisConnectionError(
+                    f"Valkey sent nothing for {silent_for:.1f}s with answers owed "
+                    f"(health check {self.target.health_s:g}s): connection dropped"
+                ),
+            )
+            return
+        self._watchdog = self._loop.call_later(self._check_every(), self._check_silence)
+
     def lost(self, protocol: _Protocol | None, exc: Exception) -> None:
         """The connection of ``protocol`` is gone: every waiting batch fails with ``exc``, and the next
         batch connects again. A late notice from an older connection changes nothing."""
@@ -195,6 +248,9 @@ class PipelinedConnection:
         if protocol is not None and protocol.transport is not None:
             protocol.transport.abort()
         waiting, self.waiting = self.waiting, collections.deque()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         for batch in waiting:
             if not batch.future.done():
                 batch.future.set_exception(exc)
@@ -209,7 +265,7 @@ class PipelinedConnection:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # a client reused under another loop starts afresh there
             self.lost(self.protocol, RedisConnectionError("Valkey connection of another event loop"))
-            self._loop, self._lock = loop, asyncio.Lock()
+            self._loop, self._lock, self.clock = loop, asyncio.Lock(), loop.time
         assert self._lock is not None
         async with self._lock:  # one connect at a time; the callers behind it use its connection
             if self.protocol is None:

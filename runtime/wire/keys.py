@@ -50,6 +50,14 @@ class KeySpace:
         return f"{self.prefix}list:llm:dead:{pool_id}"
 
     # --- runtime bookkeeping -------------------------------------------------------------------
+    def replies_taken(self, producer_id: str) -> str:
+        """Replies a producer's pump took from its reply list and has not yet acknowledged as delivered."""
+        return f"{self.prefix}list:llm:replies:{producer_id}:taken"
+
+    def replies_acked(self, producer_id: str) -> str:
+        """The sequence number of the pump's last acknowledgement (a replayed one trims nothing twice)."""
+        return f"{self.prefix}key:llm:replies:{producer_id}:acked"
+
     def wake_list(self, pool_id: str) -> str:
         """Wake-up tokens of a pool: pushed with a request or a freed slot, BLPOPed by one idle dispatcher."""
         return f"{self.prefix}list:llm:wake:{pool_id}"

@@ -71,14 +71,7 @@ def test_rundispatcher_refuses_an_unknown_group_or_a_group_without_pools() -> No
         call_command("rundispatcher", "--group", "empty")
 
 
-@pytest.mark.django_db
-def test_rundispatcher_refuses_bad_settings(settings) -> None:
-    from pools.models import Backend, FabricGroup, Pool
-
-    backend = Backend.objects.create(backend_id="nowhere", base_url="http://127.0.0.1:9/v1", kind="openai",
-                                     load_gating=False)  # fmt: skip
-    group = FabricGroup.objects.create(group_id="g", name="G", total_concurrency=4, backend=backend)
-    Pool.objects.create(group=group, pool_id="p-bad-settings")
+def test_rundispatcher_refuses_bad_settings(group_g) -> None:
     with pytest.raises(CommandError, match="concurrency must be at least 1"):
         call_command("rundispatcher", "--group", "g", "--concurrency", "0", "--no-publish")
 

@@ -63,7 +63,8 @@ class Command(BaseCommand):
             service_name="llm-dispatch-producer",
             otlp=otlp_configured(os.environ),
         )
-        client = connect(valkey_url(), max_connections=32)
+        producer_config = producer_settings()
+        client = connect(valkey_url(), max_connections=32, health_s=producer_config.valkey_health_s)
         stats = LoadStats()
         until = time.monotonic() + duration
         stop = asyncio.Event()
@@ -72,7 +73,7 @@ class Command(BaseCommand):
             loop.add_signal_handler(sig, stop.set)
         try:
             async with Producer(
-                client, keys=key_space(), settings=producer_settings(), secrets=os.environ
+                client, keys=key_space(), settings=producer_config, secrets=os.environ
             ) as producer:
                 tasks = [
                     asyncio.create_task(

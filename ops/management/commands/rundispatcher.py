@@ -86,7 +86,9 @@ class Command(BaseCommand):
         eventloop.run(self._run(settings))
 
     async def _run(self, settings: DispatcherSettings) -> None:
-        client = connect(valkey_url(), max_connections=max(16, settings.concurrency + 8))
+        client = connect(
+            valkey_url(), max_connections=max(16, settings.concurrency + 8), health_s=settings.valkey_health_s
+        )
         tracing = _start_tracing()
         try:
             dispatcher = OperatorDispatcher(
