@@ -13,10 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import openai
+import orjson
 import pytest
 
 from bench.litellm_proxy import MASTER_KEY, litellm_binary, litellm_proxy, openai_model
-from tests.ingress.stack import Stack
+from tests.ingress.stack import GROUP, Stack
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -74,10 +75,19 @@ def test_a_streamed_completion_through_litellm(proxy: str) -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
 
 
+def dispatchers_hold(stack: Stack, pool_id: str) -> bool:
+    """Every dispatcher of the group has applied the pause of ``pool_id`` (its latest snapshot says so)."""
+    with stack.valkey() as client:
+        snapshots = [client.get(key) for key in client.keys(stack.keys.snapshot_pattern(GROUP))]
+    pools = [p for raw in snapshots if raw for p in orjson.loads(raw)["pools"] if p["pool_id"] == pool_id]
+    return bool(pools) and all(p["paused"] for p in pools)
+
+
 async def test_a_deployment_s_pool_header_queues_its_calls_in_that_pool(stack: Stack, proxy: str) -> None:
     """Paused, pool iron keeps the call LiteLLM sent in its list; resumed, the call completes."""
     stack.set_paused(True, "iron")
     try:
+        await wait_until(lambda: dispatchers_hold(stack, "iron"), 10, interval=0.1, what="the pause applied")
         async with openai.AsyncOpenAI(base_url=proxy, api_key=MASTER_KEY) as api:
             call = asyncio.create_task(api.chat.completions.create(model="sim-iron", messages=HELLO))  # type: ignore[arg-type]
             await wait_until(
