@@ -15,31 +15,20 @@ Middle-tier CPU per call: the dispatcher process plus Valkey (``INFO cpu``) for 
 proxy process and its children for LiteLLM, each as a CPU-time delta over the measured calls.
 
 LiteLLM is installed on first use into its own virtual environment (``var/litellm-venv``, never a
-dependency of the project) with ``pip install 'litellm[proxy]'``; when that fails the LiteLLM rows
-are skipped with the reason. Its set-up is its defaults plus what it requires or we must say: a master
-key (it refuses unauthenticated calls without one), logging at error level (``LITELLM_LOG=ERROR`` and a
-logging config that keeps uvicorn's access log quiet, as our dispatcher logs no line per call), and the
-local model-cost map (this machine has no route to the Internet, where LiteLLM fetches it by default).
+dependency of the project; see ``bench/litellm_proxy.py``, which also sets it up); when that fails the
+LiteLLM rows are skipped with the reason.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import httpx
-
 from bench._common import (
-    ROOT,
     client,
     closed_loop,
     cpu_seconds,
@@ -54,125 +43,22 @@ from bench._common import (
     run_benchmark,
     scratch,
     simulator_proc,
-    stop_proc,
     table,
     tree_cpu_seconds,
     valkey_cpu_ms,
 )
+from bench.litellm_proxy import MASTER_KEY, litellm_binary, litellm_proxy, litellm_version, openai_model
 from runtime.backends.adapter import OpenAIBackend
 from runtime.producer import Producer
-from runtime.valkey import embedded
 from runtime.wire.groupconfig import PoolConfig
 
 LEVELS = (1, 16, 64)
 SLOTS = 64
-VENV = ROOT / "var" / "litellm-venv"
-MASTER_KEY = "sk-bench-master"
 PATHS = ("direct", "queued", "litellm")
 
 
 def calls_at(level: int, quick: bool) -> int:
     return {1: 60, 16: 320, 64: 640}[level] if quick else {1: 400, 16: 1600, 64: 2560}[level]
-
-
-def litellm_binary(install: bool) -> tuple[Path | None, str]:
-    """``var/litellm-venv/bin/litellm``, installing it on first use; (None, why) when it cannot be."""
-    binary = VENV / "bin" / "litellm"
-    if binary.exists():
-        return binary, "installed"
-    if not install:
-        return None, f"LiteLLM skipped: not installed in {VENV} (a run without --quick installs it)"
-    print(f"# installing litellm[proxy] into {VENV} (first use; a few minutes)", flush=True)
-    steps = [
-        [sys.executable, "-m", "venv", str(VENV)],
-        [str(VENV / "bin" / "pip"), "install", "--quiet", "litellm[proxy]"],
-    ]
-    for step in steps:
-        done = subprocess.run(step, capture_output=True, text=True)
-        if done.returncode != 0:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
-            return None, f"could not install litellm[proxy] ({' '.join(step[-2:])}): {tail[0]}"
-    return (binary, "installed now") if binary.exists() else (None, "pip installed no litellm command")
-
-
-def litellm_version() -> str:
-    done = subprocess.run(
-        [str(VENV / "bin" / "python"), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
-        capture_output=True,
-        text=True,
-    )
-    return done.stdout.strip() or "?"
-
-
-LOG_CONFIG = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
-    "root": {"level": "ERROR", "handlers": ["stderr"]},
-    "loggers": {name: {"level": "ERROR"} for name in ("uvicorn", "uvicorn.error", "uvicorn.access")},
-}
-
-
-@contextlib.contextmanager
-def litellm_proxy(binary: Path, sim_url: str, workdir: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """One LiteLLM proxy process routing ``sim-model`` to the simulator; yields its /v1 URL."""
-    config = workdir / "litellm.yaml"
-    # JSON is YAML: no YAML writer needed here.
-    config.write_text(
-        json.dumps(
-            {
-                "model_list": [
-                    {
-                        "model_name": "sim-model",
-                        "litellm_params": {
-                            "model": "openai/sim-model",
-                            "api_base": sim_url,
-                            "api_key": "sk-sim",
-                        },
-                    }
-                ],
-                "general_settings": {"master_key": MASTER_KEY},
-            }
-        )
-    )
-    log_config = workdir / "litellm-logging.json"
-    log_config.write_text(json.dumps(LOG_CONFIG))
-    port = embedded.free_port()
-    log = (workdir / "litellm.log").open("w")
-    env = {
-        **os.environ,
-        "LITELLM_LOG": "ERROR",
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        "PYTHONPATH": "",
-    }
-    proc = subprocess.Popen(
-        [
-            *(str(binary), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)),
-            *("--num_workers", "1", "--log_config", str(log_config)),
-        ],
-        cwd=workdir,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"litellm exited ({proc.returncode}); see {workdir / 'litellm.log'}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health/liveliness", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("litellm did not become ready within 180 s")
-            time.sleep(0.5)
-        yield f"{url}/v1", proc
-    finally:
-        stop_proc(proc)
-        log.close()
 
 
 Sample = dict[str, float]
@@ -189,7 +75,8 @@ async def measure(quick: bool, runs: int) -> dict[str, Any]:
         scratch() as workdir,
         contextlib.ExitStack() as stack,
     ):
-        proxy = stack.enter_context(litellm_proxy(binary, sim_url, workdir)) if binary else None
+        models = [openai_model("sim-model", sim_url, "sk-sim")]
+        proxy = stack.enter_context(litellm_proxy(binary, models, workdir)) if binary else None
         keys = new_keys()
         config = group(sim_url, [PoolConfig("default", max_concurrent=SLOTS)], policy="fifo", total=SLOTS)
         backends = [OpenAIBackend(sim_url, max_connections=SLOTS)]

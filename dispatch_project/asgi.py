@@ -1,7 +1,9 @@
 """ASGI entry point: HTTP through Django, websockets through Channels (served by daphne)."""
 
 import os
+from typing import Any
 
+from django.conf import settings
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dispatch_project.settings")
@@ -18,16 +20,21 @@ from ingress.build import build_ingress  # noqa: E402
 from ingress.routing import PathPrefixRouter  # noqa: E402
 from pools.connections import configure_channel_layers  # noqa: E402
 
+
+def _with_static_files(app: Any) -> Any:
+    """In DEBUG (the demo) this process serves the apps' static files as they are; in production
+    WhiteNoise (a middleware, see settings) serves what ``collectstatic`` gathered, under hashed names."""
+    return ASGIStaticFilesHandler(app) if settings.DEBUG else app
+
+
 configure_channel_layers()
 # With the embedded chDB history, this process owns the database, so it also runs the ingester.
 start_in_background()
 
 application = ProtocolTypeRouter(
     {
-        # One process serves the demo, so it serves the static files (admin CSS, dashboard JS) too;
-        # behind a real web server, run collectstatic and let that server take /static/.
         # The OpenAI-compatible ingress (/v1/) bypasses Django's middleware, sessions and CSRF.
-        "http": PathPrefixRouter("/v1/", build_ingress(), ASGIStaticFilesHandler(django_asgi_app)),
+        "http": PathPrefixRouter("/v1/", build_ingress(), _with_static_files(django_asgi_app)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

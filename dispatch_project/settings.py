@@ -24,6 +24,23 @@ ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhos
 CSRF_TRUSTED_ORIGINS = env.list(
     "DJANGO_CSRF_TRUSTED_ORIGINS", default=["http://127.0.0.1:8000", "http://localhost:8000"]
 )
+# The production profile (docs/deploy.md): DEBUG off turns these on behind a TLS-terminating proxy
+# that sets X-Forwarded-Proto (and overwrites any a client sent); each can still be set on its own.
+if env.bool("DJANGO_BEHIND_TLS_PROXY", default=not DEBUG):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=not DEBUG)
+SESSION_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=not DEBUG)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=0 if DEBUG else 31_536_000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", default=not DEBUG)
+SECURE_HSTS_PRELOAD = env.bool("DJANGO_SECURE_HSTS_PRELOAD", default=not DEBUG)
+# The development defaults of these three still in force: the deploy check dispatch.W002 names them.
+DEVELOPMENT_DEFAULTS_IN_USE = tuple(
+    name
+    for name in ("DJANGO_SECRET_KEY", "DJANGO_ALLOWED_HOSTS", "DJANGO_CSRF_TRUSTED_ORIGINS")
+    if name not in env.ENVIRON
+)
+SILENCED_SYSTEM_CHECKS = env.list("DJANGO_SILENCED_SYSTEM_CHECKS", default=[])
 
 # Empty means: start (or reuse) the embedded Valkey server under DISPATCH_DATA_DIR.
 VALKEY_URL = env.str("VALKEY_URL", default="")
@@ -119,7 +136,16 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = DISPATCH_DATA_DIR / "static"
+STATIC_ROOT = Path(env.str("DJANGO_STATIC_ROOT", default=str(DISPATCH_DATA_DIR / "static")))
+if not DEBUG:
+    # Production: WhiteNoise serves what `collectstatic` gathered, under hashed names cached for a year
+    # (in DEBUG the ASGI app's static handler serves the apps' files as they are).
+    MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+                      "whitenoise.middleware.WhiteNoiseMiddleware")  # fmt: skip
+    STORAGES = {
+        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+        "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGIN_URL = "/admin/login/"
 

@@ -432,10 +432,13 @@ class Producer:
         metadata: Metadata | None = None,
         timeout: float | None = None,
         request_id: str | None = None,
-        include_usage: bool = False,
+        include_usage: bool | None = None,
     ) -> ChatStream:
         """Streams one chat completion through ``pool_id``: ``async for chunk in producer.stream(...)``
         yields OpenAI ``chat.completion.chunk`` objects as the backend sends them.
+
+        ``call`` may be the SDK's streaming params as they are: their ``stream_options.include_usage``
+        asks for the final usage chunk unless ``include_usage`` says otherwise.
 
         The dispatcher relays each chunk through this producer's reply list; errors before or during the
         stream raise the typed errors ``submit`` raises. Leaving the loop early (or cancelling it)
@@ -446,6 +449,9 @@ class Producer:
                 f"producer {self.producer_id} is {'closed' if self._closed else 'not started'}"
             )
         if not isinstance(call, ChatCall):
+            if include_usage is None:
+                options = call.get("stream_options")
+                include_usage = isinstance(options, Mapping) and options.get("include_usage") is True
             # This method is the stream switch: the body's own OpenAI streaming fields are not needed.
             call = ChatCall.from_openai(
                 {k: v for k, v in call.items() if k not in ("stream", "stream_options")}
@@ -457,7 +463,7 @@ class Producer:
             metadata=metadata or Metadata(),
             timeout_s=self.settings.default_timeout_s if timeout is None else timeout,
             request_id=request_id or uuid.uuid4().hex,
-            include_usage=include_usage,
+            include_usage=bool(include_usage),
         )
 
     async def _stream_events(self, stream: ChatStream) -> AsyncIterator[Mapping[str, Any]]:

@@ -21,7 +21,9 @@ CONTRACT_VERSION = 1
 DEFAULT_MAX_ENVELOPE_BYTES = 8 * 1024 * 1024
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-PART_TYPES = frozenset({"text", "image_url", "input_audio", "file"})
+PART_TYPES = frozenset({"text", "image_url", "input_audio", "file", "refusal"})
+# Roles whose content the OpenAI API lets be null or absent (a tool or function call, audio, a result).
+OPTIONAL_CONTENT_ROLES = frozenset({"assistant", "function"})
 # Known OpenAI chat-completion parameters and the JSON types each may take. Anything else is a
 # provider extra and passes through untouched.
 _NUMBER = (int, float)
@@ -121,7 +123,7 @@ def _check_message(message: Any, where: str) -> int:
     if type(content) is str:
         return 0
     if content is None:
-        if role not in ("assistant",) or not message.get("tool_calls"):
+        if role not in OPTIONAL_CONTENT_ROLES:
             raise _fail(f"{where}.content is required")
         return 0
     if isinstance(content, str):

@@ -39,9 +39,19 @@ BROWSER_MARKS = [
 
 @pytest.fixture
 def stack(tmp_path: Path, valkey_url: str, keys) -> Iterator[dict]:
+    with demo_stack(tmp_path, {**os.environ, "DJANGO_SETTINGS_MODULE": "dispatch_project.settings"},
+                    valkey_url, keys) as running:  # fmt: skip
+        yield running
+
+
+@contextlib.contextmanager
+def demo_stack(
+    tmp_path: Path, base_env: dict[str, str], valkey_url: str, keys, *web_args: str,
+    collectstatic: bool = False,
+) -> Iterator[dict]:  # fmt: skip
+    """The demo group on the simulator, a dispatcher and daphne (``web_args`` added), in ``base_env``."""
     env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "dispatch_project.settings",
+        **base_env,
         "DISPATCH_DATA_DIR": str(tmp_path),
         "VALKEY_URL": valkey_url,
         "DISPATCH_KEY_PREFIX": keys.prefix,
@@ -67,7 +77,9 @@ def stack(tmp_path: Path, valkey_url: str, keys) -> Iterator[dict]:
     start(
         [*manage, "rundispatcher", "--group", "demo", "--dispatcher-id", "browser-d1", "--grace", "1"], "disp"
     )
-    web = start([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port),
+    if collectstatic:
+        subprocess.run([*manage, "collectstatic", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+    web = start([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port), *web_args,
                  "dispatch_project.asgi:application"], "daphne")  # fmt: skip
     wait_for_port(web_port, web)
     try:
@@ -82,9 +94,9 @@ def stack(tmp_path: Path, valkey_url: str, keys) -> Iterator[dict]:
                 proc.kill()
 
 
-async def logged_in_page(browser, base: str, *, width: int = 1440, height: int = 1000):
-    """A new page logged in as the demo admin, left on the dashboard of the demo group."""
-    page = await browser.new_page(viewport={"width": width, "height": height})
+async def logged_in_page(browser, base: str, *, width: int = 1440, height: int = 1000, **options: Any):
+    """A new page (``options`` of ``new_page``) logged in as the demo admin, on the demo group's dashboard."""
+    page = await browser.new_page(viewport={"width": width, "height": height}, **options)
     await page.goto(f"{base}/")
     assert "/admin/login/" in page.url  # anonymous: to the login form
     await page.fill("#id_username", "admin")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import pytest
@@ -63,14 +63,16 @@ async def running_dispatcher(
     tracer: Any = None,
     snapshot_sink: Any = None,
     store_content: bool = False,
+    secrets: Mapping[str, str] | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Dispatcher]:
     """Publishes ``config`` and runs a dispatcher in this event loop; ``overrides`` are its settings."""
     await groupconfig.publish(client, keys, config)
     settings = DispatcherSettings(group_id=config.group_id, **{"shutdown_grace_s": 10.0, **overrides})
     dispatcher = Dispatcher(
-        client, settings, keys=keys, tracer=tracer, snapshot_sink=snapshot_sink, store_content=store_content
-    )
+        client, settings, keys=keys, tracer=tracer, snapshot_sink=snapshot_sink, store_content=store_content,
+        secrets=secrets,
+    )  # fmt: skip
     task = asyncio.create_task(dispatcher.run(install_signal_handlers=False))
     await wait_until(lambda: dispatcher.config is not None or task.done())
     if task.done():

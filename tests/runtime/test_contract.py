@@ -120,14 +120,14 @@ def _message(*content: object) -> Callable[[dict], None]:
          "call.messages[0].content[0].image_url.url must be a string, got int"),
         (_message("x"), "call.messages[0].content[0] must be an object, got str"),
         (_message({"type": "video"}),
-         "call.messages[0].content[0].type must be one of ['file', 'image_url', 'input_audio', 'text'], "
-         "got 'video'"),
+         "call.messages[0].content[0].type must be one of ['file', 'image_url', 'input_audio', 'refusal', "
+         "'text'], got 'video'"),
         (lambda d: d["call"].update(messages=[{"role": ["user"], "content": "a"}]),
          "call.messages[0].role must be one of "
          "['assistant', 'developer', 'function', 'system', 'tool', 'user'], got ['user']"),
         (_message({"type": {"t": 1}}),
-         "call.messages[0].content[0].type must be one of ['file', 'image_url', 'input_audio', 'text'], "
-         "got {'t': 1}"),
+         "call.messages[0].content[0].type must be one of ['file', 'image_url', 'input_audio', 'refusal', "
+         "'text'], got {'t': 1}"),
         (lambda d: d["call"].update(messages=[{"role": "user", "content": "a"}, "x"]),
          "call.messages[1] must be an object, got str"),
         (lambda d: d["call"].update(messages=[{"role": "user", "content": {"a": 1}}]),
