@@ -52,6 +52,14 @@ class _Families:
             "Calls lost with a dispatcher that died (lease expired), counted by live dispatchers",
             labels=GP,
         )
+        self.dead_letters = g(
+            f"{PREFIX}_dead_letters",
+            "Dead letters waiting in the pool's list for Replay or Discard",
+            labels=GP,
+        )
+        self.oldest_dead_letter = g(
+            f"{PREFIX}_oldest_dead_letter_age_seconds", "Age of the pool's oldest dead letter", labels=GP
+        )
         self.internal_errors = c(
             f"{PREFIX}_internal_errors", "Unexpected errors a dispatcher caught and survived", labels=GR
         )
@@ -125,6 +133,7 @@ class _Families:
             self.add_rejections(labels, pool.get("rejected", {}))
             self.lost_in_flight.add_metric(labels, int(pool.get("lost_in_flight") or 0))
         totals = view["totals"]
+        self.add_dead_letters(group, totals.get("dead_letters", {}), now=time.time())
         self.completions.add_metric([group], int(totals["completed"]))
         self.internal_errors.add_metric([group], int(totals.get("internal_error", 0)))
         self.config_rejected.add_metric([group], int(totals.get("config_rejected", 0)))
@@ -143,6 +152,14 @@ class _Families:
         self.group_in_flight.add_metric([group], view["group_in_flight"])
         if view["age_s"] is not None:
             self.snapshot_age.add_metric([group], view["age_s"])
+
+    def add_dead_letters(self, group: str, summaries: dict[str, dict[str, Any]], *, now: float) -> None:
+        """Every configured pool's dead-letter count (0 included, so an alert sees it appear)."""
+        for pool_id, summary in sorted(summaries.items()):
+            self.dead_letters.add_metric([group, pool_id], int(summary["count"]))
+            if summary.get("oldest_dead_at") is not None:
+                age = max(0.0, now - float(summary["oldest_dead_at"]))
+                self.oldest_dead_letter.add_metric([group, pool_id], age)
 
     def add_rejections(self, labels: list[str], rejected: dict[str, int]) -> None:
         for reason, count in sorted(rejected.items()):
