@@ -1,6 +1,7 @@
 """Durable delivery of streamed calls: chunks are fenced like replies, and a stream is run again only
 while nothing of it reached the producer. Real dispatcher processes (SIGKILL, SIGSTOP), the real
-simulator streaming over HTTP, real Valkey."""
+simulator streaming over HTTP, real Valkey. A graceful shutdown follows the same rule: a durable call
+cut off by the grace period goes back to its queue unless chunks of it reached the client."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import pytest
 
 from runtime.errors import StreamInterrupted
 from runtime.producer import Producer
+from runtime.telemetry import semconv
 from runtime.wire import groupconfig
+from runtime.wire.contract import Envelope
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.dispatcher_proc import start_dispatcher, stop_dispatcher
-from tests.runtime.harness import wait_until
+from tests.runtime.harness import running_dispatcher, wait_until
 from tests.runtime.test_durable import LEASE_S, counted, group, keyed
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -135,3 +138,44 @@ async def test_a_dispatcher_frozen_mid_stream_relays_nothing_once_its_lease_is_g
             if proc is not None:
                 proc.send_signal(signal.SIGCONT)
                 stop_dispatcher(proc)
+
+
+async def test_a_graceful_shutdown_requeues_the_durable_calls_it_cannot_finish(
+    aredis, keys, backend, spans
+) -> None:
+    provider, exporter = spans
+    tracer = provider.get_tracer("llm_dispatch.dispatcher")
+    async with Producer(aredis, keys=keys) as producer:
+        call = asyncio.create_task(
+            producer.submit(keyed("long", latency_ms=1500), pool_id="default", timeout=60)
+        )
+        async with running_dispatcher(
+            aredis, keys, group(backend.url), tracer=tracer, shutdown_grace_s=0.2
+        ) as first:
+            await wait_until(lambda: backend.calls_by_key.get("long") == 1, timeout=20, what="the call")
+        # The grace period ended before the call did: it went back to the head of its pool, unanswered.
+        assert not call.done() and first.stats.requeued == 1
+        [queued] = await aredis.lrange(keys.requests("default"), 0, -1)
+        assert (Envelope.decode(queued).attempt, Envelope.decode(queued).requeues) == (2, 1)
+        async with running_dispatcher(aredis, keys, group(backend.url)):
+            result = await call
+        assert result.completion["choices"] and backend.calls_by_key == {"long": 2}
+    [span] = [
+        s for s in exporter.get_finished_spans() if s.attributes.get("llm_dispatch.status") == "requeued"
+    ]
+    assert "shut down" in str(span.attributes[semconv.ERROR_MESSAGE])
+
+
+async def test_a_graceful_shutdown_ends_a_stream_that_sent_chunks_as_stream_interrupted(
+    aredis, keys, backend
+) -> None:
+    async with Producer(aredis, keys=keys) as producer:
+        chunks: list[Mapping[str, Any]] = []
+        call = keyed("sd", itl_ms=100, completion_tokens=60)
+        reading = asyncio.create_task(collect(producer.stream(call, pool_id="default", timeout=60), chunks))
+        async with running_dispatcher(aredis, keys, group(backend.url), shutdown_grace_s=0.2) as first:
+            await wait_until(lambda: len(chunks) >= 2, timeout=20, what="the first chunks")
+        with pytest.raises(StreamInterrupted):
+            await reading
+        assert first.stats.requeued == 0 and first.stats.failed["stream_interrupted"] == 1
+        assert await aredis.llen(keys.requests("default")) == 0 and backend.calls_by_key == {"sd": 1}
