@@ -33,6 +33,8 @@ from runtime.wire.groupconfig import GroupConfig
 # Span statuses of attempts that did not end the request (besides ok, error, dropped).
 STATUS_RETRY = "retry"
 STATUS_REQUEUED = "requeued"
+# Pools that do not retry (any more) are searched for due retries this often, not on every promotion.
+SWEEP_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +150,7 @@ class Redeliveries:
         self.tracer = tracer
         self.identity = identity
         self.reply_ttl_s = reply_ttl_s
+        self._swept_at = float("-inf")
 
     def __repr__(self) -> str:
         return (
@@ -234,8 +237,15 @@ class Redeliveries:
         return buried
 
     async def promote(self, config: GroupConfig | None) -> int:
-        """Moves due retries of the group's retrying pools back to their lists; none without retries."""
-        pools = [p.pool_id for p in config.enabled_pools if p.max_attempts > 1] if config is not None else []
+        """Moves due retries of the group's retrying pools back to their lists; every
+        :data:`SWEEP_S` those of every enabled pool too: retries wait on in a pool whose
+        ``max_attempts`` was lowered to 1 meanwhile, and must not be stranded there."""
+        if config is None:
+            return 0
+        sweep = time.monotonic() - self._swept_at >= SWEEP_S
+        if sweep:
+            self._swept_at = time.monotonic()
+        pools = [p.pool_id for p in config.enabled_pools if sweep or p.max_attempts > 1]
         return await self.queue.promote(pools) if pools else 0
 
     def exhausted(self, config: GroupConfig | None, envelope: Envelope) -> bool:
