@@ -596,7 +596,7 @@ class Producer:
         for pool_id, group_id in pools.items():
             pool = groups[group_id].pool(pool_id) if group_id in groups else None
             if pool is not None:
-                limits[pool_id] = pool.admission_limits()
+                limits[pool_id] = pool.admission_limits(groups[group_id].backend_for(pool_id))
         self._registry = _PoolRegistry(pools=pools, groups=groups, read_at=time.monotonic(), limits=limits)
         return self._registry
 
