@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -41,103 +42,100 @@ def roles(chunks: list[Mapping[str, Any]]) -> int:
     return sum(1 for c in chunks for ch in c.get("choices") or () if ch.get("delta", {}).get("role"))
 
 
-async def test_sigkill_mid_stream_ends_it_with_stream_interrupted_and_runs_nothing_again(
-    aredis, sredis, keys, valkey_url, backend
-) -> None:
+class Fleet:
+    """Dispatcher processes of group "g" (durable); each is stopped at the end, a frozen one too."""
+
+    def __init__(self, valkey_url: str, prefix: str) -> None:
+        self.valkey_url, self.prefix = valkey_url, prefix
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, ident: str) -> subprocess.Popen[str]:
+        proc = start_dispatcher(self.valkey_url, self.prefix, "g", ident, concurrency=4, lease_s=LEASE_S)
+        self.procs.append(proc)
+        return proc
+
+
+@pytest.fixture
+async def fleet(aredis, keys, valkey_url, backend) -> AsyncIterator[Fleet]:
     await groupconfig.publish(aredis, keys, group(backend.url))
-    doomed = start_dispatcher(valkey_url, keys.prefix, "g", "doomed", concurrency=4, lease_s=LEASE_S)
-    survivor = None
+    started = Fleet(valkey_url, keys.prefix)
     try:
-        async with Producer(aredis, keys=keys) as producer:
-            chunks: list[Mapping[str, Any]] = []
-            call = keyed("st", itl_ms=150, completion_tokens=60)  # ~9 s of tokens
-            reading = asyncio.create_task(
-                collect(producer.stream(call, pool_id="default", timeout=60), chunks)
-            )
-            await wait_until(lambda: len(chunks) >= 3, timeout=20, what="the first chunks")
-            doomed.send_signal(signal.SIGKILL)
-            doomed.wait(5)
-            survivor = start_dispatcher(
-                valkey_url, keys.prefix, "g", "survivor", concurrency=4, lease_s=LEASE_S
-            )
-            with pytest.raises(StreamInterrupted):
-                await reading
-            assert roles(chunks) == 1 and len({c["id"] for c in chunks}) == 1  # one attempt, never mixed
-            assert producer.stats.duplicate_replies == 0
-        assert backend.calls_by_key == {"st": 1}  # not run again: the client already held chunks
-        await wait_until(
-            lambda: counted(sredis, keys, "failed:stream_interrupted") == 1, timeout=10, what="counted"
-        )
-        assert counted(sredis, keys, "requeued") == 0
-        assert await aredis.llen(keys.requests("default")) == 0
+        yield started
     finally:
-        for proc in (doomed, survivor):
-            if proc is not None:
-                stop_dispatcher(proc)
+        for proc in started.procs:
+            proc.send_signal(signal.SIGCONT)
+            stop_dispatcher(proc)
+
+
+def streaming(
+    producer: Producer, call: Mapping[str, Any]
+) -> tuple[asyncio.Task[None], list[Mapping[str, Any]]]:
+    """Reads a streamed call in a task; the chunks land in the list as they arrive."""
+    chunks: list[Mapping[str, Any]] = []
+    reading = asyncio.create_task(collect(producer.stream(call, pool_id="default", timeout=60), chunks))
+    return reading, chunks
+
+
+def kill(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(5)
+
+
+async def test_sigkill_mid_stream_ends_it_with_stream_interrupted_and_runs_nothing_again(
+    aredis, sredis, keys, backend, fleet
+) -> None:
+    doomed = fleet.start("doomed")
+    async with Producer(aredis, keys=keys) as producer:
+        reading, chunks = streaming(producer, keyed("st", itl_ms=150, completion_tokens=60))  # ~9 s
+        await wait_until(lambda: len(chunks) >= 3, timeout=20, what="the first chunks")
+        kill(doomed)
+        fleet.start("survivor")
+        with pytest.raises(StreamInterrupted):
+            await reading
+        assert roles(chunks) == 1 and len({c["id"] for c in chunks}) == 1  # one attempt, never mixed
+        assert producer.stats.duplicate_replies == 0
+    assert backend.calls_by_key == {"st": 1}  # not run again: the client already held chunks
+    await wait_until(
+        lambda: counted(sredis, keys, "failed:stream_interrupted") == 1, timeout=10, what="counted"
+    )
+    assert counted(sredis, keys, "requeued") == 0
+    assert await aredis.llen(keys.requests("default")) == 0
 
 
 async def test_sigkill_before_the_first_chunk_requeues_the_stream_and_it_completes_once(
-    aredis, sredis, keys, valkey_url, backend
+    aredis, sredis, keys, backend, fleet
 ) -> None:
-    await groupconfig.publish(aredis, keys, group(backend.url))
-    doomed = start_dispatcher(valkey_url, keys.prefix, "g", "doomed", concurrency=4, lease_s=LEASE_S)
-    survivor = None
-    try:
-        async with Producer(aredis, keys=keys) as producer:
-            chunks: list[Mapping[str, Any]] = []
-            call = keyed("early", ttft_ms=4000, itl_ms=5, completion_tokens=8)
-            reading = asyncio.create_task(
-                collect(producer.stream(call, pool_id="default", timeout=60), chunks)
-            )
-            await wait_until(lambda: backend.calls_by_key.get("early") == 1, timeout=20, what="the call")
-            doomed.send_signal(signal.SIGKILL)
-            doomed.wait(5)
-            survivor = start_dispatcher(
-                valkey_url, keys.prefix, "g", "survivor", concurrency=4, lease_s=LEASE_S
-            )
-            await reading
-        assert roles(chunks) == 1 and chunks[-1]["choices"][0]["finish_reason"]
-        assert backend.calls_by_key == {"early": 2}
-        await wait_until(lambda: counted(sredis, keys, "requeued") == 1, timeout=10, what="one requeue")
-    finally:
-        for proc in (doomed, survivor):
-            if proc is not None:
-                stop_dispatcher(proc)
+    doomed = fleet.start("doomed")
+    async with Producer(aredis, keys=keys) as producer:
+        reading, chunks = streaming(producer, keyed("early", ttft_ms=4000, itl_ms=5, completion_tokens=8))
+        await wait_until(lambda: backend.calls_by_key.get("early") == 1, timeout=20, what="the call")
+        kill(doomed)
+        fleet.start("survivor")
+        await reading
+    assert roles(chunks) == 1 and chunks[-1]["choices"][0]["finish_reason"]
+    assert backend.calls_by_key == {"early": 2}
+    await wait_until(lambda: counted(sredis, keys, "requeued") == 1, timeout=10, what="one requeue")
 
 
 async def test_a_dispatcher_frozen_mid_stream_relays_nothing_once_its_lease_is_gone(
-    aredis, sredis, keys, valkey_url, backend
+    aredis, sredis, keys, backend, fleet
 ) -> None:
-    await groupconfig.publish(aredis, keys, group(backend.url))
-    frozen = start_dispatcher(valkey_url, keys.prefix, "g", "frozen", concurrency=4, lease_s=LEASE_S)
-    reaper = None
-    try:
-        async with Producer(aredis, keys=keys) as producer:
-            chunks: list[Mapping[str, Any]] = []
-            call = keyed("fz", itl_ms=100, completion_tokens=60)
-            reading = asyncio.create_task(
-                collect(producer.stream(call, pool_id="default", timeout=60), chunks)
-            )
-            await wait_until(lambda: len(chunks) >= 3, timeout=20, what="the first chunks")
-            frozen.send_signal(signal.SIGSTOP)
-            reaper = start_dispatcher(valkey_url, keys.prefix, "g", "reaper", concurrency=4, lease_s=LEASE_S)
-            with pytest.raises(StreamInterrupted):
-                await reading
-            seen = len(chunks)
-            frozen.send_signal(signal.SIGCONT)  # it resumes relaying: its next chunk is refused
-            await wait_until(
-                lambda: counted(sredis, keys, "dropped:stale_attempt") == 1,
-                timeout=20,
-                what="a stale attempt",
-            )
-            assert len(chunks) == seen and roles(chunks) == 1
-            assert await aredis.llen(keys.replies(producer.producer_id)) == 0
-        assert backend.calls_by_key == {"fz": 1}
-    finally:
-        for proc in (frozen, reaper):
-            if proc is not None:
-                proc.send_signal(signal.SIGCONT)
-                stop_dispatcher(proc)
+    frozen = fleet.start("frozen")
+    async with Producer(aredis, keys=keys) as producer:
+        reading, chunks = streaming(producer, keyed("fz", itl_ms=100, completion_tokens=60))
+        await wait_until(lambda: len(chunks) >= 3, timeout=20, what="the first chunks")
+        frozen.send_signal(signal.SIGSTOP)
+        fleet.start("reaper")
+        with pytest.raises(StreamInterrupted):
+            await reading
+        seen = len(chunks)
+        frozen.send_signal(signal.SIGCONT)  # it resumes relaying: its next chunk is refused
+        await wait_until(
+            lambda: counted(sredis, keys, "dropped:stale_attempt") == 1, timeout=20, what="a stale attempt"
+        )
+        assert len(chunks) == seen and roles(chunks) == 1
+        assert await aredis.llen(keys.replies(producer.producer_id)) == 0
+    assert backend.calls_by_key == {"fz": 1}
 
 
 async def test_a_graceful_shutdown_requeues_the_durable_calls_it_cannot_finish(
@@ -170,9 +168,7 @@ async def test_a_graceful_shutdown_ends_a_stream_that_sent_chunks_as_stream_inte
     aredis, keys, backend
 ) -> None:
     async with Producer(aredis, keys=keys) as producer:
-        chunks: list[Mapping[str, Any]] = []
-        call = keyed("sd", itl_ms=100, completion_tokens=60)
-        reading = asyncio.create_task(collect(producer.stream(call, pool_id="default", timeout=60), chunks))
+        reading, chunks = streaming(producer, keyed("sd", itl_ms=100, completion_tokens=60))
         async with running_dispatcher(aredis, keys, group(backend.url), shutdown_grace_s=0.2) as first:
             await wait_until(lambda: len(chunks) >= 2, timeout=20, what="the first chunks")
         with pytest.raises(StreamInterrupted):
