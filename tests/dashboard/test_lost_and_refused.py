@@ -69,3 +69,15 @@ def test_metrics_show_each_pools_dead_letters(client, fabric, sredis, keys) -> N
     assert samples[("llm_dispatch_dead_letters", "interactive")] == 0
     assert samples[("llm_dispatch_oldest_dead_letter_age_seconds", "backfill")] >= 0
     assert ("llm_dispatch_oldest_dead_letter_age_seconds", "interactive") not in samples
+
+
+def test_metrics_show_retries_requeues_and_dead_letterings(client, fabric, sredis, keys) -> None:
+    sredis.hset(keys.counters("g"), mapping={"retried": 4, "requeued": 2})
+    text = client.get("/metrics").content.decode()
+    samples = {
+        s.labels["outcome"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "llm_dispatch_redeliveries_total" and s.labels.get("fabric_group") == "g"
+    }
+    assert samples == {"retried": 4, "requeued": 2, "dead_lettered": 0}
