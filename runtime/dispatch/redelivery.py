@@ -182,8 +182,8 @@ class Redeliveries:
         now = time.time()
         for record in records:
             error = StreamInterrupted(
-                f"request {record.request_id}: its dispatcher {record.dispatcher_id} stopped while it "
-                "streamed, after chunks were sent; it is not run again"
+                f"request {record.request_id}: its dispatcher stopped while it streamed, after chunks "
+                "were sent; it is not run again"
             )
             timing = Timing(
                 max(0.0, record.claimed_at - record.enqueued_at),
