@@ -52,6 +52,14 @@ class _Families:
             "Calls lost with a dispatcher that died (lease expired), counted by live dispatchers",
             labels=GP,
         )
+        self.dead_letters = g(
+            f"{PREFIX}_dead_letters",
+            "Dead letters waiting in the pool's list for Replay or Discard",
+            labels=GP,
+        )
+        self.oldest_dead_letter = g(
+            f"{PREFIX}_oldest_dead_letter_age_seconds", "Age of the pool's oldest dead letter", labels=GP
+        )
         self.internal_errors = c(
             f"{PREFIX}_internal_errors", "Unexpected errors a dispatcher caught and survived", labels=GR
         )
@@ -59,6 +67,12 @@ class _Families:
             f"{PREFIX}_config_rejected", "Published configurations a dispatcher refused", labels=GR
         )
         self.completions = c(f"{PREFIX}_completions", "Completed calls", labels=GR)
+        self.redeliveries = c(
+            f"{PREFIX}_redeliveries",
+            "Attempts that did not end their request: retried, requeued (lease expired, shutdown), "
+            "dead-lettered",
+            labels=[*GR, "outcome"],
+        )
         self.failures = c(f"{PREFIX}_failures", "Failed calls by error type", labels=[*GR, "error_type"])
         self.drops = c(f"{PREFIX}_drops", "Dropped requests or replies by reason", labels=[*GR, "reason"])
         self.running = g(f"{PREFIX}_dispatchers_running", "Dispatchers with a live snapshot", labels=GR)
@@ -124,14 +138,7 @@ class _Families:
             self.launched.add_metric(labels, int(pool.get("launched") or 0))
             self.add_rejections(labels, pool.get("rejected", {}))
             self.lost_in_flight.add_metric(labels, int(pool.get("lost_in_flight") or 0))
-        totals = view["totals"]
-        self.completions.add_metric([group], int(totals["completed"]))
-        self.internal_errors.add_metric([group], int(totals.get("internal_error", 0)))
-        self.config_rejected.add_metric([group], int(totals.get("config_rejected", 0)))
-        for error_type, count in totals["failed"].items():
-            self.failures.add_metric([group, error_type], count)
-        for reason, count in totals["dropped"].items():
-            self.drops.add_metric([group, reason], count)
+        self.add_totals(group, view["totals"])
         for dispatcher in view.get("dispatchers", []):
             for backend, breaker in dispatcher.get("breakers", {}).items():
                 mode = str(breaker.get("mode", ""))
@@ -143,6 +150,27 @@ class _Families:
         self.group_in_flight.add_metric([group], view["group_in_flight"])
         if view["age_s"] is not None:
             self.snapshot_age.add_metric([group], view["age_s"])
+
+    def add_totals(self, group: str, totals: dict[str, Any]) -> None:
+        """The group's cumulative counters (and its pools' dead letters, read with them)."""
+        self.add_dead_letters(group, totals.get("dead_letters", {}), now=time.time())
+        self.completions.add_metric([group], int(totals["completed"]))
+        for outcome in selectors.REDELIVERY_COUNTERS:
+            self.redeliveries.add_metric([group, outcome], int(totals.get(outcome, 0)))
+        self.internal_errors.add_metric([group], int(totals.get("internal_error", 0)))
+        self.config_rejected.add_metric([group], int(totals.get("config_rejected", 0)))
+        for error_type, count in totals["failed"].items():
+            self.failures.add_metric([group, error_type], count)
+        for reason, count in totals["dropped"].items():
+            self.drops.add_metric([group, reason], count)
+
+    def add_dead_letters(self, group: str, summaries: dict[str, dict[str, Any]], *, now: float) -> None:
+        """Every configured pool's dead-letter count (0 included, so an alert sees it appear)."""
+        for pool_id, summary in sorted(summaries.items()):
+            self.dead_letters.add_metric([group, pool_id], int(summary["count"]))
+            if summary.get("oldest_dead_at") is not None:
+                age = max(0.0, now - float(summary["oldest_dead_at"]))
+                self.oldest_dead_letter.add_metric([group, pool_id], age)
 
     def add_rejections(self, labels: list[str], rejected: dict[str, int]) -> None:
         for reason, count in sorted(rejected.items()):

@@ -206,7 +206,9 @@ def with_configured_pools(
 
 
 # Counters without a detail part; those past the first two appear only once a dispatcher counted one.
-PLAIN_COUNTERS = ("completed", "valkey_outages", "internal_error", "config_rejected")
+# retried/requeued/dead_lettered: durable delivery and retries (redelivery outcomes of an attempt).
+REDELIVERY_COUNTERS = ("retried", "requeued", "dead_lettered")
+PLAIN_COUNTERS = ("completed", "valkey_outages", "internal_error", "config_rejected", *REDELIVERY_COUNTERS)
 
 
 def counter_totals(raw: Mapping[Any, Any]) -> dict[str, Any]:

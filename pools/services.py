@@ -233,7 +233,7 @@ def _take_dead_letter(*, pool: Pool, digest: str, replay: bool) -> DeadLetterRes
             return DeadLetterResult("", False, GONE)
         request_id = stored.letter.request_id if stored.letter else ""
         if replay:
-            done = deadletters.replay(client, keys, stored)
+            done = deadletters.replay(client, keys, pool.pool_id, stored)
         else:
             done = deadletters.discard(client, keys, pool.pool_id, stored)
     except VALKEY_ERRORS as exc:

@@ -23,6 +23,8 @@ a stable ``error_type`` string: replies, counters and ClickHouse rows use that s
     │                                  backend's fault: never a breaker event)
     ├── ProducerClosed                 submit on a closed producer, or closed while waiting
     ├── Cancelled                      the producer withdrew the request (its caller went away)
+    ├── StreamInterrupted              a streamed call's attempt ended after chunks reached the
+    │                                  producer (its dispatcher died or shut down): never run again
     └── Rejected                       refused by policy (queueing disabled, admission control)
         └── QueueFull                  refused at submit by the pool's admission limits; nothing queued
 
@@ -160,6 +162,13 @@ class Cancelled(DispatchError):
     """The producer withdrew the request: queued ones are never executed, running ones are cut off."""
 
     error_type = "cancelled"
+
+
+class StreamInterrupted(DispatchError):
+    """A streamed call stopped after some of its chunks reached the producer: its dispatcher died
+    (lease expired) or shut down. It is not run again: a second attempt would repeat or mix chunks."""
+
+    error_type = "stream_interrupted"
 
 
 class Rejected(DispatchError):

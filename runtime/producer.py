@@ -59,6 +59,7 @@ from runtime.wire.contract import (
     StreamOptions,
     Timing,
     decode_reply_item,
+    envelope_prefix,
 )
 from runtime.wire.groupconfig import GroupConfig
 from runtime.wire.keys import DEFAULT_KEYS, REPLY_LIST_TTL_S, KeySpace
@@ -79,12 +80,22 @@ for i, group in ipairs(groups) do configs[i] = redis.call('GET', ARGV[1] .. grou
 return {flat, groups, configs}
 """
 )
-# KEYS: the pool's list and, when its group is known, the group's counters; ARGV: the envelope, the
-# counter's field. Removes the queued request and counts it; returns how many were removed.
+# KEYS: the pool's list, its delayed set and, when its group is known, the group's counters; ARGV: the
+# envelope, the counter's field, the start of the request's envelopes (its id is the first field).
+# Removes the queued request, or its retry waiting in the delayed set (stored as its next attempt's
+# envelope, so found by id), and counts it; returns how many were removed.
 _WITHDRAW = LuaScript(
     """
 local removed = redis.call('LREM', KEYS[1], 1, ARGV[1])
-if removed > 0 and KEYS[2] then redis.call('HINCRBY', KEYS[2], ARGV[2], 1) end
+if removed == 0 then
+  for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+    if string.sub(member, 1, #ARGV[3]) == ARGV[3] then
+      removed = redis.call('ZREM', KEYS[2], member)
+      break
+    end
+  end
+end
+if removed > 0 and KEYS[3] then redis.call('HINCRBY', KEYS[3], ARGV[2], 1) end
 return removed
 """
 )
@@ -518,15 +529,17 @@ class Producer:
                 await self.withdraw(pool_id, request_id, raw)
 
     async def withdraw(self, pool_id: str, request_id: str, raw: bytes) -> None:
-        """Takes a queued request back out of its list (counted ``dropped:cancelled`` in its group);
-        one a dispatcher already claimed is cancelled through the group's cancel channel."""
+        """Takes a queued request back out of its list, or its retry out of the pool's delayed set
+        (counted ``dropped:cancelled`` in its group); one a dispatcher already claimed is cancelled
+        through the group's cancel channel."""
         self.stats.cancelled += 1
         group_id = self._registry.pools.get(pool_id)
         try:
             # Taken out and counted in one script: nobody sees the queue without it and the count not yet.
             counters = [self.keys.counters(group_id)] if group_id else []
             removed = await self._withdraw_script(
-                keys=[self.keys.requests(pool_id), *counters], args=[raw, f"dropped:{Cancelled.error_type}"]
+                keys=[self.keys.requests(pool_id), self.keys.delayed(pool_id), *counters],
+                args=[raw, f"dropped:{Cancelled.error_type}", envelope_prefix(request_id, self.producer_id)],
             )
             if group_id and not removed:
                 await self.client.publish(self.keys.cancel_channel(group_id), request_id.encode())
@@ -625,7 +638,7 @@ class Producer:
         for pool_id, group_id in pools.items():
             pool = groups[group_id].pool(pool_id) if group_id in groups else None
             if pool is not None:
-                limits[pool_id] = pool.admission_limits()
+                limits[pool_id] = pool.admission_limits(groups[group_id].backend_for(pool_id))
         self._registry = _PoolRegistry(pools=pools, groups=groups, read_at=time.monotonic(), limits=limits)
         return self._registry
 

@@ -158,15 +158,17 @@ def find(client: redis.Redis, keys: KeySpace, pool_id: str, digest: str) -> Stor
     return None
 
 
-def replay(client: redis.Redis, keys: KeySpace, stored: StoredLetter) -> bool:
-    """Queues the letter again in its pool; False if it was no longer there."""
+def replay(client: redis.Redis, keys: KeySpace, pool_id: str, stored: StoredLetter) -> bool:
+    """Queues the letter again in ``pool_id``, the pool whose dead-letter list holds it; False if it
+    was no longer there.
+
+    The list is authoritative, not the envelope's ``pool_id``: a request served in another lane than
+    the one it names died there, and its letter is only found (and replayed) in that lane.
+    """
     if stored.letter is None:
         raise MalformedEnvelope("an unreadable dead letter cannot be replayed, only discarded")
-    letter = stored.letter
-    queued = replayed_envelope(letter)
-    taken = client.eval(
-        TAKE, 2, keys.dead_letters(letter.pool_id), keys.requests(letter.pool_id), stored.raw, queued
-    )
+    queued = replayed_envelope(stored.letter)
+    taken = client.eval(TAKE, 2, keys.dead_letters(pool_id), keys.requests(pool_id), stored.raw, queued)
     return bool(int(taken))
 
 

@@ -384,7 +384,7 @@ class Dispatcher:
         )  # fmt: skip
         self.group_in_flight, self.last_views = seen.group_in_flight, seen.views
         if seen.lost:  # reaped by this observe, whether or not the turn is ours: counted here or nowhere
-            self.drops.lost(seen.lost)
+            await self._lost(seen.lost)
         if seen.requeued:  # likewise for durable requests the reap put back
             self.redeliveries.requeued(seen.requeued)
         for pool_id, view in seen.views.items():
@@ -434,6 +434,14 @@ class Dispatcher:
         # take every freed slot for the finisher, and the work would not spread over the fleet.
         room = self.group_in_flight + claimed < policy.total_concurrency and local_free > claimed
         return dropped or claim_dropped or (claimed > 0 and room and self._backlog_may_remain(seen.views))
+
+    async def _lost(self, records: tuple[LeaseRecord, ...]) -> None:
+        """Expired leases nobody requeued: calls lost in flight, and durable streams interrupted after
+        their first chunk (answered ``stream_interrupted``)."""
+        self.drops.lost(r for r in records if not r.streamed)
+        streamed = [r for r in records if r.streamed]
+        if streamed:
+            await self.redeliveries.interrupted(streamed, self.executor.relay.answer)
 
     def _backlog_may_remain(self, views: dict[str, QueueView]) -> bool:
         """False when every pool's list was empty as of this round: its observation, or, for a pool

@@ -11,6 +11,7 @@ also releases the lease); every outcome is counted and recorded as a span. Nothi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -26,6 +27,7 @@ from runtime.backends.redact import redact_url
 from runtime.backoff import Backoff
 from runtime.config import DispatcherSettings
 from runtime.dispatch import redelivery, scripts
+from runtime.dispatch.leases import LeaseRecord
 from runtime.dispatch.queue import QueueOps
 from runtime.dispatch.stats import (
     DROP_REPLY_PRODUCER_GONE,
@@ -33,7 +35,7 @@ from runtime.dispatch.stats import (
     DROP_STALE_ATTEMPT,
     DispatcherStats,
 )
-from runtime.dispatch.streaming import StreamRelay, StreamSummary, stream_timeout
+from runtime.dispatch.streaming import Fence, StreamRelay, StreamSummary, stream_timeout
 from runtime.errors import (
     BackendTimeout,
     Cancelled,
@@ -42,6 +44,7 @@ from runtime.errors import (
     DispatchError,
     Rejected,
     RequestExpired,
+    StreamInterrupted,
 )
 from runtime.telemetry.spans import Identity, Outcome, content_attributes, record_span
 from runtime.valkey.client import REDIS_ERRORS
@@ -105,7 +108,9 @@ class Executor:
         self._calls: dict[str, asyncio.Future[Any]] = {}
         self._early_cancels: dict[str, float] = {}
         self._group_pools_of: tuple[GroupConfig | None, tuple[str, ...]] = (None, ())
-        self.relay = StreamRelay(queue.client, queue.keys, reply_ttl_s=settings.reply_ttl_s)
+        self.relay = StreamRelay(
+            queue.client, queue.keys, reply_ttl_s=settings.reply_ttl_s, group_id=queue.group_id
+        )
 
     def cancel(self, request_id: str) -> bool:
         """Cuts off the backend call of a request whose producer withdrew it; False if none runs here."""
@@ -132,15 +137,19 @@ class Executor:
         completion: Completion | None = None
         error: DispatchError | None = refused
         summary = StreamSummary() if envelope.stream is not None else None
+        shutdown: redelivery.Settlement | None = None
         try:
             if refused is None:
-                completion = await self._call_backend(envelope, endpoint, config, summary, run.backend_id)
+                fence = self._fence(run) if summary is not None else None
+                completion = await self._call_backend(
+                    envelope, endpoint, config, summary, run.backend_id, fence
+                )
             else:
                 await self.breakers.release(run.backend_id, endpoint)
         except DispatchError as exc:
             error = exc
         except asyncio.CancelledError:
-            error = Rejected("the dispatcher shut down before the call finished")
+            error, shutdown = self._cut_by_shutdown(run, summary)
         except Exception as exc:  # a bug must still answer the producer and free the slot
             log.exception("unexpected error executing request %s", envelope.request_id)
             error = DispatchError(f"internal dispatcher error: {exc}")
@@ -149,11 +158,41 @@ class Executor:
         timing = Timing(
             max(0.0, started - envelope.enqueued_at), ended - started, max(0.0, ended - envelope.enqueued_at)
         )
-        settled = self._settle(run, config, error, ended, timing) if refused is None else None
+        settled = shutdown or (self._settle(run, config, error, ended, timing) if refused is None else None)
         reply = settled.reply if settled is not None else self._reply(envelope, completion, error, timing)
         code = await self._finish(run, reply, self._group_pools(config), settled)
         self._count(code, error, settled)
         self._record(run, endpoint, completion, error, started, ended, code, summary, settled)
+
+    def _fence(self, run: Running) -> Fence:
+        """What a streamed attempt relays under; in durable mode, the lease record its first chunk stores."""
+        if not run.token:
+            return Fence(run.member)
+        record = LeaseRecord.of(
+            run.envelope, pool_id=run.pool_id, claimed_at=run.started_at,
+            dispatcher_id=self.identity.dispatcher_id, cost=run.cost,
+        )  # fmt: skip
+        return Fence(run.member, run.token, dataclasses.replace(record, streamed=True).encode())
+
+    @staticmethod
+    def _cut_by_shutdown(
+        run: Running, summary: StreamSummary | None
+    ) -> tuple[DispatchError, redelivery.Settlement | None]:
+        """A call still running when the grace period ended: a durable one goes back to the head of its
+        pool (nothing of it reached the producer yet); a stream that did send chunks ends as
+        ``stream_interrupted``; any other is answered ``rejected``."""
+        request_id = run.envelope.request_id
+        if summary is not None and summary.relayed:
+            return StreamInterrupted(
+                f"request {request_id}: the dispatcher shut down after {summary.relayed} chunk(s) were sent"
+            ), None
+        if run.token:
+            error = Rejected(
+                f"request {request_id}: the dispatcher shut down before the call finished; queued again"
+            )
+            payload = redelivery.requeued(run.envelope).encode()
+            return error, redelivery.Settlement(scripts.SETTLE_REQUEUE, payload=payload, error=error)
+        return Rejected("the dispatcher shut down before the call finished"), None
 
     def _group_pools(self, config: GroupConfig) -> tuple[str, ...]:
         """The ids of the group's enabled pools, worked out once per published configuration."""
@@ -187,6 +226,8 @@ class Executor:
             self.stats.dropped[DROP_REPLY_UNDELIVERED] += 1
         if settled is not None and settled.kind == scripts.SETTLE_RETRY:
             self.stats.retried += 1
+        elif settled is not None and settled.kind == scripts.SETTLE_REQUEUE:
+            self.stats.requeued += 1
         elif settled is not None:
             self.stats.dead_lettered += 1
             self.stats.failed[DeadLettered.error_type] += 1
@@ -216,6 +257,7 @@ class Executor:
         config: GroupConfig,
         summary: StreamSummary | None = None,
         backend_id: str = "",
+        fence: Fence | None = None,
     ) -> Completion:
         reported = False
         row = config.backend(backend_id) if backend_id else None
@@ -239,7 +281,7 @@ class Executor:
             )
             try:
                 call = (
-                    self._stream(backend, envelope, timeout, summary)
+                    self._stream(backend, envelope, timeout, summary, fence or Fence())
                     if summary is not None
                     else backend.complete(envelope.call.to_openai(), timeout_s=timeout)
                 )
@@ -263,11 +305,13 @@ class Executor:
                 await self.breakers.release(backend_id, endpoint)
 
     async def _stream(
-        self, backend: OpenAIBackend, envelope: Envelope, timeout: float, summary: StreamSummary
+        self, backend: OpenAIBackend, envelope: Envelope, timeout: float, summary: StreamSummary, fence: Fence
     ) -> Completion:
         try:
             async with asyncio.timeout(timeout):
-                return await self.relay.run(backend, envelope, started_at=time.time(), summary=summary)
+                return await self.relay.run(
+                    backend, envelope, started_at=time.time(), summary=summary, fence=fence
+                )
         except TimeoutError:
             raise stream_timeout(timeout, backend.display_url) from None
 
@@ -340,6 +384,8 @@ class Executor:
             status, drop_reason = "dropped", DROP_STALE_ATTEMPT
         elif settled is not None and settled.kind == scripts.SETTLE_RETRY:
             status = redelivery.STATUS_RETRY
+        elif settled is not None and settled.kind == scripts.SETTLE_REQUEUE:
+            status, drop_reason = redelivery.STATUS_REQUEUED, "shutdown"
         elif code == scripts.FINISH_PRODUCER_GONE:
             drop_reason = DROP_REPLY_PRODUCER_GONE
         elif code == FINISH_UNDELIVERED:

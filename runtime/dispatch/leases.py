@@ -31,6 +31,9 @@ class LeaseRecord:
     cost: int = 0
     trace: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
+    # Set (durable mode) once a chunk of the call reached its producer: the request is not requeued
+    # then; whoever reaps the expired lease answers it with ``stream_interrupted`` instead.
+    streamed: bool = False
 
     @classmethod
     def of(
@@ -85,6 +88,7 @@ class LeaseRecord:
                 "cost": self.cost,
                 "trace": dict(self.trace),
                 "labels": dict(self.labels),
+                **({"streamed": True} if self.streamed else {}),
             }
         )
 
@@ -105,6 +109,7 @@ class LeaseRecord:
                 cost=int(data.get("cost", 0)),
                 trace={str(k): str(v) for k, v in dict(data.get("trace") or {}).items()},
                 labels={str(k): str(v) for k, v in dict(data.get("labels") or {}).items()},
+                streamed=data.get("streamed") is True,
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             return None

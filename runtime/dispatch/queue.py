@@ -268,7 +268,8 @@ class QueueOps:
         backend_id: str = "",
     ) -> int:
         """Releases the lease (and the backend's) and delivers the reply if the producer is alive, or
-        stores the retry or dead letter ``settlement`` names; one of the ``scripts.FINISH_*`` codes.
+        stores the retry or dead letter ``settlement`` names (or requeues ``payload`` at the head of the
+        pool's list); one of the ``scripts.FINISH_*`` codes.
 
         With a fencing ``token`` nothing happens unless the lease is still this claim's
         (``FINISH_STALE``). While one of ``group_pools`` has backlog, the freed slot wakes one idle
@@ -287,6 +288,7 @@ class QueueOps:
                 self.keys.delayed(pool_id),
                 self.keys.dead_letters(pool_id),
                 self.keys.backend_inflight(backend_id),
+                self.keys.requests(pool_id),
                 *map(self.keys.requests, group_pools),
             ],
             [

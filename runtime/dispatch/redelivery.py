@@ -14,16 +14,17 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from opentelemetry import trace
 
 from runtime.dispatch.deadletters import ATTEMPTS_EXHAUSTED, REQUEUES_EXHAUSTED, DeadLetter
+from runtime.dispatch.leases import LeaseRecord
 from runtime.dispatch.queue import QueueOps
 from runtime.dispatch.scripts import SETTLE_DEAD, SETTLE_RETRY
-from runtime.dispatch.stats import DispatcherStats
-from runtime.errors import DeadLettered, DispatchError
+from runtime.dispatch.stats import DROP_REPLY_PRODUCER_GONE, DispatcherStats
+from runtime.errors import DeadLettered, DispatchError, StreamInterrupted
 from runtime.policy import retry
 from runtime.telemetry.spans import Identity, Outcome, record_span
 from runtime.wire.contract import STATUS_ERROR, Envelope, Reply, Timing
@@ -32,6 +33,8 @@ from runtime.wire.groupconfig import GroupConfig
 # Span statuses of attempts that did not end the request (besides ok, error, dropped).
 STATUS_RETRY = "retry"
 STATUS_REQUEUED = "requeued"
+# Pools that do not retry (any more) are searched for due retries this often, not on every promotion.
+SWEEP_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +150,7 @@ class Redeliveries:
         self.tracer = tracer
         self.identity = identity
         self.reply_ttl_s = reply_ttl_s
+        self._swept_at = float("-inf")
 
     def __repr__(self) -> str:
         return (
@@ -168,6 +172,39 @@ class Redeliveries:
                 error_message="its dispatcher's lease expired before the call finished: queued again",
             )  # fmt: skip
             record_span(self.tracer, envelope, self.identity, outcome)
+
+    async def interrupted(
+        self, records: Iterable[LeaseRecord], answer: Callable[[str, bytes], Awaitable[bool]]
+    ) -> None:
+        """Durable streams whose dispatcher died after chunks reached their producer: never run again
+        (a second attempt would repeat or mix chunks); ``answer`` sends each producer a typed
+        ``stream_interrupted`` error. Counted as failures of that type, and a span each."""
+        now = time.time()
+        for record in records:
+            error = StreamInterrupted(
+                f"request {record.request_id}: its dispatcher stopped while it streamed, after chunks "
+                "were sent; it is not run again"
+            )
+            timing = Timing(
+                max(0.0, record.claimed_at - record.enqueued_at),
+                max(0.0, now - record.claimed_at),
+                max(0.0, now - record.enqueued_at),
+            )
+            reply = Reply(
+                record.request_id, STATUS_ERROR, error_type=error.error_type, error_message=str(error),
+                timing=timing,
+            )  # fmt: skip
+            delivered = await answer(record.producer_id, reply.encode())
+            self.stats.failed[error.error_type] += 1
+            if not delivered:
+                self.stats.dropped[DROP_REPLY_PRODUCER_GONE] += 1
+            outcome = Outcome(
+                STATUS_ERROR, record.claimed_at, now, error_type=error.error_type, error_message=str(error),
+                reply_delivered=delivered, cost=record.cost,
+                drop_reason="" if delivered else DROP_REPLY_PRODUCER_GONE,
+            )  # fmt: skip
+            who = dataclasses.replace(self.identity, dispatcher_id=record.dispatcher_id)
+            record_span(self.tracer, record.subject(), who, outcome)
 
     async def bury(self, pool_id: str, raw: bytes, envelope: Envelope) -> bool:
         """Dead-letters the head ``raw`` of a pool, requeued more often than the pool allows."""
@@ -200,8 +237,15 @@ class Redeliveries:
         return buried
 
     async def promote(self, config: GroupConfig | None) -> int:
-        """Moves due retries of the group's retrying pools back to their lists; none without retries."""
-        pools = [p.pool_id for p in config.enabled_pools if p.max_attempts > 1] if config is not None else []
+        """Moves due retries of the group's retrying pools back to their lists; every
+        :data:`SWEEP_S` those of every enabled pool too: retries wait on in a pool whose
+        ``max_attempts`` was lowered to 1 meanwhile, and must not be stranded there."""
+        if config is None:
+            return 0
+        sweep = time.monotonic() - self._swept_at >= SWEEP_S
+        if sweep:
+            self._swept_at = time.monotonic()
+        pools = [p.pool_id for p in config.enabled_pools if sweep or p.max_attempts > 1]
         return await self.queue.promote(pools) if pools else 0
 
     def exhausted(self, config: GroupConfig | None, envelope: Envelope) -> bool:

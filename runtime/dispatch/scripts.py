@@ -131,12 +131,14 @@ CLAIM_BACKEND_CAP = "backend_cap"  # the backend's in-flight limit; the dispatch
 
 # KEYS: producer alive key, replies list, group lease zset, pool lease zset, lease records hash,
 #       pool wake list, fencing tokens hash, durable envelopes hash, delayed zset, dead-letter list,
-#       backend lease zset, then the requests list of every pool of the group
+#       backend lease zset, the pool's requests list, then the requests list of every pool of the group
 # ARGV: reply bytes (empty: release only), reply list TTL ms, lease member, wake token cap, token TTL ms,
 #       fencing token ('' unfenced: lists mode), settlement (SETTLE_*), the retry's next envelope or the
 #       dead letter, the retry's due time
 # Returns FINISH_DELIVERED, FINISH_PRODUCER_GONE, FINISH_STALE (the lease was taken away: nothing
-# done, not even the backend's lease) or FINISH_DELAYED (the retry waits in the delayed set).
+# done, not even the backend's lease), FINISH_DELAYED (the retry waits in the delayed set) or
+# FINISH_REQUEUED (a durable call its dispatcher could not finish before shutting down went back to
+# the head of its pool's list, as an expired lease's would, without waiting for the lease to expire).
 # While the group has backlog, the freed slot wakes one idle dispatcher of the group (the one
 # waiting longest), not necessarily the finisher, so the work spreads over the fleet.
 FINISH = (
@@ -148,6 +150,7 @@ redis.call('HDEL', KEYS[5], ARGV[3])
 redis.call('HDEL', KEYS[7], ARGV[3])
 redis.call('HDEL', KEYS[8], ARGV[3])
 redis.call('ZREM', KEYS[11], ARGV[3])
+if ARGV[7] == 'requeue' then redis.call('LPUSH', KEYS[12], ARGV[8]) end
 for i = 12, #KEYS do
   if redis.call('LLEN', KEYS[i]) > 0 then
 """
@@ -160,6 +163,7 @@ if ARGV[7] == 'retry' then
   redis.call('ZADD', KEYS[9], ARGV[9], ARGV[8])
   return 2
 end
+if ARGV[7] == 'requeue' then return 3 end
 if ARGV[7] == 'dead' then redis.call('RPUSH', KEYS[10], ARGV[8]) end
 if ARGV[1] == '' then return 1 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -172,6 +176,7 @@ FINISH_DELIVERED = 1
 FINISH_PRODUCER_GONE = 0
 FINISH_STALE = -1
 FINISH_DELAYED = 2
+FINISH_REQUEUED = 3
 
 # KEYS: group lease zset, pool lease zset, backend lease zset; ARGV: new expiry offset seconds, member
 # Extends a lease only if it still exists (XX), so a lease reaped after expiry is not revived.
@@ -189,7 +194,9 @@ return 1
 # ARGV: the requests-list key of a pool without its pool id (the key prefix up to it)
 # Drops leases past their expiry (a killed or frozen dispatcher's), so observation counts only live
 # ones. A durable lease's envelope goes back to the head of its pool's list (earliest claim first):
-# a requeue. Any other expired lease with a record is a call lost in flight.
+# a requeue. Any other expired lease with a record is a call lost in flight (a durable stream whose
+# first chunk reached its producer gave its envelope up: its record says ``streamed``). Every expired
+# lease loses its fencing token, so its dispatcher, if it still runs, can neither relay nor finish.
 # Returns {records of the lost calls, requeued envelopes}.
 REAP = """
 local t = redis.call('TIME')
@@ -204,12 +211,12 @@ for i = #expired, 1, -1 do
     local pool = string.match(member, '^(.-)\\031')
     redis.call('LPUSH', ARGV[1] .. pool, envelope)
     redis.call('HDEL', KEYS[3], member)
-    redis.call('HDEL', KEYS[4], member)
     requeued[#requeued + 1] = envelope
   else
     local record = redis.call('HGET', KEYS[2], member)
     if record then lost[#lost + 1] = record end
   end
+  redis.call('HDEL', KEYS[4], member)
   redis.call('HDEL', KEYS[2], member)
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -222,6 +229,7 @@ return {lost, requeued}
 SETTLE_REPLY = "reply"
 SETTLE_RETRY = "retry"
 SETTLE_DEAD = "dead"
+SETTLE_REQUEUE = "requeue"  # durable mode: back at the head of the pool's list (shutdown)
 
 # Due retries moved per pool and promotion; the rest follow on the next one.
 PROMOTE_BATCH = 256

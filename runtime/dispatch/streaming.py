@@ -4,6 +4,13 @@ Each chunk goes to the producer's reply list (``list:llm:replies:{producer_id}``
 in one atomic step that first checks the producer's liveness key: a producer gone mid-stream stops the
 relay, and the backend call is cut off (:class:`ProducerGoneMidStream`, counted by its error type).
 The relay assembles the streamed text into an ordinary chat completion for the final reply and history.
+
+In ``durable`` mode chunks are fenced like replies: the same step checks that the lease is still this
+attempt's (its fencing token), so a dispatcher whose lease was taken away sends nothing more
+(:class:`StaleStream`). The first chunk that reaches the producer also takes the request's requeue
+envelope away and marks its lease record ``streamed``: from then on an expired lease does not run the
+request again (the producer would get the first chunks twice, or two attempts interleaved); whoever
+reaps it answers ``stream_interrupted`` instead.
 """
 
 from __future__ import annotations
@@ -22,14 +29,33 @@ from runtime.valkey.lua import LuaScript
 from runtime.wire.contract import Envelope, StreamChunk
 from runtime.wire.keys import KeySpace
 
-# KEYS: producer alive key, replies list; ARGV: chunk bytes, reply list TTL ms
-# Returns 1 when the chunk was queued for the producer, 0 when the producer is gone.
+# KEYS: producer alive key, replies list, fencing tokens hash, lease records hash, durable envelopes hash
+# ARGV: chunk bytes, reply list TTL ms, lease member, fencing token ('' unfenced: lists mode), the
+#       lease record marked streamed ('' but on a durable call's first chunk)
+# Returns 1 when the chunk was queued for the producer, 0 when the producer is gone, -1 when the lease
+# is no longer this attempt's (it expired: the request was requeued or answered), and nothing is sent.
 RELAY = """
+if ARGV[4] ~= '' and redis.call('HGET', KEYS[3], ARGV[3]) ~= ARGV[4] then return -1 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[5] ~= '' then
+  redis.call('HDEL', KEYS[5], ARGV[3])
+  redis.call('HSET', KEYS[4], ARGV[3], ARGV[5])
+end
 redis.call('RPUSH', KEYS[2], ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return 1
 """
+RELAY_STALE = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """The claim a streamed attempt relays under: its lease member and fencing token ("" unfenced), and
+    the lease record marked streamed that its first chunk stores (b"" in lists mode)."""
+
+    member: str = ""
+    token: str = ""
+    streamed_record: bytes = b""
 
 
 class ProducerGoneMidStream(Cancelled):
@@ -38,11 +64,19 @@ class ProducerGoneMidStream(Cancelled):
     error_type = "stream_producer_gone"
 
 
+class StaleStream(Cancelled):
+    """The attempt's lease was taken away mid-stream (its dispatcher froze past it): nothing more is
+    relayed, and its finish is refused as a stale attempt."""
+
+    error_type = "stale_attempt"
+
+
 @dataclass(slots=True)
 class StreamSummary:
     """What the relay saw: for the final reply and the history row."""
 
     chunks: int = 0
+    relayed: int = 0  # chunks that reached the producer's reply list
     first_chunk_at: float | None = None
     model: str | None = None
     finish_reason: str | None = None
@@ -97,16 +131,27 @@ def for_client(chunk: Mapping[str, Any], include_usage: bool) -> Mapping[str, An
 class StreamRelay:
     """Streams calls for one dispatcher; the Lua relay script is registered once."""
 
-    def __init__(self, client: aioredis.Redis, keys: KeySpace, *, reply_ttl_s: float) -> None:
+    def __init__(self, client: aioredis.Redis, keys: KeySpace, *, reply_ttl_s: float, group_id: str) -> None:
         self.keys = keys
         self.reply_ttl_ms = int(reply_ttl_s * 1000)
         self._relay = LuaScript(RELAY).bind(client)
+        self._claims = [
+            keys.lease_tokens(group_id),
+            keys.lease_records(group_id),
+            keys.durable_leases(group_id),
+        ]
 
     def __repr__(self) -> str:
         return f"<StreamRelay reply_ttl_ms={self.reply_ttl_ms}>"
 
     async def run(
-        self, backend: OpenAIBackend, envelope: Envelope, *, started_at: float, summary: StreamSummary
+        self,
+        backend: OpenAIBackend,
+        envelope: Envelope,
+        *,
+        started_at: float,
+        summary: StreamSummary,
+        fence: Fence = Fence(),
     ) -> Completion:
         """Streams the call, relaying each chunk; returns the assembled completion."""
         assert envelope.stream is not None
@@ -116,8 +161,13 @@ class StreamRelay:
         queue_wait: float | None = max(0.0, started_at - envelope.enqueued_at)
         chunks: AsyncIterator[dict[str, Any]] = backend.stream(body)
         async with contextlib.aclosing(chunks):  # type: ignore[type-var]
-            await self._relay_all(chunks, envelope, include_usage, queue_wait, summary)
+            await self._relay_all(chunks, envelope, include_usage, queue_wait, summary, fence)
         return summary.completion(envelope.request_id)
+
+    async def answer(self, producer_id: str, reply: bytes) -> bool:
+        """Queues ``reply`` for the producer if it is alive (unfenced: for a request whose lease is gone)."""
+        keys = [self.keys.producer_alive(producer_id), self.keys.replies(producer_id), *self._claims]
+        return int(await self._relay(keys=keys, args=[reply, self.reply_ttl_ms, "", "", ""])) == 1
 
     async def _relay_all(
         self,
@@ -126,9 +176,10 @@ class StreamRelay:
         include_usage: bool,
         queue_wait: float | None,
         summary: StreamSummary,
+        fence: Fence,
     ) -> None:
-        alive = self.keys.producer_alive(envelope.producer_id)
-        replies = self.keys.replies(envelope.producer_id)
+        keys = [self.keys.producer_alive(envelope.producer_id), self.keys.replies(envelope.producer_id)]
+        keys += self._claims
         async for chunk in chunks:
             summary.add(chunk, time.time())
             outgoing = for_client(chunk, include_usage)
@@ -136,10 +187,19 @@ class StreamRelay:
                 continue
             raw = StreamChunk(envelope.request_id, outgoing, queue_wait).encode()
             queue_wait = None
-            if not await self._relay(keys=[alive, replies], args=[raw, self.reply_ttl_ms]):
+            record = fence.streamed_record if summary.relayed == 0 else b""
+            sent = int(
+                await self._relay(keys=keys, args=[raw, self.reply_ttl_ms, fence.member, fence.token, record])
+            )
+            if sent == RELAY_STALE:
+                raise StaleStream(
+                    f"request {envelope.request_id}: the lease of this attempt expired mid-stream"
+                )
+            if not sent:
                 raise ProducerGoneMidStream(
                     f"producer {envelope.producer_id} went away while request {envelope.request_id} streamed"
                 )
+            summary.relayed += 1
 
 
 def stream_timeout(budget_s: float, display_url: str) -> BackendTimeout:

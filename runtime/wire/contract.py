@@ -344,6 +344,15 @@ def _wall_clock(value: Any, what: str) -> float:
     return seconds
 
 
+def envelope_prefix(request_id: str, producer_id: str) -> bytes:
+    """How every encoded envelope of this request starts, whatever its attempt: a script finds a
+    request stored as another attempt's bytes (a retry in the delayed set) by it."""
+    return (
+        b'{"request_id":' + orjson.dumps(request_id) + b',"v":' + orjson.dumps(CONTRACT_VERSION)
+        + b',"producer_id":' + orjson.dumps(producer_id) + b","
+    )  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class StreamOptions:
     """A streamed call: ``include_usage`` asks for the final usage-only chunk, as OpenAI's option does."""

@@ -53,8 +53,15 @@ class PoolConfig:
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(self.max_attempts, self.retry_backoff_base_s, self.retry_backoff_cap_s)
 
-    def admission_limits(self) -> AdmissionLimits:
-        return AdmissionLimits(max_queued=self.max_queued, max_queue_wait_s=self.max_queue_wait_s)
+    def admission_limits(self, backend: BackendConfig | None = None) -> AdmissionLimits:
+        """The pool's limits, with what admission reads of its drain: paused, and ``backend``'s breaker."""
+        return AdmissionLimits(
+            max_queued=self.max_queued,
+            max_queue_wait_s=self.max_queue_wait_s,
+            paused=self.paused,
+            breaker_backend_id=backend.backend_id if backend is not None else "",
+            breaker_open_s=backend.breaker_open_s if backend is not None else 0.0,
+        )
 
     def policy(self) -> PoolPolicy:
         return PoolPolicy(

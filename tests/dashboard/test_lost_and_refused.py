@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dashboard import selectors
 from tests.dashboard.test_merge import pool, snap
+from tests.pools.helpers import dead_letter
 
 
 def test_lost_in_flight_is_summed_per_pool_over_dispatchers() -> None:
@@ -51,3 +52,32 @@ def test_metrics_show_lost_calls_refused_configs_and_internal_errors(client, fab
     assert samples[("llm_dispatch_config_rejected_total", "")] == 1
     assert samples[("llm_dispatch_internal_errors_total", "")] == 3
     assert selectors.counter_totals(sredis.hgetall(keys.counters("g")))["config_rejected"] == 1
+
+
+def test_metrics_show_each_pools_dead_letters(client, fabric, sredis, keys) -> None:
+    sredis.rpush(
+        keys.dead_letters("backfill"), dead_letter("d-1"), dead_letter("d-2", dead_at=time.time() - 30)
+    )
+    text = client.get("/metrics").content.decode()
+    samples = {
+        (s.name, s.labels["pool"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels.get("fabric_group") == "g" and "dead_letter" in s.name
+    }
+    assert samples[("llm_dispatch_dead_letters", "backfill")] == 2
+    assert samples[("llm_dispatch_dead_letters", "interactive")] == 0
+    assert samples[("llm_dispatch_oldest_dead_letter_age_seconds", "backfill")] >= 0
+    assert ("llm_dispatch_oldest_dead_letter_age_seconds", "interactive") not in samples
+
+
+def test_metrics_show_retries_requeues_and_dead_letterings(client, fabric, sredis, keys) -> None:
+    sredis.hset(keys.counters("g"), mapping={"retried": 4, "requeued": 2})
+    text = client.get("/metrics").content.decode()
+    samples = {
+        s.labels["outcome"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "llm_dispatch_redeliveries_total" and s.labels.get("fabric_group") == "g"
+    }
+    assert samples == {"retried": 4, "requeued": 2, "dead_lettered": 0}

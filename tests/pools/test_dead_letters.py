@@ -62,6 +62,19 @@ def test_replay_queues_a_fresh_attempt_and_is_logged(
     assert sredis.llen(keys.requests("backfill")) == 1 and LogEntry.objects.count() == 1
 
 
+def test_a_letter_moved_between_lanes_is_replayed_from_the_list_it_sits_in(
+    group: FabricGroup, superuser_client: Client, sredis: redis.Redis, keys: KeySpace
+) -> None:
+    # Its envelope names "interactive", but it died in (and sits in) backfill's dead-letter list.
+    sredis.rpush(keys.dead_letters("backfill"), dead_letter("moved", pool_id="interactive"))
+    [stored] = selectors.pool_dead_letters(pool=Pool.objects.get(pool_id="backfill"))
+    shown = post(superuser_client, page(group), "replay", stored.digest)
+    assert "Replayed dead letter request moved of pool backfill" in shown
+    [queued] = sredis.lrange(keys.requests("backfill"), 0, -1)
+    assert Envelope.decode(queued).request_id == "moved"
+    assert sredis.llen(keys.requests("interactive")) == 0 and sredis.llen(keys.dead_letters("backfill")) == 0
+
+
 def test_discard_removes_readable_and_unreadable_letters(
     group: FabricGroup, superuser_client: Client, sredis: redis.Redis, keys: KeySpace
 ) -> None:

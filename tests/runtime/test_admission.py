@@ -9,6 +9,7 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from runtime.backends.breaker import OPEN, BreakerState, encode_state
 from runtime.dispatch.admission import ADMIT_PUSH, DRAIN_RING, admit_and_push, drain_lua
 from runtime.errors import QueueFull, Rejected
 from runtime.policy.admission import DRAIN_WINDOW_S, AdmissionLimits, decide
@@ -72,9 +73,12 @@ async def test_drain_counts_land_in_the_current_seconds_bucket(
     record = aredis.register_script(drain_lua("KEYS[1]", "ARGV[1]"))
     for _ in range(3):
         await record(keys=[key], args=[2])
-    ring = {k.decode(): int(v) for k, v in (await aredis.hgetall(key)).items()}
+    fields = {k.decode(): v for k, v in (await aredis.hgetall(key)).items()}
+    last = float(fields.pop("last"))  # when a request last left: admission's stall clock
+    ring = {k: int(v) for k, v in fields.items()}
     assert sum(v for k, v in ring.items() if k.startswith("c")) == 6
     assert len(ring) <= 2 * DRAIN_RING and await aredis.ttl(key) > 0
+    assert abs(last - float((await aredis.time())[0])) < 2
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -154,3 +158,64 @@ async def test_racing_producers_never_take_the_queue_past_max_queued(valkey_url:
     finally:
         for client in clients:
             await client.aclose()
+
+
+async def valkey_now(client: aioredis.Redis) -> float:
+    seconds, micros = await client.time()
+    return seconds + micros / 1e6
+
+
+@pytest.mark.parametrize(("last_drain_ago", "refused"), [(None, True), (12.0, True), (2.0, False)])
+async def test_backlog_that_drains_nothing_past_max_queue_wait_is_refused(
+    aredis: aioredis.Redis, keys: KeySpace, last_drain_ago: float | None, refused: bool
+) -> None:
+    """The dispatchers are down (or stuck): nothing has left the queue since its backlog began."""
+    script = aredis.register_script(ADMIT_PUSH)
+    limits = AdmissionLimits(max_queue_wait_s=5.0)
+    assert await admit_and_push(script, keys, "stuck", b"first", limits) == 1  # the backlog starts now
+    now = await valkey_now(aredis)
+    drained = {} if last_drain_ago is None else {"last": now - last_drain_ago}
+    # As if the backlog began 20 s ago (admission wrote ``since``; the claims write ``last``).
+    await aredis.hset(keys.pool_drain("stuck"), mapping={"since": now - 20, **drained})
+    if not refused:
+        assert await admit_and_push(script, keys, "stuck", b"second", limits) == 2
+        return
+    with pytest.raises(QueueFull) as caught:
+        await admit_and_push(script, keys, "stuck", b"second", limits)
+    full = caught.value
+    assert (full.reason, full.depth, full.limit, full.retry_after_s) == ("not_draining", 1, 5.0, 5.0)
+    idle = 20 if last_drain_ago is None else last_drain_ago  # from the later of backlog start and drain
+    assert f"has drained nothing for {idle:.0f}s" in str(full) and "the wait is unbounded" in str(full)
+    assert await aredis.lrange(keys.requests("stuck"), 0, -1) == [b"first"]
+    assert await aredis.hgetall(keys.rejections()) == {b"stuck:not_draining": b"1"}
+
+
+async def test_a_paused_pool_with_max_queue_wait_refuses_even_when_empty(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
+    script = aredis.register_script(ADMIT_PUSH)
+    with pytest.raises(QueueFull) as caught:
+        await admit_and_push(script, keys, "held", b"r", AdmissionLimits(max_queue_wait_s=30.0, paused=True))
+    assert caught.value.reason == "paused" and "pool 'held' is paused" in str(caught.value)
+    assert await aredis.llen(keys.requests("held")) == 0
+    # Paused but unbounded by choice (no max_queue_wait_s): it queues, as before.
+    assert await admit_and_push(script, keys, "held", b"r", AdmissionLimits(max_queued=10, paused=True)) == 1
+    assert await aredis.hgetall(keys.rejections()) == {b"held:paused": b"1"}
+
+
+@pytest.mark.parametrize(("opened_ago", "refused"), [(1.0, True), (11.0, False)])
+async def test_an_open_breaker_refuses_until_it_may_probe(
+    aredis: aioredis.Redis, keys: KeySpace, opened_ago: float, refused: bool
+) -> None:
+    """The state as the fleet's shared breaker stores it; after its open time it probes: admitted."""
+    script = aredis.register_script(ADMIT_PUSH)
+    state = BreakerState(mode=OPEN, since=await valkey_now(aredis) - opened_ago, trips=1)
+    await aredis.set(keys.backend_breaker("gpu"), encode_state(state))
+    limits = AdmissionLimits(max_queue_wait_s=30.0, breaker_backend_id="gpu", breaker_open_s=10.0)
+    if not refused:
+        assert await admit_and_push(script, keys, "behind", b"r", limits) == 1
+        return
+    with pytest.raises(QueueFull) as caught:
+        await admit_and_push(script, keys, "behind", b"r", limits)
+    assert caught.value.reason == "breaker_open" and "circuit breaker open" in str(caught.value)
+    assert await aredis.hgetall(keys.rejections()) == {b"behind:breaker_open": b"1"}

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime.policy.admission import (
+    REASON_BREAKER_OPEN,
     REASON_MAX_QUEUE_WAIT,
     REASON_MAX_QUEUED,
+    REASON_NOT_DRAINING,
+    REASON_PAUSED,
     RETRY_AFTER_MAX_S,
     RETRY_AFTER_MIN_S,
     AdmissionLimits,
+    Stall,
     decide,
 )
 
 UNBOUNDED = AdmissionLimits()
+WAIT5 = AdmissionLimits(max_queue_wait_s=5.0)
 
 
 @pytest.mark.parametrize(
@@ -44,6 +51,48 @@ def test_admission_table(depth: int, limits: AdmissionLimits, rate: float, reaso
         return
     assert refusal is not None
     assert (refusal.reason, refusal.depth, refusal.retry_after_s) == (reason, depth, retry)
+
+
+@pytest.mark.parametrize(
+    ("depth", "limits", "rate", "stall", "reason"),
+    [
+        # A pool that drains nothing has an unbounded wait: refused with max_queue_wait_s, and why.
+        (0, WAIT5, 0.0, Stall(paused=True), REASON_PAUSED),
+        (3, WAIT5, 9.0, Stall(paused=True, breaker_open=True), REASON_PAUSED),
+        (0, WAIT5, 0.0, Stall(breaker_open=True), REASON_BREAKER_OPEN),
+        (1, WAIT5, 0.0, Stall(idle_s=5.1), REASON_NOT_DRAINING),
+        (1, WAIT5, 0.0, Stall(idle_s=4.9), None),  # not yet: the dispatchers may just be starting
+        (0, WAIT5, 0.0, Stall(idle_s=60.0), None),  # no backlog: nothing waits
+        # Without max_queue_wait_s the pool is unbounded by choice: nothing changes.
+        (500, UNBOUNDED, 0.0, Stall(paused=True, breaker_open=True, idle_s=600), None),
+        (9, AdmissionLimits(max_queued=10), 0.0, Stall(paused=True), None),
+        # The count is still checked first.
+        (
+            10,
+            AdmissionLimits(max_queued=10, max_queue_wait_s=5.0),
+            0.0,
+            Stall(paused=True),
+            REASON_MAX_QUEUED,
+        ),
+    ],
+)
+def test_a_pool_that_drains_nothing_is_refused_with_why(
+    depth: int, limits: AdmissionLimits, rate: float, stall: Stall, reason: str | None
+) -> None:
+    refusal = decide(depth, limits, rate, stall)
+    assert (refusal.reason if refusal else None) == reason
+    if refusal is not None and reason != REASON_MAX_QUEUED:
+        assert refusal.estimated_wait_s == math.inf and refusal.retry_after_s == 5.0
+        assert "unbounded" in refusal.describe("p")
+
+
+def test_an_unbounded_refusal_says_why() -> None:
+    refusal = decide(7, WAIT5, 0.0, Stall(idle_s=42.4))
+    assert refusal is not None
+    assert refusal.describe("backfill") == (
+        "pool 'backfill' has drained nothing for 42s: nothing leaves its queue (7 queued), so the wait is "
+        "unbounded, over its max_queue_wait_s of 5s; retry in about 5.0s"
+    )
 
 
 def test_refusal_message_names_depth_limit_and_retry() -> None:
