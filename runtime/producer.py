@@ -350,7 +350,7 @@ class Producer:
                 timer.cancel()
             self._waiters.pop(request_id, None)
         if not reply.ok:
-            raise error_from_type(reply.error_type or "dispatch_error", reply.error_message or "")
+            raise reply_error(reply)
         assert reply.completion is not None
         return CompletionResult(request_id, pool_id, reply.completion, reply.timing)
 
@@ -476,7 +476,7 @@ class Producer:
                 stream.timing = item.timing
                 if not item.ok:
                     self.stats.failed += 1
-                    raise error_from_type(item.error_type or "dispatch_error", item.error_message or "")
+                    raise reply_error(item)
                 self.stats.completed += 1
                 return
         finally:
@@ -691,6 +691,21 @@ def _expire(future: asyncio.Future[Reply]) -> None:
     """A submit's timer: its reply did not come in time (a reply arriving later is counted late)."""
     if not future.done():
         future.set_exception(TimeoutError())
+
+
+def reply_error(reply: Reply) -> DispatchError:
+    """The typed error a failed reply describes, with the backend's status when it carries one."""
+    error_type, message = reply.error_type or "dispatch_error", reply.error_message or ""
+    backend = reply.backend
+    if backend is None:
+        return error_from_type(error_type, message)
+    return error_from_type(
+        error_type,
+        message,
+        status_code=backend.status,
+        retry_after_s=backend.retry_after_s,
+        backend_message=backend.message,
+    )
 
 
 def _fail_span(span: trace.Span, exc: DispatchError) -> None:
