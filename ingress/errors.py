@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 import orjson
 
-from runtime.errors import BackendHTTPError, DispatchError
+from runtime.errors import BackendHTTPError, DispatchError, QueueFull
+from runtime.policy.admission import REASON_KEY_IN_FLIGHT, REASON_KEY_QUEUED
 
-# Admission control (queue full) arrives with its own issue; its error_type is mapped here already.
 QUEUE_FULL = "queue_full"
+# A key's own limits refused the request: the code says which (a pool's refusal says queue_full).
+_KEY_LIMIT_CODES = {REASON_KEY_IN_FLIGHT: "too_many_in_flight", REASON_KEY_QUEUED: "too_many_queued"}
 
 
 @dataclass
@@ -118,7 +120,10 @@ def api_error_for(exc: DispatchError) -> ApiError:
     retry_after = getattr(exc, "retry_after_s", None)
     if status == 429 and retry_after is None:
         retry_after = 1.0
-    return ApiError(status, message, kind, exc.error_type, param=param, retry_after_s=retry_after)
+    code = exc.error_type
+    if isinstance(exc, QueueFull):
+        code = _KEY_LIMIT_CODES.get(exc.reason, code)
+    return ApiError(status, message, kind, code, param=param, retry_after_s=retry_after)
 
 
 def backend_http_error(exc: BackendHTTPError) -> ApiError:
