@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from runtime.dispatch.admission import ADMIT_PUSH, DRAIN_RING, KeyLease, KeyLeases, admit_and_push, drain_lua
 from runtime.dispatch.queue import lease_member
 from runtime.errors import QueueFull, Rejected
-from runtime.policy.admission import DRAIN_WINDOW_S, AdmissionLimits, KeyLimits, decide
+from runtime.policy.admission import DRAIN_WINDOW_S, AdmissionLimits, KeyLimits, decide, decide_key
 from runtime.valkey.client import connect
 from runtime.wire.keys import KeySpace
 
@@ -209,3 +209,43 @@ async def test_a_keys_lease_lapses_unless_renewed(aredis: aioredis.Redis, keys: 
     )
     await leases.release(first)
     assert await aredis.zrange(keys.key_open("8"), 0, -1) == [lease_member("gold", "b").encode()]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    running=st.integers(0, 4),
+    queued=st.integers(0, 4),
+    max_in_flight=st.none() | st.integers(1, 6),
+    max_queued=st.none() | st.integers(1, 6),
+)
+async def test_the_key_check_agrees_with_the_pure_rule(
+    valkey_url: str,
+    keys: KeySpace,
+    running: int,
+    queued: int,
+    max_in_flight: int | None,
+    max_queued: int | None,
+) -> None:
+    client = connect(valkey_url)
+    try:
+        key = KeyLimits(f"k{running}-{queued}-{max_in_flight}-{max_queued}", "k", max_in_flight, max_queued)
+        await client.delete(keys.key_open(key.key_id), keys.pool_inflight("kp"), keys.requests("kp"))
+        started = [lease_member("kp", f"run{i}") for i in range(running)]
+        waiting = [lease_member("kp", f"wait{i}") for i in range(queued)]
+        if started or waiting:
+            await client.zadd(keys.key_open(key.key_id), dict.fromkeys(started + waiting, 1e12))
+        if started:
+            await client.zadd(keys.pool_inflight("kp"), dict.fromkeys(started, 1e12))
+        expected = decide_key(running + queued, queued, key)
+        lease = key_lease(keys, key, "kp", "new")
+        try:
+            await admit_and_push(
+                client.register_script(ADMIT_PUSH), keys, "kp", b"new", AdmissionLimits(), lease
+            )
+        except QueueFull as full:
+            assert full.reason == expected
+        else:
+            assert expected is None
+            assert await client.zscore(keys.key_open(key.key_id), lease.member) is not None
+    finally:
+        await client.aclose()
