@@ -18,6 +18,7 @@ from dashboard.routing import websocket_urlpatterns  # noqa: E402
 from history.ingester import start_in_background  # noqa: E402
 from ingress.build import build_ingress  # noqa: E402
 from ingress.routing import PathPrefixRouter  # noqa: E402
+from ops.runtime_settings import start_tracing  # noqa: E402
 from pools.connections import configure_channel_layers  # noqa: E402
 
 
@@ -30,6 +31,9 @@ def _with_static_files(app: Any) -> Any:
 configure_channel_layers()
 # With the embedded chDB history, this process owns the database, so it also runs the ingester.
 start_in_background()
+# The ingress's producer writes spans too (refusals, withdrawn requests): history shows them like the
+# Python producer's. The provider flushes at exit (OpenTelemetry's own atexit hook).
+start_tracing("llm-dispatch-ingress")
 
 application = ProtocolTypeRouter(
     {

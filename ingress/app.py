@@ -158,21 +158,22 @@ class Ingress:
             call = ChatCall.from_openai(body)
         except MalformedEnvelope as exc:
             raise api_error_for(exc) from exc
-        self._check_limits(grant)
         producer = await self.producer()
         metadata = Metadata(labels={PRODUCER_LABEL: grant.name})
+        # The key's limits are the fleet's: checked in Valkey with the push (a refusal is QueueFull).
+        key = grant.limits()
         self.open_by_key[grant.key_id] += 1
         try:
             if stream:
                 chat_stream = producer.stream(
                     call, pool_id=pool_id, metadata=metadata, timeout=timeout_s, request_id=request_id,
-                    include_usage=include_usage,
+                    include_usage=include_usage, key=key,
                 )  # fmt: skip
                 ids = [(REQUEST_ID_HEADER, request_id)]
                 await until_disconnect(receive, send_stream(send, chat_stream, ids))
                 return
             submit = producer.submit(
-                call, pool_id=pool_id, metadata=metadata, timeout=timeout_s, request_id=request_id
+                call, pool_id=pool_id, metadata=metadata, timeout=timeout_s, request_id=request_id, key=key
             )
             result = await until_disconnect(receive, submit)
             if result is None:
@@ -188,17 +189,6 @@ class Ingress:
                 (QUEUE_WAIT_HEADER, f"{result.timing.queue_wait_s * 1000:.3f}"),
             ],
         )
-
-    def _check_limits(self, grant: KeyGrant) -> None:
-        open_now = self.open_by_key[grant.key_id]
-        if grant.max_in_flight is not None and open_now >= grant.max_in_flight:
-            raise ApiError(
-                429,
-                f"key {grant.name!r} has {open_now} requests open (most in flight: {grant.max_in_flight})",
-                "rate_limit_error",
-                "too_many_in_flight",
-                retry_after_s=1.0,
-            )
 
 
 async def until_disconnect(receive: Receive, call: Awaitable[Any]) -> Any:

@@ -45,14 +45,14 @@ class ProducerKey(models.Model):
         null=True,
         blank=True,
         validators=[MinValueValidator(1)],
-        help_text="Most open requests of this key per web process; more get 429.",
+        help_text="Most open requests (queued or running) of this key over all web processes; more get 429.",
     )
     max_queued = models.PositiveIntegerField(
         "most queued",
         null=True,
         blank=True,
         validators=[MinValueValidator(1)],
-        help_text="Reserved for admission control (not enforced yet).",
+        help_text="Most requests of this key waiting to start, across every web process; more get 429.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField("last used", null=True, blank=True, editable=False)

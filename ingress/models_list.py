@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -10,9 +11,10 @@ from typing import Any
 import httpx
 
 from ingress.errors import ApiError
-from runtime.backends.redact import redact_url, strip_userinfo
+from runtime.backends.redact import redact_url, scrub_address, strip_userinfo
 from runtime.producer import Producer
 
+log = logging.getLogger(__name__)
 CACHE_S = 30.0
 
 
@@ -44,11 +46,13 @@ class ModelLister:
             response.raise_for_status()
             body = response.json()
         except (httpx.HTTPError, ValueError) as exc:
+            # The details name the backend's address: the operator's log gets them, the client does not.
+            detail = scrub_address(str(exc), endpoint, (api_key,) if api_key else ())
+            shown = redact_url(endpoint)
+            log.warning("the backend of pool %r (%s) did not list its models: %s", pool_id, shown, detail)
             raise ApiError(
-                503,
-                f"the backend of pool {pool_id!r} ({redact_url(endpoint)}) did not list its models: {exc}",
-                "service_unavailable",
+                503, f"the backend of pool {pool_id!r} did not list its models", "service_unavailable",
                 "no_backend",
-            ) from exc
+            ) from exc  # fmt: skip
         self._cache[endpoint] = (time.monotonic(), body)
         return body

@@ -6,6 +6,7 @@ import hashlib
 from dataclasses import dataclass
 
 from ingress.models import ProducerKey
+from runtime.policy.admission import KeyLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +19,12 @@ class KeyGrant:
     default_pool: str
     max_in_flight: int | None
     max_queued: int | None
+
+    def limits(self) -> KeyLimits | None:
+        """The key's limits for the producer's admission script; None when it has none."""
+        if self.max_in_flight is None and self.max_queued is None:
+            return None
+        return KeyLimits(str(self.key_id), self.name, self.max_in_flight, self.max_queued)
 
 
 def key_digest(raw_key: str) -> str:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
 
+from pools.connections import key_space, valkey_url
 from runtime.config import DispatcherSettings, ProducerSettings
 from runtime.policy.cost import CostModel
 
@@ -42,3 +45,18 @@ def producer_settings(**overrides: Any) -> ProducerSettings:
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     return ProducerSettings(**values)
+
+
+def start_tracing(service_name: str) -> Callable[[], None]:
+    """Installs this process's span exporter to the Valkey stream (and OTLP when configured); returns
+    its shutdown callable. Every process that submits or runs requests calls it once."""
+    from runtime.telemetry.tracing import configure_tracing, otlp_configured, shutdown_tracing
+
+    provider = configure_tracing(
+        redis_url=valkey_url(),
+        keys=key_space(),
+        service_name=service_name,
+        otlp=otlp_configured(os.environ),
+        store_content=bool(settings.HISTORY_STORE_CONTENT),
+    )
+    return lambda: shutdown_tracing(provider, 5.0)

@@ -98,12 +98,19 @@ class BackendHTTPError(BackendError):
     error_type = "backend_http_error"
 
     def __init__(
-        self, message: str = "", *, status_code: int = 0, retry_after_s: float | None = None
+        self,
+        message: str = "",
+        *,
+        status_code: int = 0,
+        retry_after_s: float | None = None,
+        backend_message: str = "",
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
         # The backend's Retry-After in seconds (429/503), honoured by the retry decision.
         self.retry_after_s = retry_after_s
+        # The backend's own words, without its address: what an API client may be shown.
+        self.backend_message = backend_message
         self.retryable = status_code in (408, 409, 429) or status_code >= 500
 
 
@@ -215,10 +222,29 @@ def _all_subclasses(cls: type[DispatchError]) -> list[type[DispatchError]]:
 ERROR_TYPES: dict[str, type[DispatchError]] = {c.error_type: c for c in _all_subclasses(DispatchError)}
 
 
-def error_from_type(error_type: str, message: str) -> DispatchError:
-    """Rebuild the typed exception a reply describes; unknown types become the base class."""
+def error_from_type(
+    error_type: str,
+    message: str,
+    *,
+    status_code: int | None = None,
+    retry_after_s: float | None = None,
+    backend_message: str = "",
+) -> DispatchError:
+    """Rebuild the typed exception a reply describes; unknown types become the base class.
+
+    A backend's HTTP status, Retry-After and own message come back on a :class:`BackendHTTPError`.
+    """
     cls = ERROR_TYPES.get(error_type, DispatchError)
-    error = cls(message)
+    error: DispatchError
+    if cls is BackendHTTPError:
+        error = BackendHTTPError(
+            message,
+            status_code=status_code or 0,
+            retry_after_s=retry_after_s,
+            backend_message=backend_message,
+        )
+    else:
+        error = cls(message)
     if error.error_type != error_type:
         error.error_type = error_type
     return error

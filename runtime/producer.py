@@ -19,8 +19,8 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -33,7 +33,8 @@ from runtime import eventloop
 from runtime.backends.adapter import BackendPool, OpenAIBackend
 from runtime.backoff import Backoff
 from runtime.config import ProducerSettings
-from runtime.dispatch.admission import ADMIT_PUSH, admit_and_push
+from runtime.dispatch.admission import ADMIT_PUSH, KeyLease, KeyLeases, admit_and_push
+from runtime.dispatch.queue import lease_member
 from runtime.dispatch.wakeup import PUSH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
 from runtime.errors import (
     Cancelled,
@@ -46,7 +47,7 @@ from runtime.errors import (
     UnknownPool,
     error_from_type,
 )
-from runtime.policy.admission import AdmissionLimits
+from runtime.policy.admission import REASON_KEY_IN_FLIGHT, AdmissionLimits, KeyLimits
 from runtime.telemetry import semconv
 from runtime.valkey.client import REDIS_ERRORS, connect, dedicated_connection
 from runtime.valkey.lua import LuaScript
@@ -151,6 +152,7 @@ class ProducerStats:
     rejected: int = 0  # refused at submit by the pool's admission limits (QueueFull)
     timed_out: int = 0
     cancelled: int = 0  # withdrawn by the caller (e.g. an ingress client that disconnected)
+    withdrawn_queued: int = 0  # of those, taken back out of their list before any dispatcher saw them
     late_replies: int = 0
     duplicate_replies: int = 0  # a second reply for a request already answered (discarded)
     malformed_replies: int = 0
@@ -219,6 +221,9 @@ class Producer:
         self._admit_script = _ADMIT_PUSH.bind(client)
         self._registry_script = _READ_REGISTRY.bind(client)
         self._withdraw_script = _WITHDRAW.bind(client)
+        self._key_leases = KeyLeases(client, keys, self.settings.alive_ttl_s)
+        # Direct calls never reach Valkey: a key's most-in-flight is counted per process there.
+        self._direct_open: Counter[str] = Counter()
 
     def __repr__(self) -> str:
         mode = "direct" if self.direct_backend else "queued"
@@ -298,11 +303,13 @@ class Producer:
         metadata: Metadata | None = None,
         timeout: float | None = None,
         request_id: str | None = None,
+        key: KeyLimits | None = None,
     ) -> CompletionResult:
         """Runs one chat completion through ``pool_id``; returns it or raises a DispatchError.
 
         Cancelling the caller withdraws the request: still queued, it is taken out of its list and never
-        runs; already running, its dispatcher is told to cut the backend call off.
+        runs; already running, its dispatcher is told to cut the backend call off. ``key`` (an ingress
+        key's limits) is admitted with the push, over the whole fleet; a refusal is QueueFull.
         """
         if self._closed or not self._started:
             raise ProducerClosed(
@@ -311,31 +318,22 @@ class Producer:
         chat = call if isinstance(call, ChatCall) else ChatCall.from_openai(call)
         timeout_s = self.settings.default_timeout_s if timeout is None else timeout
         request_id = request_id or uuid.uuid4().hex
-        span = self._tracer.start_span(
-            semconv.SPAN_NAME_SUBMIT,
-            kind=trace.SpanKind.PRODUCER,
-            attributes={
-                semconv.REQUEST_ID: request_id,
-                semconv.PRODUCER_ID: self.producer_id,
-                semconv.POOL_ID: pool_id,
-                semconv.GEN_AI_REQUEST_MODEL: chat.model,
-                semconv.SPAN_KIND_ROLE: "producer",
-            },
-        )
+        metadata = metadata or Metadata()
+        span = self._submit_span(request_id, pool_id, chat.model, metadata)
         self.stats.submitted += 1
         try:
             backend = self.direct_backend or await self._route(pool_id)
             if backend is not None:
-                result = await self._submit_direct(backend, chat, request_id, pool_id, timeout_s)
+                with self._direct_slot(key, pool_id):
+                    result = await self._submit_direct(backend, chat, request_id, pool_id, timeout_s)
             else:
+                lease = self._lease(key, pool_id, request_id, timeout_s)
                 result = await self._submit_queued(
-                    chat, request_id, pool_id, metadata or Metadata(), timeout_s, span
+                    chat, request_id, pool_id, metadata, timeout_s, span, lease
                 )
         except QueueFull as exc:
             self.stats.rejected += 1
-            # A history row of its own: refused at the door, with the admission limit's reason.
-            span.set_attributes({semconv.STATUS: "rejected", semconv.DROP_REASON: exc.reason})
-            _fail_span(span, exc)
+            _refused_span(span, exc)
             raise
         except DispatchError as exc:
             self.stats.failed += 1
@@ -362,6 +360,7 @@ class Producer:
         metadata: Metadata,
         timeout_s: float,
         span: trace.Span,
+        lease: KeyLease | None = None,
     ) -> CompletionResult:
         raw = self._envelope(chat, request_id, pool_id, metadata, timeout_s, span)
         loop = asyncio.get_running_loop()
@@ -369,7 +368,7 @@ class Producer:
         self._waiters[request_id] = _Waiter(future, pool_id)
         timer: asyncio.TimerHandle | None = None
         try:
-            await self._push(pool_id, request_id, raw)
+            await self._push(pool_id, request_id, raw, lease, timeout_s)
             # A timer on the reply's own future rather than asyncio.wait_for, which adds a second future,
             # done callbacks and its own timer to every submit.
             timer = loop.call_at(loop.time() + timeout_s, _expire, future)
@@ -381,14 +380,17 @@ class Producer:
                     f"request {request_id} to pool {pool_id!r} got no reply within {timeout_s:g}s"
                 ) from None
             except asyncio.CancelledError:
-                await self.withdraw(pool_id, request_id, raw)
+                if await self.withdraw(pool_id, request_id, raw):
+                    _withdrawn_span(span)
                 raise
         finally:
             if timer is not None:
                 timer.cancel()
             self._waiters.pop(request_id, None)
+            if lease is not None:
+                await self._key_leases.release(lease)
         if not reply.ok:
-            raise error_from_type(reply.error_type or "dispatch_error", reply.error_message or "")
+            raise reply_error(reply)
         assert reply.completion is not None
         return CompletionResult(request_id, pool_id, reply.completion, reply.timing)
 
@@ -418,14 +420,19 @@ class Producer:
         )
         return envelope.encode(max_bytes=self.settings.max_envelope_bytes)
 
-    async def _push(self, pool_id: str, request_id: str, raw: bytes) -> None:
-        """Queues the envelope; QueueFull (nothing queued) when the pool's admission limits refuse it."""
+    async def _push(
+        self, pool_id: str, request_id: str, raw: bytes, lease: KeyLease | None = None, timeout_s: float = 0.0
+    ) -> None:
+        """Queues the envelope; QueueFull (nothing queued) when the pool's admission limits, or those of
+        the ingress key holding ``lease``, refuse it."""
         limits = self._admission_limits(pool_id)
         try:
-            if limits.bounded:
-                # The limits are checked and the request pushed in one script: racing producers
-                # never take the queue past max_queued.
-                await admit_and_push(self._admit_script, self.keys, pool_id, raw, limits)
+            if limits.bounded or lease is not None:
+                # The limits are checked and the request pushed (and counted against its key) in one
+                # script: racing producers never take the queue past max_queued, nor a key past its own.
+                await admit_and_push(self._admit_script, self.keys, pool_id, raw, limits, lease)
+                if lease is not None:
+                    self._key_leases.hold(lease, timeout_s)
                 return
             # One script: the push, and a wake-up token only when the list was empty (wake one, not all).
             await self._push_script(
@@ -444,6 +451,7 @@ class Producer:
         timeout: float | None = None,
         request_id: str | None = None,
         include_usage: bool | None = None,
+        key: KeyLimits | None = None,
     ) -> ChatStream:
         """Streams one chat completion through ``pool_id``: ``async for chunk in producer.stream(...)``
         yields OpenAI ``chat.completion.chunk`` objects as the backend sends them.
@@ -475,6 +483,7 @@ class Producer:
             timeout_s=self.settings.default_timeout_s if timeout is None else timeout,
             request_id=request_id or uuid.uuid4().hex,
             include_usage=bool(include_usage),
+            key=key,
         )
 
     async def _stream_events(self, stream: ChatStream) -> AsyncIterator[Mapping[str, Any]]:
@@ -483,24 +492,40 @@ class Producer:
         backend = self.direct_backend or await self._route(pool_id)
         if backend is not None:
             body = {**stream.call.to_openai(), "stream_options": {"include_usage": stream.include_usage}}
-            async with contextlib.aclosing(backend.stream(body)) as chunks:  # type: ignore[type-var]
-                async for chunk in chunks:
-                    yield chunk
+            with self._direct_slot(stream.key, pool_id):
+                async with contextlib.aclosing(backend.stream(body)) as chunks:  # type: ignore[type-var]
+                    async for chunk in chunks:
+                        yield chunk
             self.stats.completed += 1
             return
-        with self._tracer.start_as_current_span(
-            semconv.SPAN_NAME_SUBMIT, kind=trace.SpanKind.PRODUCER
-        ) as span:
-            span.set_attributes({semconv.REQUEST_ID: request_id, semconv.POOL_ID: pool_id})
-            raw = self._envelope(
-                stream.call, request_id, pool_id, stream.metadata, stream.timeout_s, span,
-                StreamOptions(include_usage=stream.include_usage),
-            )  # fmt: skip
+        span = self._submit_span(request_id, pool_id, stream.call.model, stream.metadata)
+        try:
+            async with contextlib.aclosing(self._queued_stream(stream, span)) as events:  # type: ignore[type-var]
+                async for event in events:
+                    yield event
+        except QueueFull as exc:
+            self.stats.rejected += 1
+            _refused_span(span, exc)
+            raise
+        except DispatchError as exc:
+            _fail_span(span, exc)
+            raise
+        finally:
+            span.end()
+
+    async def _queued_stream(self, stream: ChatStream, span: trace.Span) -> AsyncIterator[Mapping[str, Any]]:
+        pool_id, request_id = stream.pool_id, stream.request_id
+        raw = self._envelope(
+            stream.call, request_id, pool_id, stream.metadata, stream.timeout_s, span,
+            StreamOptions(include_usage=stream.include_usage),
+        )  # fmt: skip
+        lease = self._lease(stream.key, pool_id, request_id, stream.timeout_s)
         inbox: asyncio.Queue[Reply | StreamChunk] = asyncio.Queue()
         self._streams[request_id] = inbox
-        finished = False
+        finished = pushed = False
         try:
-            await self._push(pool_id, request_id, raw)
+            await self._push(pool_id, request_id, raw, lease, stream.timeout_s)
+            pushed = True
             deadline = time.monotonic() + stream.timeout_s
             while True:
                 try:
@@ -520,18 +545,21 @@ class Producer:
                 stream.timing = item.timing
                 if not item.ok:
                     self.stats.failed += 1
-                    raise error_from_type(item.error_type or "dispatch_error", item.error_message or "")
+                    raise reply_error(item)
                 self.stats.completed += 1
                 return
         finally:
             self._streams.pop(request_id, None)
-            if not finished:
-                await self.withdraw(pool_id, request_id, raw)
+            if pushed and not finished and await self.withdraw(pool_id, request_id, raw):
+                _withdrawn_span(span)
+            if lease is not None:
+                await self._key_leases.release(lease)
 
-    async def withdraw(self, pool_id: str, request_id: str, raw: bytes) -> None:
+    async def withdraw(self, pool_id: str, request_id: str, raw: bytes) -> bool:
         """Takes a queued request back out of its list, or its retry out of the pool's delayed set
         (counted ``dropped:cancelled`` in its group); one a dispatcher already claimed is cancelled
-        through the group's cancel channel."""
+        through the group's cancel channel. True when it was still queued (no dispatcher will record
+        it: its submit span does)."""
         self.stats.cancelled += 1
         group_id = self._registry.pools.get(pool_id)
         try:
@@ -545,6 +573,53 @@ class Producer:
                 await self.client.publish(self.keys.cancel_channel(group_id), request_id.encode())
         except REDIS_ERRORS as exc:
             log.warning("producer %s could not withdraw request %s: %s", self.producer_id, request_id, exc)
+            return False
+        if removed:
+            self.stats.withdrawn_queued += 1
+        return bool(removed)
+
+    def _submit_span(self, request_id: str, pool_id: str, model: str, metadata: Metadata) -> trace.Span:
+        """The producer's span of one request: its history row when no dispatcher writes one (refused at
+        submit, withdrawn while queued); the parent of the dispatcher's span otherwise."""
+        group_id = self._registry.pools.get(pool_id, "")
+        attributes = {
+            semconv.REQUEST_ID: request_id,
+            semconv.PRODUCER_ID: self.producer_id,
+            semconv.POOL_ID: pool_id,
+            semconv.GEN_AI_REQUEST_MODEL: model,
+            semconv.SPAN_KIND_ROLE: "producer",
+            **{f"{semconv.LABEL_PREFIX}{label}": value for label, value in metadata.labels.items()},
+        }
+        if group_id:
+            attributes[semconv.GROUP_ID] = group_id
+        return self._tracer.start_span(
+            semconv.SPAN_NAME_SUBMIT, kind=trace.SpanKind.PRODUCER, attributes=attributes
+        )
+
+    def _lease(
+        self, key: KeyLimits | None, pool_id: str, request_id: str, timeout_s: float
+    ) -> KeyLease | None:
+        if key is None or not key.bounded:
+            return None
+        return self._key_leases.lease(key, lease_member(pool_id, request_id), timeout_s)
+
+    @contextlib.contextmanager
+    def _direct_slot(self, key: KeyLimits | None, pool_id: str) -> Iterator[None]:
+        """A key's most-in-flight on the direct path (no queue: nothing is queued, nothing shared)."""
+        if key is None or key.max_in_flight is None:
+            yield
+            return
+        open_now = self._direct_open[key.key_id]
+        if open_now >= key.max_in_flight:
+            raise QueueFull(
+                key.describe(REASON_KEY_IN_FLIGHT, open_now), pool_id=pool_id, reason=REASON_KEY_IN_FLIGHT,
+                depth=open_now, limit=float(key.max_in_flight),
+            )  # fmt: skip
+        self._direct_open[key.key_id] += 1
+        try:
+            yield
+        finally:
+            self._direct_open[key.key_id] -= 1
 
     async def _route(self, pool_id: str) -> OpenAIBackend | None:
         """None to queue the request; the backend to call when the pool's group has queueing disabled.
@@ -654,6 +729,7 @@ class Producer:
                 return
             try:
                 await self._mark_alive()
+                await self._key_leases.renew()
             except REDIS_ERRORS as exc:
                 log.warning("producer %s could not refresh liveness: %s", self.producer_id, exc)
 
@@ -747,6 +823,7 @@ class ChatStream:
     timeout_s: float
     request_id: str
     include_usage: bool = False
+    key: KeyLimits | None = None
     queue_wait_s: float | None = None
     timing: Timing | None = None
 
@@ -758,6 +835,39 @@ def _expire(future: asyncio.Future[Reply]) -> None:
     """A submit's timer: its reply did not come in time (a reply arriving later is counted late)."""
     if not future.done():
         future.set_exception(TimeoutError())
+
+
+def reply_error(reply: Reply) -> DispatchError:
+    """The typed error a failed reply describes, with the backend's status when it carries one."""
+    error_type, message = reply.error_type or "dispatch_error", reply.error_message or ""
+    backend = reply.backend
+    if backend is None:
+        return error_from_type(error_type, message)
+    return error_from_type(
+        error_type,
+        message,
+        status_code=backend.status,
+        retry_after_s=backend.retry_after_s,
+        backend_message=backend.message,
+    )
+
+
+def _refused_span(span: trace.Span, exc: QueueFull) -> None:
+    # A history row of its own: refused at the door, with the admission limit's reason.
+    span.set_attributes({semconv.STATUS: "rejected", semconv.DROP_REASON: exc.reason})
+    _fail_span(span, exc)
+
+
+def _withdrawn_span(span: trace.Span) -> None:
+    """Withdrawn while queued: no dispatcher saw it, so this span is its history row."""
+    span.set_attributes(
+        {
+            semconv.STATUS: "dropped",
+            semconv.DROP_REASON: Cancelled.error_type,
+            semconv.ERROR_TYPE: Cancelled.error_type,
+        }
+    )
+    span.set_status(trace.Status(trace.StatusCode.ERROR, "withdrawn by its caller while queued"))
 
 
 def _fail_span(span: trace.Span, exc: DispatchError) -> None:

@@ -35,7 +35,7 @@ import httpx
 import orjson
 
 from runtime.backends.aiohttp_client import AiohttpClient
-from runtime.backends.redact import redact_url, strip_userinfo, userinfo_secret
+from runtime.backends.redact import redact_url, scrub_address, strip_userinfo, userinfo_secret
 from runtime.errors import (
     BackendConnectError,
     BackendError,
@@ -161,6 +161,8 @@ class OpenAIBackend:
         # Parsed once: httpx re-parses a str URL on every request.
         self._url = httpx.URL(_chat_url(base_url))
         key = api_key if api_key is not None else userinfo_secret(base_url)
+        self._base_url = base_url
+        self._secrets = (key,) if key else ()
         self._headers = {"content-type": "application/json", "accept": "application/json"}
         if key:
             self._headers["authorization"] = f"Bearer {key}"
@@ -244,9 +246,11 @@ class OpenAIBackend:
         if not isinstance(chunk, dict):
             raise BackendInvalidResponse(f"backend {self.display_url} streamed a chunk that is not an object")
         if isinstance(chunk.get("error"), dict):
+            said = provider_message(data.encode())
             raise BackendHTTPError(
-                f"backend {self.display_url} failed mid-stream: {provider_message(data.encode())}",
+                f"backend {self.display_url} failed mid-stream: {said}",
                 status_code=status,
+                backend_message=self._public(said),
             )
         return chunk
 
@@ -269,6 +273,10 @@ class OpenAIBackend:
             return BackendTimeout(f"backend {self.display_url} did not answer within {budget:.3g}s ({kind})")
         return BackendError(f"backend {self.display_url} failed mid-call: {kind}: {self._scrub(str(exc))}")
 
+    def _public(self, said: str) -> str:
+        """The backend's message as an API client may see it: its own address and our key masked."""
+        return scrub_address(said, self._base_url, self._secrets)
+
     def _scrub(self, text: str) -> str:
         """Lower layers may quote the request URL, whose query can hold a key: show it redacted."""
         url = str(self._url)
@@ -277,10 +285,12 @@ class OpenAIBackend:
     def _completion(self, response: Answer) -> Completion:
         status = response.status_code
         if not 200 <= status < 300:
+            said = provider_message(response.content)
             raise BackendHTTPError(
-                f"backend {self.display_url} answered HTTP {status}: {provider_message(response.content)}",
+                f"backend {self.display_url} answered HTTP {status}: {said}",
                 status_code=status,
                 retry_after_s=parse_retry_after(response.headers.get("retry-after")),
+                backend_message=self._public(said),
             )
         try:
             body = orjson.loads(response.content)

@@ -99,6 +99,22 @@ def redact_url(url: str) -> str:
         return UNPARSEABLE
 
 
+def scrub_address(text: str, url: str, secrets: tuple[str, ...] = ()) -> str:
+    """``text`` (a backend's own message) with that backend's URL, host and ``secrets`` masked: an API
+    client may read what the backend said, never where it lives or which key it was called with."""
+    try:
+        parts = urlsplit(url)
+        hostport = _split_netloc(parts.netloc)[1]
+        host = parts.hostname or ""
+    except ValueError:
+        hostport = host = ""
+    words = (url, strip_userinfo(url) if hostport else "", hostport, host, *secrets)
+    # Longest first: the URL before its host, so a mask never leaves half an address behind.
+    for word in sorted({w for w in words if w}, key=len, reverse=True):
+        text = text.replace(word, MASK)
+    return text
+
+
 def url_has_credentials(url: str) -> bool:
     """True when the URL embeds a secret (userinfo, or a secret-looking query parameter with a value).
 

@@ -37,6 +37,7 @@ from runtime.dispatch.stats import (
 )
 from runtime.dispatch.streaming import Fence, StreamRelay, StreamSummary, stream_timeout
 from runtime.errors import (
+    BackendHTTPError,
     BackendTimeout,
     Cancelled,
     DeadLettered,
@@ -48,7 +49,7 @@ from runtime.errors import (
 )
 from runtime.telemetry.spans import Identity, Outcome, content_attributes, record_span
 from runtime.valkey.client import REDIS_ERRORS
-from runtime.wire.contract import STATUS_ERROR, STATUS_OK, Envelope, Reply, Timing
+from runtime.wire.contract import STATUS_ERROR, STATUS_OK, BackendAnswer, Envelope, Reply, Timing
 from runtime.wire.groupconfig import GroupConfig
 
 log = logging.getLogger(__name__)
@@ -248,6 +249,7 @@ class Executor:
             error_type=error.error_type,
             error_message=str(error),
             timing=timing,
+            backend=backend_answer(error),
         ).encode()
 
     async def _call_backend(
@@ -412,3 +414,10 @@ class Executor:
         if self.store_content:
             content = content_attributes(run.envelope, completion.body if completion else None)
         record_span(self.tracer, run.envelope, self.identity, outcome, content=content)
+
+
+def backend_answer(error: DispatchError) -> BackendAnswer | None:
+    """What the backend answered, for the reply: its status, Retry-After and own message."""
+    if not isinstance(error, BackendHTTPError):
+        return None
+    return BackendAnswer(error.status_code, error.backend_message, error.retry_after_s)

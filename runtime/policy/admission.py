@@ -13,6 +13,11 @@ this module is the rule's reference and builds the refusal's details (limit, ret
       backlog, nothing left for > that wait    -> refused, reason "not_draining"
     depth / drain_rate > max_queue_wait_s      -> refused, reason "max_queue_wait"
 
+An ingress key's own limits (:class:`KeyLimits`) are checked first, over the whole fleet:
+
+    open requests of the key >= max_in_flight  -> refused, reason "key_max_in_flight"
+    queued requests of the key >= max_queued   -> refused, reason "key_max_queued"
+
 The estimated wait is refused only on evidence: with no drain measured yet (a pool that was idle,
 or whose dispatchers just started) there is no estimate, and only ``max_queued`` applies, until the
 backlog has waited longer than ``max_queue_wait_s`` without one request leaving (dispatchers down or
@@ -27,14 +32,18 @@ from dataclasses import dataclass
 __all__ = [
     "DRAIN_WINDOW_S",
     "REASON_BREAKER_OPEN",
+    "REASON_KEY_IN_FLIGHT",
+    "REASON_KEY_QUEUED",
     "REASON_MAX_QUEUED",
     "REASON_MAX_QUEUE_WAIT",
     "REASON_NOT_DRAINING",
     "REASON_PAUSED",
     "AdmissionLimits",
+    "KeyLimits",
     "Refusal",
     "Stall",
     "decide",
+    "decide_key",
     "refusal",
 ]
 
@@ -45,6 +54,10 @@ REASON_PAUSED = "paused"
 REASON_BREAKER_OPEN = "breaker_open"
 REASON_NOT_DRAINING = "not_draining"
 UNBOUNDED_REASONS = (REASON_PAUSED, REASON_BREAKER_OPEN, REASON_NOT_DRAINING)
+REASON_KEY_IN_FLIGHT = "key_max_in_flight"
+REASON_KEY_QUEUED = "key_max_queued"
+# A refused key waits for one of its requests to end: no drain rate tells when, so a fixed hint.
+KEY_RETRY_AFTER_S = 1.0
 # The drain rate is measured over this many whole seconds before the current one.
 DRAIN_WINDOW_S = 10
 # Retry-after hints stay within these bounds: a hint of 0 invites a hot loop, hours help nobody.
@@ -93,6 +106,47 @@ class Stall:
         if depth > 0 and self.idle_s > max_wait:
             return REASON_NOT_DRAINING
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLimits:
+    """An ingress key's limits over every web process; None means unbounded.
+
+    ``max_in_flight`` counts the key's open requests (queued or running), ``max_queued`` those not
+    yet started (waiting in a list, or for a retry).
+    """
+
+    key_id: str
+    name: str
+    max_in_flight: int | None = None
+    max_queued: int | None = None
+
+    @property
+    def bounded(self) -> bool:
+        return self.max_in_flight is not None or self.max_queued is not None
+
+    def limit(self, reason: str) -> int:
+        return (self.max_in_flight if reason == REASON_KEY_IN_FLIGHT else self.max_queued) or 0
+
+    def describe(self, reason: str, count: int) -> str:
+        if reason == REASON_KEY_IN_FLIGHT:
+            return (
+                f"key {self.name!r} has {count} requests open, its most in flight (max_in_flight) is "
+                f"{self.limit(reason)}; retry when one has finished"
+            )
+        return (
+            f"key {self.name!r} has {count} requests queued, its most queued (max_queued) is "
+            f"{self.limit(reason)}; retry when one has started"
+        )
+
+
+def decide_key(open_count: int, queued_count: int, limits: KeyLimits) -> str | None:
+    """None to admit; else the reason the key's own limits refuse one more request."""
+    if limits.max_in_flight is not None and open_count >= limits.max_in_flight:
+        return REASON_KEY_IN_FLIGHT
+    if limits.max_queued is not None and queued_count >= limits.max_queued:
+        return REASON_KEY_QUEUED
+    return None
 
 
 @dataclass(frozen=True, slots=True)

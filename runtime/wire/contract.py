@@ -444,8 +444,32 @@ class Timing:
 
 
 @dataclass(frozen=True, slots=True)
+class BackendAnswer:
+    """A backend's failed HTTP answer as a reply carries it: its status, its ``Retry-After`` and its
+    own message (never its address), so an API client can be shown what the backend said."""
+
+    status: int
+    message: str = ""
+    retry_after_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "message": self.message, "retry_after_s": self.retry_after_s}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> BackendAnswer:
+        _expect(raw, dict, "reply.backend")
+        status = _expect(raw.get("status"), int, "reply.backend.status")
+        message = _expect(raw.get("message", ""), str, "reply.backend.message")
+        retry_after = raw.get("retry_after_s")
+        if retry_after is not None:
+            retry_after = float(_expect(retry_after, _NUMBER, "reply.backend.retry_after_s"))
+        return cls(status, message, retry_after)
+
+
+@dataclass(frozen=True, slots=True)
 class Reply:
-    """The answer routed back to ``list:llm:replies:{producer_id}``."""
+    """The answer routed back to ``list:llm:replies:{producer_id}``; ``backend`` only when a backend's
+    HTTP answer was the error."""
 
     request_id: str
     status: str
@@ -453,23 +477,25 @@ class Reply:
     error_type: str | None = None
     error_message: str | None = None
     timing: Timing = field(default_factory=Timing)
+    backend: BackendAnswer | None = None
 
     @property
     def ok(self) -> bool:
         return self.status == STATUS_OK
 
     def encode(self) -> bytes:
-        return orjson.dumps(
-            {
-                "request_id": self.request_id,
-                "v": CONTRACT_VERSION,
-                "status": self.status,
-                "completion": self.completion,
-                "error_type": self.error_type,
-                "error_message": self.error_message,
-                "timing": self.timing.to_json(),
-            }
-        )
+        data: dict[str, Any] = {
+            "request_id": self.request_id,
+            "v": CONTRACT_VERSION,
+            "status": self.status,
+            "completion": self.completion,
+            "error_type": self.error_type,
+            "error_message": self.error_message,
+            "timing": self.timing.to_json(),
+        }
+        if self.backend is not None:
+            data["backend"] = self.backend.to_json()
+        return orjson.dumps(data)
 
     @classmethod
     def decode(cls, raw: bytes | str) -> Reply:
@@ -488,11 +514,13 @@ class Reply:
             error_type = _non_empty_str(data.get("error_type"), "reply.error_type")
             message = data.get("error_message") or ""
             _expect(message, str, "reply.error_message")
+            backend = data.get("backend")
             return cls(
                 request_id,
                 status,
                 error_type=error_type,
                 error_message=message,
                 timing=Timing.from_json(data.get("timing", {})),
+                backend=BackendAnswer.from_json(backend) if backend is not None else None,
             )
         raise _fail(f"reply.status must be {STATUS_OK!r} or {STATUS_ERROR!r}, got {status!r}")

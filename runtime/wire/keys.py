@@ -155,6 +155,11 @@ class KeySpace:
         """Hash of per-second counts of requests that left the pool's queue (its drain rate)."""
         return f"{self.prefix}hash:llm:drain:{pool_id}"
 
+    def key_open(self, key_id: str) -> str:
+        """Sorted set of an ingress key's open requests (lease members scored by lease expiry), fleet-wide:
+        its most-in-flight and most-queued limits count these."""
+        return f"{self.prefix}zset:llm:key-open:{key_id}"
+
     def rejections(self) -> str:
         """Hash ``{pool_id}:{reason}`` -> submits refused by admission control."""
         return f"{self.prefix}hash:llm:rejections"

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,6 +83,17 @@ class Stack:
         self.procs.append(proc)
         return proc
 
+    def start_web(self, name: str = "daphne") -> tuple[str, subprocess.Popen[bytes]]:
+        """One more web process (daphne serving the ASGI app, so one more ingress producer); its URL."""
+        port = free_port()
+        web = self.start(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+             "dispatch_project.asgi:application"], name,
+        )  # fmt: skip
+        wait_until_sync(lambda: port_open(port) or web.poll() is not None, 30, what=f"{name} up")
+        assert web.poll() is None, (self.root / f"{name}.log").read_text()
+        return f"http://127.0.0.1:{port}", web
+
     def set_paused(self, paused: bool, *pool_ids: str) -> None:
         self.manage(
             "shell", "-c",
@@ -123,7 +135,10 @@ class Stack:
                 proc.kill()
 
 
-def start_stack(root: Path, valkey_url: str, prefix: str, *sim_args: str) -> Stack:
+def start_stack(
+    root: Path, valkey_url: str, prefix: str, *sim_args: str, env: Mapping[str, str] | None = None
+) -> Stack:
+    """``env`` adds to (or overrides) every process's environment."""
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "dispatch_project.settings",
@@ -131,8 +146,9 @@ def start_stack(root: Path, valkey_url: str, prefix: str, *sim_args: str) -> Sta
         "VALKEY_URL": valkey_url,
         "DISPATCH_KEY_PREFIX": prefix,
         "DISPATCH_LOG_LEVEL": "WARNING",
+        **(env or {}),
     }
-    sim_port, web_port = free_port(), free_port()
+    sim_port = free_port()
     stack = Stack(root, env, f"http://127.0.0.1:{sim_port}", valkey_url, KeySpace(prefix))
     try:
         sim = stack.start(
@@ -151,18 +167,14 @@ def start_stack(root: Path, valkey_url: str, prefix: str, *sim_args: str) -> Sta
         stack.manage("migrate", "-v", "0")
         stack.manage("shell", "-c", SETUP.format(group=GROUP, pools=POOLS, endpoint=f"{stack.sim_url}/v1"))
         stack.start([sys.executable, "manage.py", "rundispatcher", "--group", GROUP, "--grace", "1"], "disp")
-        web = stack.start(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port),
-             "dispatch_project.asgi:application"], "daphne",
-        )  # fmt: skip
+        url, web = stack.start_web()
         wait_until_sync(lambda: port_open(sim_port) or sim.poll() is not None, 20, what="simulator up")
-        wait_until_sync(lambda: port_open(web_port) or web.poll() is not None, 30, what="daphne up")
         with stack.valkey() as client:
             pattern = stack.keys.snapshot_pattern(GROUP)
             wait_until_sync(lambda: client.keys(pattern), 30, what="the dispatcher's first snapshot")
         stack.manage("shell", "-c", ADD_POOL_WITHOUT_ENDPOINT.format(group=GROUP))
         assert web.poll() is None, (root / "daphne.log").read_text()
-        stack.url = f"http://127.0.0.1:{web_port}"
+        stack.url = url
         return stack
     except BaseException:
         stack.stop()

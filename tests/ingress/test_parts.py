@@ -6,6 +6,7 @@ import pytest
 
 from ingress.app import choose_pool, parse_body, parse_stream, parse_timeout
 from ingress.errors import QUEUE_FULL, ApiError, api_error_for
+from ingress.errors import SHOWN_ERROR_TYPES as SHOWN
 from ingress.grants import GrantCache
 from ingress.selectors import KeyGrant
 from runtime import errors
@@ -37,6 +38,44 @@ def test_errors_map_to_the_status_the_sdks_expect(
 ) -> None:
     api_error = api_error_for(error)
     assert (api_error.status, api_error.type, api_error.code) == (status, kind, error.error_type)
+
+
+@pytest.mark.parametrize(
+    ("backend_status", "retry_after", "status", "kind", "retry_header"),
+    [
+        (400, None, 400, "invalid_request_error", None),
+        (404, None, 404, "not_found_error", None),
+        (422, None, 422, "invalid_request_error", None),
+        (429, 7.0, 429, "rate_limit_error", 7.0),
+        (429, None, 429, "rate_limit_error", 1.0),
+        (500, None, 502, "api_error", None),
+        (503, 3.0, 503, "service_unavailable", 3.0),
+    ],
+)
+def test_a_backends_status_reaches_the_client(
+    backend_status: int, retry_after: float | None, status: int, kind: str, retry_header: float | None
+) -> None:
+    error = errors.error_from_type(
+        "backend_http_error",
+        f"backend http://10.1.2.3:8100/v1 answered HTTP {backend_status}: bad",
+        status_code=backend_status,
+        retry_after_s=retry_after,
+        backend_message="bad",
+    )
+    api_error = api_error_for(error)
+    assert (api_error.status, api_error.type, api_error.retry_after_s) == (status, kind, retry_header)
+    assert "10.1.2.3" not in api_error.message
+    if status < 500:
+        assert api_error.message == "bad"
+
+
+@pytest.mark.parametrize("error_type", sorted(set(errors.ERROR_TYPES) - SHOWN))
+def test_no_error_shows_an_internal_address(error_type: str) -> None:
+    """Lower layers put backend and Valkey addresses in messages; the client never reads them (only
+    messages the runtime writes from what the client knows are shown)."""
+    leaky = "backend http://10.1.2.3:8100/v1 failed: Cannot connect to host 10.1.2.3:8100"
+    api_error = api_error_for(errors.error_from_type(error_type, leaky))
+    assert "10.1.2.3" not in api_error.message, api_error
 
 
 def test_a_contract_message_names_the_clients_field() -> None:

@@ -135,6 +135,9 @@ async def test_non_2xx_is_backend_http_error(
     assert expected_in_message in str(info.value)
     assert f"HTTP {status}" in str(info.value)
     assert "http://backend.test/v1" in str(info.value)
+    # What an API client may read: the backend's own words, no address.
+    assert expected_in_message in info.value.backend_message
+    assert "backend.test" not in info.value.backend_message
 
 
 @pytest.mark.parametrize(

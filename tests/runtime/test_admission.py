@@ -10,9 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.backends.breaker import OPEN, BreakerState, encode_state
-from runtime.dispatch.admission import ADMIT_PUSH, DRAIN_RING, admit_and_push, drain_lua
+from runtime.dispatch.admission import ADMIT_PUSH, DRAIN_RING, KeyLease, KeyLeases, admit_and_push, drain_lua
+from runtime.dispatch.queue import lease_member
 from runtime.errors import QueueFull, Rejected
-from runtime.policy.admission import DRAIN_WINDOW_S, AdmissionLimits, decide
+from runtime.policy.admission import DRAIN_WINDOW_S, AdmissionLimits, KeyLimits, decide, decide_key
 from runtime.valkey.client import connect
 from runtime.wire.keys import KeySpace
 
@@ -219,3 +220,97 @@ async def test_an_open_breaker_refuses_until_it_may_probe(
         await admit_and_push(script, keys, "behind", b"r", limits)
     assert caught.value.reason == "breaker_open" and "circuit breaker open" in str(caught.value)
     assert await aredis.hgetall(keys.rejections()) == {b"behind:breaker_open": b"1"}
+
+
+def key_lease(
+    keys: KeySpace, limits: KeyLimits, pool_id: str, request_id: str, seconds: float = 30.0
+) -> KeyLease:
+    return KeyLease(limits, keys.key_open(limits.key_id), lease_member(pool_id, request_id), seconds)
+
+
+async def test_a_keys_open_and_queued_requests_are_counted_with_the_push(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
+    script = aredis.register_script(ADMIT_PUSH)
+    unbounded = AdmissionLimits()
+    key = KeyLimits("7", "alice", max_in_flight=3, max_queued=2)
+    for i in range(2):
+        await admit_and_push(
+            script, keys, "gold", b"r%d" % i, unbounded, key_lease(keys, key, "gold", f"r{i}")
+        )
+    with pytest.raises(QueueFull) as caught:
+        await admit_and_push(script, keys, "gold", b"r2", unbounded, key_lease(keys, key, "gold", "r2"))
+    assert (caught.value.reason, caught.value.depth, caught.value.limit) == ("key_max_queued", 2, 2)
+    assert "key 'alice' has 2 requests queued, its most queued (max_queued) is 2" in str(caught.value)
+    # r0 starts (a dispatcher's lease in its pool): one queued, so one more may queue, up to three open.
+    await aredis.zadd(keys.pool_inflight("gold"), {lease_member("gold", "r0"): 1e12})
+    await admit_and_push(script, keys, "gold", b"r2", unbounded, key_lease(keys, key, "gold", "r2"))
+    with pytest.raises(QueueFull) as caught:
+        await admit_and_push(script, keys, "gold", b"r3", unbounded, key_lease(keys, key, "gold", "r3"))
+    assert (caught.value.reason, caught.value.depth) == ("key_max_in_flight", 3)
+    assert await aredis.llen(keys.requests("gold")) == 3
+    assert await aredis.hgetall(keys.rejections()) == {
+        b"gold:key_max_queued": b"1",
+        b"gold:key_max_in_flight": b"1",
+    }
+
+
+async def test_a_keys_lease_lapses_unless_renewed(aredis: aioredis.Redis, keys: KeySpace) -> None:
+    """A producer that dies stops renewing: its key's requests stop counting after one lease."""
+    script = aredis.register_script(ADMIT_PUSH)
+    key = KeyLimits("8", "bob", max_in_flight=1)
+    leases = KeyLeases(aredis, keys, ttl_s=0.3)
+    first = leases.lease(key, lease_member("gold", "a"), timeout_s=60.0)
+    await admit_and_push(script, keys, "gold", b"a", AdmissionLimits(), first)
+    leases.hold(first, 60.0)
+    for _ in range(3):  # renewed past its first lease: still counted
+        await asyncio.sleep(0.2)
+        await leases.renew()
+    with pytest.raises(QueueFull):
+        await admit_and_push(script, keys, "gold", b"b", AdmissionLimits(), key_lease(keys, key, "gold", "b"))
+    await asyncio.sleep(0.4)  # no renewal: lapsed
+    await admit_and_push(
+        script, keys, "gold", b"b", AdmissionLimits(), key_lease(keys, key, "gold", "b", 60.0)
+    )
+    await leases.release(first)
+    assert await aredis.zrange(keys.key_open("8"), 0, -1) == [lease_member("gold", "b").encode()]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    running=st.integers(0, 4),
+    queued=st.integers(0, 4),
+    max_in_flight=st.none() | st.integers(1, 6),
+    max_queued=st.none() | st.integers(1, 6),
+)
+async def test_the_key_check_agrees_with_the_pure_rule(
+    valkey_url: str,
+    keys: KeySpace,
+    running: int,
+    queued: int,
+    max_in_flight: int | None,
+    max_queued: int | None,
+) -> None:
+    client = connect(valkey_url)
+    try:
+        key = KeyLimits(f"k{running}-{queued}-{max_in_flight}-{max_queued}", "k", max_in_flight, max_queued)
+        await client.delete(keys.key_open(key.key_id), keys.pool_inflight("kp"), keys.requests("kp"))
+        started = [lease_member("kp", f"run{i}") for i in range(running)]
+        waiting = [lease_member("kp", f"wait{i}") for i in range(queued)]
+        if started or waiting:
+            await client.zadd(keys.key_open(key.key_id), dict.fromkeys(started + waiting, 1e12))
+        if started:
+            await client.zadd(keys.pool_inflight("kp"), dict.fromkeys(started, 1e12))
+        expected = decide_key(running + queued, queued, key)
+        lease = key_lease(keys, key, "kp", "new")
+        try:
+            await admit_and_push(
+                client.register_script(ADMIT_PUSH), keys, "kp", b"new", AdmissionLimits(), lease
+            )
+        except QueueFull as full:
+            assert full.reason == expected
+        else:
+            assert expected is None
+            assert await client.zscore(keys.key_open(key.key_id), lease.member) is not None
+    finally:
+        await client.aclose()

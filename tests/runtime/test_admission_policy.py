@@ -17,8 +17,10 @@ from runtime.policy.admission import (
     RETRY_AFTER_MAX_S,
     RETRY_AFTER_MIN_S,
     AdmissionLimits,
+    KeyLimits,
     Stall,
     decide,
+    decide_key,
 )
 
 UNBOUNDED = AdmissionLimits()
@@ -130,3 +132,21 @@ def test_admission_invariants(
         assert RETRY_AFTER_MIN_S <= refusal.retry_after_s <= RETRY_AFTER_MAX_S
     if not limits.bounded:
         assert refusal is None
+
+
+@pytest.mark.parametrize(
+    ("open_count", "queued", "max_in_flight", "max_queued", "expected"),
+    [
+        (0, 0, None, None, None),
+        (2, 0, 2, None, "key_max_in_flight"),
+        (1, 1, 2, None, None),
+        (3, 1, None, 1, "key_max_queued"),
+        (3, 0, None, 1, None),  # all running: nothing queued
+        (2, 2, 2, 2, "key_max_in_flight"),  # the open count is checked first
+        (1, 1, 5, 1, "key_max_queued"),
+    ],
+)
+def test_a_keys_own_limits(
+    open_count: int, queued: int, max_in_flight: int | None, max_queued: int | None, expected: str | None
+) -> None:
+    assert decide_key(open_count, queued, KeyLimits("1", "k", max_in_flight, max_queued)) == expected

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime.errors import EnvelopeTooLarge, MalformedEnvelope
-from runtime.wire.contract import ChatCall, Envelope, Metadata, Reply, Timing
+from runtime.wire.contract import BackendAnswer, ChatCall, Envelope, Metadata, Reply, Timing
 
 CALL = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -232,6 +232,11 @@ def test_reply_round_trip_ok_and_error() -> None:
     assert Reply.decode(ok.encode()) == ok
     err = Reply("r2", "error", error_type="backend_timeout", error_message="slow")
     assert Reply.decode(err.encode()) == err
+    said = Reply(
+        "r3", "error", error_type="backend_http_error", error_message="backend x answered HTTP 429: wait",
+        backend=BackendAnswer(429, "wait", 2.5),
+    )  # fmt: skip
+    assert Reply.decode(said.encode()) == said
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from runtime.backends.redact import (
     UNPARSEABLE,
     is_secret_param,
     redact_url,
+    scrub_address,
     strip_userinfo,
     url_has_credentials,
     userinfo_secret,
@@ -101,3 +102,17 @@ def test_is_secret_param(name: str, expected: bool) -> None:
 def test_strip_userinfo_and_secret(url: str, stripped: str, secret: str | None) -> None:
     assert strip_userinfo(url) == stripped
     assert userinfo_secret(url) == secret
+
+
+@pytest.mark.parametrize(
+    ("said", "url", "secrets", "shown"),
+    [
+        ("no model x at http://10.0.0.5:8100/v1", "http://10.0.0.5:8100/v1", (), "no model x at ***"),
+        ("upstream 10.0.0.5:8100 refused", "http://10.0.0.5:8100/v1", (), "upstream *** refused"),
+        ("host gpu-7.internal is busy", "http://gpu-7.internal/v1", (), "host *** is busy"),
+        ("bad key sk-123 for https://h/v1", "https://u:sk-123@h/v1", ("sk-123",), "bad key *** for ***"),
+        ("context too long", "http://10.0.0.5:8100/v1", ("sk",), "context too long"),
+    ],
+)
+def test_scrub_address(said: str, url: str, secrets: tuple[str, ...], shown: str) -> None:
+    assert scrub_address(said, url, secrets) == shown

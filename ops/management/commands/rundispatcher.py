@@ -10,7 +10,7 @@ from django.conf import settings as django_settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ops.queueing import OperatorDispatcher
-from ops.runtime_settings import dispatcher_settings
+from ops.runtime_settings import dispatcher_settings, start_tracing
 from pools.connections import key_space, valkey_url
 from runtime import eventloop
 from runtime.config import DispatcherSettings
@@ -124,13 +124,4 @@ def _store_content() -> bool:
 
 def _start_tracing() -> Any:
     """Installs the span exporter to the Valkey stream; returns its shutdown callable."""
-    from runtime.telemetry.tracing import configure_tracing, otlp_configured, shutdown_tracing
-
-    provider = configure_tracing(
-        redis_url=valkey_url(),
-        keys=key_space(),
-        service_name="llm-dispatch-dispatcher",
-        otlp=otlp_configured(os.environ),
-        store_content=_store_content(),
-    )
-    return lambda: shutdown_tracing(provider, 5.0)
+    return start_tracing("llm-dispatch-dispatcher")
