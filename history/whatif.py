@@ -1,0 +1,91 @@
+"""The recorded arrivals of a fabric group, for a what-if replay (:mod:`runtime.whatif`).
+
+One row per request that reached a pool of the group in the window, read from ``otel_traces`` by
+its time partitions (the request's enqueue time is the span's start, ``Timestamp``):
+
+* executed requests (dispatcher spans with status ok or error): pool, tenant (the ingress key's
+  label, when it had one), cost units, tokens, queue wait and execution time;
+* requests refused at admission (producer spans with status ``rejected``; they carry no group, so
+  they are matched by the group's pool ids): pool and time only -- the replay decides whether the
+  proposed configuration would have let them in.
+
+Not read: drops (producer gone, expired) and intermediate attempts (``retry``, ``requeued``); a
+retried request appears once, with its final attempt.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from history.client import HistoryClient
+from history.schema import table_name
+from runtime.telemetry import semconv
+from runtime.whatif.trace import MAX_REQUESTS, Arrival, Trace, TraceTooLarge
+
+__all__ = ["MAX_WINDOW", "whatif_trace"]
+
+MAX_WINDOW = timedelta(hours=24)
+
+_SQL = f"""
+SELECT toUnixTimestamp64Nano(Timestamp) AS ts_ns, PoolId AS pool, Status AS status,
+    ProducerLabel AS tenant, toInt64OrZero(SpanAttributes['{semconv.COST_UNITS}']) AS cost,
+    ExecutionS AS execution_s, QueueWaitS AS queue_wait_s,
+    ifNull(InputTokens, 0) AS input_tokens, ifNull(OutputTokens, 0) AS output_tokens
+FROM {{table}}
+WHERE Timestamp >= fromUnixTimestamp64Nano({{since:Int64}})
+  AND Timestamp < fromUnixTimestamp64Nano({{until:Int64}})
+  AND ((FabricGroup = {{group:String}} AND Status IN ('ok', 'error'))
+       OR (Status = 'rejected' AND PoolId IN {{pools:Array(String)}}))
+ORDER BY Timestamp
+LIMIT {{limit:UInt64}}
+"""
+
+
+def _ns(moment: datetime) -> int:
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1_000_000) * 1000
+
+
+def _arrival(row: dict[str, Any]) -> Arrival:
+    refused = row["status"] == "rejected"
+    return Arrival(
+        enqueued_at=row["ts_ns"] / 1e9,
+        pool_id=row["pool"],
+        cost=max(1, int(row["cost"] or 1)),
+        execution_s=None if refused else row["execution_s"],
+        queue_wait_s=None if refused else row["queue_wait_s"],
+        tenant=row["tenant"] or "",
+        input_tokens=int(row["input_tokens"]),
+        output_tokens=int(row["output_tokens"]),
+        refused=refused,
+    )
+
+
+def whatif_trace(
+    *, client: HistoryClient, group: str, pool_ids: list[str], since: datetime, until: datetime
+) -> Trace:
+    """The group's requests enqueued in ``[since, until)`` (at most :data:`MAX_WINDOW`) as a trace.
+
+    Raises :class:`~runtime.whatif.trace.TraceTooLarge` when the window holds more requests than a
+    replay takes, and ``HistoryUnavailable`` when ClickHouse cannot be read.
+    """
+    if until - since > MAX_WINDOW:
+        since = until - MAX_WINDOW
+    params = {
+        "since": _ns(since),
+        "until": _ns(until),
+        "group": group,
+        "pools": pool_ids,
+        "limit": MAX_REQUESTS + 1,
+    }
+    rows = client.query(_SQL.replace("{table}", table_name(client)), params)
+    if len(rows) > MAX_REQUESTS:
+        raise TraceTooLarge(
+            f"the last {(until - since).total_seconds() / 60:.0f} minutes hold more than {MAX_REQUESTS} "
+            "requests; replay a shorter window"
+        )
+    # The window starts at its first request: an operator asking for an hour of a demo started
+    # ten minutes ago wants rates over those ten minutes.
+    return Trace.build(map(_arrival, rows), end=until.timestamp())
