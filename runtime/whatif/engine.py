@@ -352,4 +352,3 @@ class _Sim:
             peak_depth=pool.peak,
             depth=tuple(pool.depth),
         )
-

@@ -22,9 +22,14 @@ from runtime.wire.groupconfig import GroupConfig, PoolConfig
 def config(*pools: PoolConfig, total: int = 8, policy: str = "drr", cap: int | None = None) -> GroupConfig:
     backends = (BackendConfig("sim", "http://sim:1/v1", max_in_flight=cap),) if cap else ()
     return GroupConfig(
-        "g", policy=policy, total_concurrency=total, pools=pools, backends=backends,
-        backend_id="sim" if cap else "", default_endpoint_url="http://sim:1/v1",
-    )  # fmt: skip
+        "g",
+        policy=policy,
+        total_concurrency=total,
+        pools=pools,
+        backends=backends,
+        backend_id="sim" if cap else "",
+        default_endpoint_url="http://sim:1/v1",
+    )
 
 
 def reference_run(arrivals: list[Arrival], group: GroupConfig) -> list[tuple[int, int]]:
@@ -47,13 +52,24 @@ def reference_run(arrivals: list[Arrival], group: GroupConfig) -> list[tuple[int
         while sum(in_flight.values()) < policy.total_concurrency:
             observations = {
                 pid: PoolObservation(
-                    pid, len(q),
-                    tuple(HeadItem(arrivals[order[i]].cost, arrivals[order[i]].enqueued_at) for i in list(q)[:PEEK_DEPTH]), in_flight[pid],
-                )  # fmt: skip
+                    pid,
+                    len(q),
+                    tuple(
+                        HeadItem(arrivals[order[i]].cost, arrivals[order[i]].enqueued_at)
+                        for i in list(q)[:PEEK_DEPTH]
+                    ),
+                    in_flight[pid],
+                )
                 for pid, q in queues.items()
             }
             gif = sum(in_flight.values())
-            d = decide(policy, state, observations, group_in_flight=gif, local_free_slots=policy.total_concurrency - gif)
+            d = decide(
+                policy,
+                state,
+                observations,
+                group_in_flight=gif,
+                local_free_slots=policy.total_concurrency - gif,
+            )
             if not d.launches:
                 break
             for launch in d.launches:
@@ -101,20 +117,26 @@ def test_replay_of_the_current_configuration_launches_in_the_real_schedulers_ord
         PoolConfig("backfill", quantum=1, max_concurrent=8),
         total=6,
     )
-    assert_replay_reproduces(arrivals_of(synthetic(7, 600, ["interactive", "docs", "backfill", "backfill"])), group)
+    assert_replay_reproduces(
+        arrivals_of(synthetic(7, 600, ["interactive", "docs", "backfill", "backfill"])), group
+    )
 
 
 def test_replay_reproduces_a_lightly_loaded_run_where_calls_slow_with_concurrency() -> None:
     group = config(PoolConfig("a", quantum=3, max_concurrent=3), PoolConfig("b", max_concurrent=4), total=5)
     rows = synthetic(5, 400, ["a", "b"])
     # Sparse arrivals; a call runs longer the more calls started close to it (a vLLM-like slowdown).
-    rows = [(t * 2, pool, cost, 1 + sum(1 for u, *_ in rows if abs(u - t) <= 1) // 2) for t, pool, cost, _ in rows]
+    rows = [
+        (t * 2, pool, cost, 1 + sum(1 for u, *_ in rows if abs(u - t) <= 1) // 2) for t, pool, cost, _ in rows
+    ]
     arrivals = arrivals_of(rows)
     assert_replay_reproduces(arrivals, group)
 
 
 def test_fifo_replay_matches_the_real_schedulers_order() -> None:
-    group = config(PoolConfig("a", max_concurrent=2), PoolConfig("b", max_concurrent=5), total=4, policy="fifo")
+    group = config(
+        PoolConfig("a", max_concurrent=2), PoolConfig("b", max_concurrent=5), total=4, policy="fifo"
+    )
     assert_replay_reproduces(arrivals_of(synthetic(3, 300, ["a", "b"])), group)
 
 
@@ -170,12 +192,21 @@ def test_the_service_fit_recovers_a_linear_slowdown_and_scales_calls() -> None:
 
 pool_strategy = st.builds(
     lambda q, mx, mn, burst, paused, max_queued: PoolConfig(
-        "", quantum=q, max_concurrent=mx, min_concurrent=min(mn, mx), max_burst_per_visit=burst,
-        paused=paused, max_queued=max_queued,
-    ),  # fmt: skip
-    st.integers(1, 5), st.integers(1, 6), st.integers(0, 3), st.integers(1, 3),
-    st.booleans(), st.none() | st.integers(1, 10),
-)  # fmt: skip
+        "",
+        quantum=q,
+        max_concurrent=mx,
+        min_concurrent=min(mn, mx),
+        max_burst_per_visit=burst,
+        paused=paused,
+        max_queued=max_queued,
+    ),
+    st.integers(1, 5),
+    st.integers(1, 6),
+    st.integers(0, 3),
+    st.integers(1, 3),
+    st.booleans(),
+    st.none() | st.integers(1, 10),
+)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
