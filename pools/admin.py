@@ -17,7 +17,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
-from pools import selectors, services
+from pools import selectors, services, whatif_views
 from pools.connections import VALKEY_ERRORS
 from pools.forms import FabricGroupForm, PoolChangelistFormSet, PoolInlineFormSet, PoolRowForm
 from pools.models import Backend, FabricGroup, Pool
@@ -150,6 +150,30 @@ class FabricGroupAdmin(admin.ModelAdmin):
         for group in queryset:
             report_publication(request, services.group_delete(group=group))
 
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view(self.whatif_view)
+        return [path("<path:object_id>/whatif/", view, name="pools_fabricgroup_whatif"), *super().get_urls()]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        context = {
+            **(extra_context or {}),
+            "whatif_url": reverse("admin:pools_fabricgroup_whatif", args=[object_id]),
+        }
+        return super().change_view(request, object_id, form_url, context)
+
+    def whatif_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The What-if panel of the group's page: its recorded traffic under the form's values."""
+        group = get_object_or_404(FabricGroup, pk=object_id)
+        if not self.has_view_permission(request, group):
+            raise PermissionDenied
+        return whatif_views.whatif_panel(request, group=group)
+
     @admin.action(description="Publish selected groups to their dispatchers")
     def publish_groups(self, request: HttpRequest, queryset: QuerySet[FabricGroup]) -> None:
         report_publication(request, [services.group_publish(group=group) for group in queryset])
@@ -221,10 +245,34 @@ class PoolAdmin(admin.ModelAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         view = self.admin_site.admin_view(self.dead_letters_view)
+        whatif = self.admin_site.admin_view(self.whatif_view)
         return [
             path("<int:object_id>/dead-letters/", view, name="pools_pool_dead_letters"),
+            path("<int:object_id>/whatif/", whatif, name="pools_pool_whatif"),
             *super().get_urls(),
         ]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        pool = self.get_object(request, object_id)
+        context = dict(extra_context or {})
+        if pool is not None:
+            context.update(
+                whatif_url=reverse("admin:pools_pool_whatif", args=[pool.pk]), whatif_pool=pool.pool_id
+            )
+        return super().change_view(request, object_id, form_url, context)
+
+    def whatif_view(self, request: HttpRequest, object_id: int) -> HttpResponse:
+        """The What-if panel of the pool's page: its group's traffic, this pool's rows first."""
+        pool = get_object_or_404(Pool, pk=object_id)
+        if not self.has_view_permission(request, pool):
+            raise PermissionDenied
+        return whatif_views.whatif_panel(request, group=pool.group, focus_pool=pool.pool_id)
 
     def dead_letters_view(self, request: HttpRequest, object_id: int) -> HttpResponse:
         """Lists a pool's dead letters; a POST replays or discards one and records it in the log."""

@@ -123,3 +123,29 @@ def test_a_bad_set_is_a_clear_command_error(with_history: HistoryClient, change:
 def test_an_unknown_group_is_a_command_error(with_history: HistoryClient) -> None:
     with pytest.raises(CommandError, match="no fabric group 'nope'"):
         call_command("whatif", "--group", "nope")
+
+
+@pytest.fixture
+def staff(client):  # type: ignore[no-untyped-def]
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_superuser("ops", password="pw"))
+    return client
+
+
+def test_the_admin_whatif_panel_shows_both_sides_per_pool(with_history: HistoryClient, staff) -> None:  # type: ignore[no-untyped-def]
+    group = make_group()
+    backlogged_history(with_history, time.time_ns())
+    page = staff.get(f"/admin/pools/fabricgroup/{group.pk}/change/")
+    assert b'id="whatif-open"' in page.content and b"/admin/pools/fabricgroup/g/whatif/" in page.content
+    panel = staff.post(
+        "/admin/pools/fabricgroup/g/whatif/", {"minutes": "5", "set": ["interactive.quantum=4"]}
+    )
+    html = panel.content.decode()
+    assert panel.status_code == 200 and "Replayed 240 recorded requests" in html
+    assert html.count('class="whatif-proposed"') == 2 and html.count("<svg") == 2
+    pool = Pool.objects.get(pool_id="backfill")
+    assert b'data-pool="backfill"' in staff.get(f"/admin/pools/pool/{pool.pk}/change/").content
+    focused = staff.post(f"/admin/pools/pool/{pool.pk}/whatif/", {"set": ["backfill.weight=0"]})
+    assert "This change cannot be replayed" in focused.content.decode()
+    assert "weight must be at least 1" in focused.content.decode()
