@@ -6,10 +6,12 @@ import dataclasses
 import math
 from collections import deque
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.policy.scheduler import HeadItem, PoolObservation, SchedulerState, decide
+from runtime.whatif.changes import BadChange, apply_changes
 from runtime.whatif.compare import format_table, what_if
 from runtime.whatif.engine import PEEK_DEPTH, replay
 from runtime.whatif.service import fit, in_flight_at_start
@@ -242,3 +244,54 @@ def test_no_request_is_lost_or_duplicated_and_caps_hold(pools, total, cap, polic
         assert all(v <= cap for v in result.peak_backend_in_flight.values())
     for i in order:
         assert result.launched_at[i] >= trace.enqueued_at[i]
+
+
+@pytest.mark.parametrize(
+    ("changes", "check"),
+    [
+        (["a.weight=3"], lambda g: g.pool("a").quantum == 3),
+        (
+            ["a.burst=2", "a.max_concurrent=5"],
+            lambda g: (g.pool("a").max_burst_per_visit, g.pool("a").max_concurrent) == (2, 5),
+        ),
+        (["a.paused=true", "b.enabled=no"], lambda g: g.pool("a").paused and not g.pool("b").enabled),
+        (
+            ["a.max_queued=10", "a.max_queue_wait_s=2.5"],
+            lambda g: g.pool("a").admission_limits().max_queued == 10,
+        ),
+        (["a.max_queued=", "a.max_queue_wait_s=none"], lambda g: not g.pool("a").admission_limits().bounded),
+        (
+            ["group.total_concurrency=3", "group.policy=fifo"],
+            lambda g: (g.total_concurrency, g.policy) == (3, "fifo"),
+        ),
+        (["backend.sim.max_in_flight=2"], lambda g: g.backend("sim").max_in_flight == 2),
+    ],
+)
+def test_changes_are_applied_to_a_copy(changes, check) -> None:  # type: ignore[no-untyped-def]
+    group = config(PoolConfig("a", max_queued=4), PoolConfig("b"), total=8, cap=16)
+    changed = apply_changes(group, changes)
+    assert check(changed)
+    assert group.pool("a").quantum == 1 and group.total_concurrency == 8  # the original is untouched
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("a.weight=x", "weight invalid literal"),
+        ("group.policy=lifo", "policy must be one of drr, fifo"),
+        ("group.colour=red", "unknown group field 'colour'"),
+        ("backend.nope.max_in_flight=2", "no such backend"),
+        ("backend.sim.timeout_s=2", "unknown backend field 'timeout_s'"),
+        ("a.backend=elsewhere", "uses no backend 'elsewhere'"),
+        ("a.paused=maybe", "must be true or false"),
+        ("group.total_concurrency=1", None),  # fine alone
+    ],
+)
+def test_bad_changes_say_which_and_why(change: str, message: str | None) -> None:
+    group = config(PoolConfig("a"), PoolConfig("b"), total=8, cap=16)
+    if message is None:
+        apply_changes(group, [change])
+        return
+    with pytest.raises(BadChange) as caught:
+        apply_changes(group, [change])
+    assert message in str(caught.value) and repr(change) in str(caught.value)
