@@ -19,6 +19,7 @@ Run: ``python bench/bench_whatif.py --minutes 3`` (about 8 minutes: two runs plu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,8 @@ LEVELS = ("p50", "p99")
 
 _SAVE = """
 import sys
+import django
+django.setup()
 from pools import services
 from pools.models import FabricGroup, Pool
 from runtime.whatif.changes import parse_assignment
@@ -60,6 +64,15 @@ for text in sys.argv[1:]:
         setattr(pool, field, int(value))
         services.pool_save(pool=pool, publish=False)
 """
+
+
+@contextlib.contextmanager
+def stopped_valkey(data_dir: Path) -> Iterator[None]:
+    """Stops the embedded Valkey the first command that needed one started under ``data_dir``."""
+    try:
+        yield
+    finally:
+        embedded.stop(data_dir)
 
 
 def manage(env: dict[str, str], *args: str, capture: bool = False) -> str:
@@ -177,7 +190,7 @@ def main() -> None:
     print(speed())
     if args.speed_only:
         return
-    with scratch() as tmp:
+    with scratch() as tmp, stopped_valkey(tmp):
         env = {
             **os.environ,
             "DISPATCH_DATA_DIR": str(tmp),
@@ -193,7 +206,6 @@ def main() -> None:
         save(env, changes)
         start2, end2 = run_demo(env, seconds, tmp / "run2.log")
         after = whatif(env, end2, (end2 - start2) / 60, [])
-        embedded.stop(tmp)  # started by the first command that needed Valkey
     print(f"\nsetup: {args.setup or 'demo defaults'}; change: {changes}; {args.minutes:g} min per run")
     print(f"run 1: {before['requests']} requests; run 2: {after['requests']} requests")
     print("service model, run 1:", *before["fits"], sep="\n  ")

@@ -99,7 +99,7 @@ class PoolInline(admin.TabularInline):
 
 
 @admin.register(FabricGroup)
-class FabricGroupAdmin(admin.ModelAdmin):
+class FabricGroupAdmin(whatif_views.WhatIfAdminMixin, admin.ModelAdmin):
     form = FabricGroupForm
     inlines = (PoolInline,)
     list_display = (
@@ -154,18 +154,8 @@ class FabricGroupAdmin(admin.ModelAdmin):
         view = self.admin_site.admin_view(self.whatif_view)
         return [path("<path:object_id>/whatif/", view, name="pools_fabricgroup_whatif"), *super().get_urls()]
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        context = {
-            **(extra_context or {}),
-            "whatif_url": reverse("admin:pools_fabricgroup_whatif", args=[object_id]),
-        }
-        return super().change_view(request, object_id, form_url, context)
+    def whatif_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
+        return {"whatif_url": reverse("admin:pools_fabricgroup_whatif", args=[object_id])}
 
     def whatif_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """The What-if panel of the group's page: its recorded traffic under the form's values."""
@@ -180,7 +170,7 @@ class FabricGroupAdmin(admin.ModelAdmin):
 
 
 @admin.register(Pool)
-class PoolAdmin(admin.ModelAdmin):
+class PoolAdmin(whatif_views.WhatIfAdminMixin, admin.ModelAdmin):
     list_display = (
         "pool_id",
         "display_name",
@@ -252,20 +242,11 @@ class PoolAdmin(admin.ModelAdmin):
             *super().get_urls(),
         ]
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
+    def whatif_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
         pool = self.get_object(request, object_id)
-        context = dict(extra_context or {})
-        if pool is not None:
-            context.update(
-                whatif_url=reverse("admin:pools_pool_whatif", args=[pool.pk]), whatif_pool=pool.pool_id
-            )
-        return super().change_view(request, object_id, form_url, context)
+        if pool is None:
+            return {}
+        return {"whatif_url": reverse("admin:pools_pool_whatif", args=[pool.pk]), "whatif_pool": pool.pool_id}
 
     def whatif_view(self, request: HttpRequest, object_id: int) -> HttpResponse:
         """The What-if panel of the pool's page: its group's traffic, this pool's rows first."""

@@ -10,6 +10,7 @@ a queue-depth chart per pool, and the fitted service model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -25,6 +26,24 @@ from runtime.whatif.engine import LEVELS, PoolOutcome
 from runtime.whatif.trace import TraceTooLarge
 
 TEMPLATE = "admin/pools/whatif_panel.html"
+
+
+class WhatIfAdminMixin:
+    """A ModelAdmin whose change form has the What-if aside (templates/admin/pools/change_form.html)."""
+
+    def whatif_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
+        """Hook for the aside's URL (``whatif_url``) and the pool it is about (``whatif_pool``)."""
+        return {}
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        context = {**(extra_context or {}), **self.whatif_context(request, object_id)}
+        return super().change_view(request, object_id, form_url, context)  # type: ignore[misc]
 
 
 @dataclass(frozen=True)

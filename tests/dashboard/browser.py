@@ -37,9 +37,9 @@ BROWSER_MARKS = [
 ]
 
 
-@pytest.fixture
-def stack(tmp_path: Path, valkey_url: str, keys) -> Iterator[dict]:
-    env = {
+def stack_env(tmp_path: Path, valkey_url: str, keys) -> dict[str, str]:
+    """The environment of the stack's processes: a data directory of the test's, the test Valkey."""
+    return {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "dispatch_project.settings",
         "DISPATCH_DATA_DIR": str(tmp_path),
@@ -47,6 +47,11 @@ def stack(tmp_path: Path, valkey_url: str, keys) -> Iterator[dict]:
         "DISPATCH_KEY_PREFIX": keys.prefix,
         "DISPATCH_LOG_LEVEL": "WARNING",
     }
+
+
+@pytest.fixture
+def stack(tmp_path: Path, valkey_url: str, keys) -> Iterator[dict]:
+    env = stack_env(tmp_path, valkey_url, keys)
     manage = [sys.executable, "manage.py"]
     procs: list[subprocess.Popen] = []
 

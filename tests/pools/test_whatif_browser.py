@@ -6,7 +6,6 @@ starts: one engine per directory and process) holds two minutes of overloaded tr
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from runtime.valkey.embedded import free_port
-from tests.dashboard.browser import BROWSER_MARKS, CHROMIUM, CHROMIUM_ARGS, PASSWORD, ROOT
+from tests.dashboard.browser import BROWSER_MARKS, CHROMIUM, CHROMIUM_ARGS, PASSWORD, ROOT, stack_env
 from tests.waiting import wait_for_port
 
 pytestmark = BROWSER_MARKS
@@ -46,14 +45,7 @@ FILL_HISTORY = textwrap.dedent(
 
 @pytest.fixture
 def web(tmp_path: Path, valkey_url: str, keys) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "dispatch_project.settings",
-        "DISPATCH_DATA_DIR": str(tmp_path),
-        "VALKEY_URL": valkey_url,
-        "DISPATCH_KEY_PREFIX": keys.prefix,
-        "DISPATCH_LOG_LEVEL": "WARNING",
-    }
+    env = stack_env(tmp_path, valkey_url, keys)
     manage = [sys.executable, "manage.py"]
     subprocess.run([*manage, "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
     subprocess.run(
