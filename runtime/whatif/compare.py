@@ -94,7 +94,7 @@ def format_table(result: WhatIf) -> str:
     """Plain-text table: per pool, recorded, current replay and proposed replay side by side."""
     header = (
         f"{'pool':<18} {'side':<9} {'p50':>8} {'p95':>8} {'p99':>8} {'req/s':>7} "
-        f"{'peak q':>7} {'refused':>8} {'unserved':>9}"
+        f"{'peak q':>7} {'refused':>8} {'queued@end':>10}"
     )
     lines = [
         f"What-if over {result.trace.end - result.trace.start:.0f}s of recorded traffic "
@@ -107,7 +107,7 @@ def format_table(result: WhatIf) -> str:
             w = rec.wait
             lines.append(
                 f"{pid:<18} {'recorded':<9} {_s(w[0.5]):>8} {_s(w[0.95]):>8} {_s(w[0.99]):>8} "
-                f"{'':>7} {'':>7} {rec.refused:>8} {'':>9}"
+                f"{'':>7} {'':>7} {rec.refused:>8} {'':>10}"
             )
         for side, outcome in (("current", cur), ("proposed", prop)):
             if outcome is None:
@@ -117,7 +117,7 @@ def format_table(result: WhatIf) -> str:
             lines.append(
                 f"{pid:<18} {side:<9} {_s(w[0.5]):>8} {_s(w[0.95]):>8} {_s(w[0.99]):>8} "
                 f"{outcome.throughput_per_s:>7.2f} {outcome.peak_depth:>7} {outcome.refused:>8} "
-                f"{outcome.unserved:>9}"
+                f"{outcome.unserved:>10}"
             )
     lines.append("")
     lines.append("Service model (execution time against calls in flight on the backend):")

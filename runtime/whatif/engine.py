@@ -13,6 +13,10 @@ simulated dispatcher runs scheduling rounds as the real one does -- observe ever
 * an arrival passes the pool's admission limits first (:func:`runtime.policy.admission.decide`, with
   the drain rate measured over the last whole seconds, as the producer's script does).
 
+The replay stops at the window's end, as history does: waits are those of requests launched by then,
+and what is still queued is counted apart (``unserved``). Predicting a starving pool's waits from the
+requests that were served is what history would show too; the queued count says how many were not.
+
 Not modelled: backend load gating on scraped metrics, breakers, retries, deadlines, producers that
 go away. Pure: no clock, no I/O; memory is a few arrays of the trace's length.
 """
@@ -57,7 +61,7 @@ class PoolOutcome:
     arrivals: int
     launched: int
     refused: int  # refused at admission (or the pool is not in this configuration)
-    unserved: int  # admitted but never launched before the replay ran out of events (e.g. paused)
+    unserved: int  # admitted but still queued when the window ends (e.g. paused, or a growing queue)
     wait: dict[float, float | None]  # level -> queue wait in seconds, of launched requests
     throughput_per_s: float  # calls completed inside the window, per second
     peak_depth: int
@@ -171,10 +175,13 @@ class _Sim:
         times = trace.enqueued_at
         completions = self.completions
         i = 0
+        window_end = trace.end
         while i < n or completions:
             now = times[i] if i < n else math.inf
             if completions and completions[0][0] <= now:
                 now = completions[0][0]
+            if now > window_end:
+                break  # history of the window holds what ran by its end; the rest is still queued
             self._advance_buckets(now)
             while completions and completions[0][0] <= now:
                 end, request = heapq.heappop(completions)

@@ -70,7 +70,8 @@ class Trace:
     def build(
         cls, arrivals: Iterable[Arrival], *, start: float | None = None, end: float | None = None
     ) -> Trace:
-        """A trace of ``arrivals`` (any order); the window defaults to the first and last arrival."""
+        """A trace of ``arrivals`` (any order); the window defaults to the first and last arrival and
+        always holds every arrival. A replay stops at its end."""
         rows = sorted(arrivals, key=lambda a: a.enqueued_at)
         if len(rows) > MAX_REQUESTS:
             raise TraceTooLarge(
@@ -91,7 +92,7 @@ class Trace:
         first = rows[0].enqueued_at if rows else 0.0
         last = rows[-1].enqueued_at if rows else 0.0
         trace.start = first if start is None else start
-        trace.end = last if end is None else max(end, trace.start)
+        trace.end = max(last, trace.start) if end is None else max(end, last, trace.start)
         return trace
 
     def pool_index(self, pool_id: str) -> int | None:

@@ -20,6 +20,8 @@ from runtime.whatif.workload import Workload
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 
+FOREVER = 1e9  # a window end long after the last arrival: every request gets its chance
+
 
 def config(*pools: PoolConfig, total: int = 8, policy: str = "drr", cap: int | None = None) -> GroupConfig:
     backends = (BackendConfig("sim", "http://sim:1/v1", max_in_flight=cap),) if cap else ()
@@ -106,7 +108,7 @@ def assert_replay_reproduces(arrivals: list[Arrival], group: GroupConfig) -> Non
     recorded = [
         dataclasses.replace(a, queue_wait_s=launched_at[i] - a.enqueued_at) for i, a in enumerate(ordered)
     ]
-    result = replay(Workload(Trace.build(recorded), group), group)
+    result = replay(Workload(Trace.build(recorded, end=FOREVER), group), group)
     assert len(result.launch_order) == len(arrivals)
     assert list(result.launch_order) == [i for i, _ in run]
     assert [result.launched_at[i] for i, _ in run] == [float(tick) for _, tick in run]
@@ -147,7 +149,7 @@ def test_a_bigger_weight_shortens_the_pools_predicted_wait() -> None:
     current = config(*pools, total=4)
     proposed = dataclasses.replace(current, pools=(dataclasses.replace(pools[0], quantum=4), pools[1]))
     arrivals = arrivals_of([(t // 3, "a" if t % 2 else "b", 1, 2) for t in range(400)])  # over capacity
-    result = what_if(Trace.build(arrivals), current, proposed)
+    result = what_if(Trace.build(arrivals, end=FOREVER), current, proposed)
     assert result.proposed.pool("a").wait[0.5] < result.current.pool("a").wait[0.5]
     assert result.proposed.pool("b").wait[0.5] > result.current.pool("b").wait[0.5]
     table = format_table(result)
@@ -166,7 +168,7 @@ def test_admission_limits_refuse_in_the_replay_and_the_chart_shows_the_depth() -
 def test_a_paused_pool_serves_nothing_and_a_removed_pool_refuses_its_arrivals() -> None:
     group = config(PoolConfig("a", paused=True), PoolConfig("b"), total=2)
     arrivals = arrivals_of([(0, "a", 1, 1), (0, "b", 1, 1), (1, "gone", 1, 1)])
-    result = replay(Workload(Trace.build(arrivals), group), group)
+    result = replay(Workload(Trace.build(arrivals, end=FOREVER), group), group)
     assert (result.pool("a").launched, result.pool("a").unserved) == (0, 1)
     assert result.pool("b").launched == 1
     assert (result.pool("gone").arrivals, result.pool("gone").refused) == (1, 1)
@@ -175,7 +177,7 @@ def test_a_paused_pool_serves_nothing_and_a_removed_pool_refuses_its_arrivals() 
 def test_backend_max_in_flight_caps_the_replay() -> None:
     group = config(PoolConfig("a", max_concurrent=8), PoolConfig("b", max_concurrent=8), total=16, cap=3)
     arrivals = arrivals_of(synthetic(11, 200, ["a", "b"]))
-    result = replay(Workload(Trace.build(arrivals), group), group)
+    result = replay(Workload(Trace.build(arrivals, end=FOREVER), group), group)
     assert result.peak_backend_in_flight == {"sim": 3}
     assert len(result.launch_order) == 200
 
