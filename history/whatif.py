@@ -86,6 +86,21 @@ def whatif_trace(
             f"the last {(until - since).total_seconds() / 60:.0f} minutes hold more than {MAX_REQUESTS} "
             "requests; replay a shorter window"
         )
-    # The window starts at its first request: an operator asking for an hour of a demo started
-    # ten minutes ago wants rates over those ten minutes.
-    return Trace.build(map(_arrival, rows), end=until.timestamp())
+    arrivals = [_arrival(row) for row in rows]
+    return Trace.build(arrivals, end=_last_launch(arrivals, until.timestamp()))
+
+
+def _last_launch(arrivals: list[Arrival], until: float) -> float:
+    """Where the replay stops: the last launch history holds, else ``until``.
+
+    The window starts at its first request (an hour asked of a demo started ten minutes ago means
+    those ten minutes) and ends where dispatch was last seen: after that, dispatchers were stopping
+    (a demo's end) or spans were still on their way to the ingester, and history has nothing for
+    the replay's later launches to be compared with.
+    """
+    launches = [
+        a.enqueued_at + (a.queue_wait_s or 0.0)
+        for a in arrivals
+        if not a.refused and a.execution_s is not None
+    ]
+    return min(until, max(launches)) if launches else until

@@ -64,6 +64,13 @@ def test_the_groups_arrivals_are_read_with_cost_tokens_waits_and_refusals(histor
     assert list(trace.execution_s)[:3] == [2.0, 1.0, 1.0] and not trace.ran(3)
     assert list(trace.tokens)[:2] == [110, 110]
     assert trace.enqueued_at[0] == pytest.approx((now - 50 * 10**9) / 1e9)
+    # The replay stops at the last launch history holds (the error's, 30 s ago + 1 s of queue), or at
+    # the last arrival after it (the refusal's, 20 s ago): not at `until`, where nothing was dispatched.
+    assert trace.end == pytest.approx((now - 20 * 10**9) / 1e9)
+    only_runs = whatif_trace(
+        client=history, group="g", pool_ids=["b"], since=until - timedelta(minutes=5), until=until
+    )
+    assert only_runs.end == pytest.approx((now - 29 * 10**9) / 1e9)
 
 
 def backlogged_history(history: HistoryClient, now: int) -> None:
