@@ -21,11 +21,12 @@ from typing import Any
 from history.client import HistoryClient
 from history.schema import table_name
 from runtime.telemetry import semconv
-from runtime.whatif.trace import MAX_REQUESTS, Arrival, Trace, TraceTooLarge
+from runtime.whatif.trace import Arrival, Trace, TraceTooLarge
 
 __all__ = ["MAX_WINDOW", "whatif_trace"]
 
 MAX_WINDOW = timedelta(hours=24)
+CHUNK = timedelta(minutes=10)  # one query per slice of the window
 
 _SQL = f"""
 SELECT toUnixTimestamp64Nano(Timestamp) AS ts_ns, PoolId AS pool, Status AS status,
@@ -38,7 +39,6 @@ WHERE Timestamp >= fromUnixTimestamp64Nano({{since:Int64}})
   AND ((FabricGroup = {{group:String}} AND Status IN ('ok', 'error'))
        OR (Status = 'rejected' AND PoolId IN {{pools:Array(String)}}))
 ORDER BY Timestamp
-LIMIT {{limit:UInt64}}
 """
 
 
@@ -68,39 +68,32 @@ def whatif_trace(
 ) -> Trace:
     """The group's requests enqueued in ``[since, until)`` (at most :data:`MAX_WINDOW`) as a trace.
 
+    Read in slices of :data:`CHUNK` in time order, each slice's rows appended to the trace's arrays
+    as they come: memory holds the arrays and one slice, never the whole window's rows.
     Raises :class:`~runtime.whatif.trace.TraceTooLarge` when the window holds more requests than a
     replay takes, and ``HistoryUnavailable`` when ClickHouse cannot be read.
     """
-    if until - since > MAX_WINDOW:
-        since = until - MAX_WINDOW
-    params = {
-        "since": _ns(since),
-        "until": _ns(until),
-        "group": group,
-        "pools": pool_ids,
-        "limit": MAX_REQUESTS + 1,
-    }
-    rows = client.query(_SQL.replace("{table}", table_name(client)), params)
-    if len(rows) > MAX_REQUESTS:
-        raise TraceTooLarge(
-            f"the last {(until - since).total_seconds() / 60:.0f} minutes hold more than {MAX_REQUESTS} "
-            "requests; replay a shorter window"
-        )
-    arrivals = [_arrival(row) for row in rows]
-    return Trace.build(arrivals, end=_last_launch(arrivals, until.timestamp()))
-
-
-def _last_launch(arrivals: list[Arrival], until: float) -> float:
-    """Where the replay stops: the last launch history holds, else ``until``.
-
-    The window starts at its first request (an hour asked of a demo started ten minutes ago means
-    those ten minutes) and ends where dispatch was last seen: after that, dispatchers were stopping
-    (a demo's end) or spans were still on their way to the ingester, and history has nothing for
-    the replay's later launches to be compared with.
-    """
-    launches = [
-        a.enqueued_at + (a.queue_wait_s or 0.0)
-        for a in arrivals
-        if not a.refused and a.execution_s is not None
-    ]
-    return min(until, max(launches)) if launches else until
+    since = max(since, until - MAX_WINDOW)
+    sql = _SQL.replace("{table}", table_name(client))
+    trace, last_launch = Trace(), None
+    slice_start = since
+    while slice_start < until:
+        slice_end = min(until, slice_start + CHUNK)
+        params = {"since": _ns(slice_start), "until": _ns(slice_end), "group": group, "pools": pool_ids}
+        for row in client.query(sql, params):
+            arrival = _arrival(row)
+            try:
+                trace.append(arrival)
+            except TraceTooLarge as exc:
+                minutes = (until - since).total_seconds() / 60
+                raise TraceTooLarge(f"the last {minutes:.0f} minutes hold too many requests: {exc}") from exc
+            if arrival.execution_s is not None:
+                launch = arrival.enqueued_at + (arrival.queue_wait_s or 0.0)
+                last_launch = launch if last_launch is None else max(last_launch, launch)
+        slice_start = slice_end
+    # The window starts at its first request (an hour asked of a demo started ten minutes ago means
+    # those ten minutes) and ends where dispatch was last seen: after that, dispatchers were stopping
+    # (a demo's end) or spans were still on their way to the ingester, and history has nothing for
+    # the replay's later launches to be compared with.
+    end = until.timestamp() if last_launch is None else min(until.timestamp(), last_launch)
+    return trace.close(end=end)

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 __all__ = ["MAX_REQUESTS", "Arrival", "Trace", "TraceTooLarge"]
 
-# A day of the demo's traffic is about a million requests; the replay refuses more than this many so
-# that one request of the admin page can never take the web process's memory.
-MAX_REQUESTS = 1_200_000
+# Half a day of the demo's traffic (~20 MB of arrays; a replay of it takes about 15 s of CPU). More is
+# refused with TraceTooLarge, so that one request of the admin page cannot take the web process's memory.
+MAX_REQUESTS = 500_000
 NAN = math.nan
 
 
@@ -59,6 +59,8 @@ class Trace:
     refused: array[int] = field(default_factory=lambda: array("b"))
     start: float = 0.0  # the window replayed: [start, end)
     end: float = 0.0
+    _pool_ix: dict[str, int] = field(default_factory=dict, repr=False)
+    _tenant_ix: dict[str, int] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.enqueued_at)
@@ -70,36 +72,35 @@ class Trace:
     def build(
         cls, arrivals: Iterable[Arrival], *, start: float | None = None, end: float | None = None
     ) -> Trace:
-        """A trace of ``arrivals`` (any order); the window defaults to the first and last arrival and
-        always holds every arrival. A replay stops at its end."""
-        rows = sorted(arrivals, key=lambda a: a.enqueued_at)
-        if len(rows) > MAX_REQUESTS:
-            raise TraceTooLarge(
-                f"the window holds {len(rows)} requests; a replay takes at most {MAX_REQUESTS}"
-            )
+        """A trace of ``arrivals`` (any order); see :meth:`close` for the window."""
         trace = cls()
-        pool_ix: dict[str, int] = {}
-        tenant_ix: dict[str, int] = {}
-        for a in rows:
-            trace.enqueued_at.append(a.enqueued_at)
-            trace.pool.append(_intern(a.pool_id, pool_ix, trace.pools))
-            trace.tenant.append(_intern(a.tenant, tenant_ix, trace.tenants))
-            trace.cost.append(max(1, int(a.cost)))
-            trace.execution_s.append(NAN if a.execution_s is None else max(0.0, a.execution_s))
-            trace.queue_wait_s.append(NAN if a.queue_wait_s is None else max(0.0, a.queue_wait_s))
-            trace.tokens.append(max(0, a.input_tokens) + max(0, a.output_tokens))
-            trace.refused.append(1 if a.refused else 0)
-        first = rows[0].enqueued_at if rows else 0.0
-        last = rows[-1].enqueued_at if rows else 0.0
-        trace.start = first if start is None else start
-        trace.end = max(last, trace.start) if end is None else max(end, last, trace.start)
-        return trace
+        for a in sorted(arrivals, key=lambda a: a.enqueued_at):
+            trace.append(a)
+        return trace.close(start=start, end=end)
 
-    def pool_index(self, pool_id: str) -> int | None:
-        try:
-            return self.pools.index(pool_id)
-        except ValueError:
-            return None
+    def append(self, a: Arrival) -> None:
+        """Adds the next request; requests come in enqueue order (a reader streams them in)."""
+        if self.enqueued_at and a.enqueued_at < self.enqueued_at[-1]:
+            raise ValueError("arrivals must be appended in enqueue order")
+        if len(self.enqueued_at) >= MAX_REQUESTS:
+            raise TraceTooLarge(f"the window holds more requests than a replay takes ({MAX_REQUESTS})")
+        self.enqueued_at.append(a.enqueued_at)
+        self.pool.append(_intern(a.pool_id, self._pool_ix, self.pools))
+        self.tenant.append(_intern(a.tenant, self._tenant_ix, self.tenants))
+        self.cost.append(max(1, int(a.cost)))
+        self.execution_s.append(NAN if a.execution_s is None else max(0.0, a.execution_s))
+        self.queue_wait_s.append(NAN if a.queue_wait_s is None else max(0.0, a.queue_wait_s))
+        self.tokens.append(max(0, a.input_tokens) + max(0, a.output_tokens))
+        self.refused.append(1 if a.refused else 0)
+
+    def close(self, *, start: float | None = None, end: float | None = None) -> Trace:
+        """Sets the window: by default from the first to the last arrival; it always holds every
+        arrival. A replay stops at its end. Returns the trace."""
+        first = self.enqueued_at[0] if self.enqueued_at else 0.0
+        last = self.enqueued_at[-1] if self.enqueued_at else 0.0
+        self.start = first if start is None else start
+        self.end = max(last, self.start) if end is None else max(end, last, self.start)
+        return self
 
     def ran(self, i: int) -> bool:
         """Whether request ``i`` was executed when it was recorded."""

@@ -156,3 +156,13 @@ def test_the_admin_whatif_panel_shows_both_sides_per_pool(with_history: HistoryC
     focused = staff.post(f"/admin/pools/pool/{pool.pk}/whatif/", {"set": ["backfill.weight=0"]})
     assert "This change cannot be replayed" in focused.content.decode()
     assert "weight must be at least 1" in focused.content.decode()
+
+
+def test_a_window_over_the_replays_bound_is_refused_clearly(with_history: HistoryClient, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from runtime.whatif import trace
+
+    make_group()
+    backlogged_history(with_history, time.time_ns())
+    monkeypatch.setattr(trace, "MAX_REQUESTS", 100)
+    with pytest.raises(CommandError, match="the last 5 minutes hold too many requests"):
+        call_command("whatif", "--group", "g", "--minutes", "5")
