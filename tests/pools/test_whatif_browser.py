@@ -1,4 +1,5 @@
-"""The What-if panel in headless Chromium: opened from a pool's form, a weight changed, the table read.
+"""The What-if panel in headless Chromium: opened from a pool's form (then the group's), a weight
+changed, the predicted table read.
 
 A real web server (daphne) on a demo group whose history (real chDB, written before the server
 starts: one engine per directory and process) holds two minutes of overloaded traffic.
@@ -114,5 +115,16 @@ async def test_whatif_from_the_pool_form_predicts_shorter_waits_for_a_heavier_we
             await page.screenshot(path="/tmp/whatif.png", full_page=True)
             # Nothing was saved: the form still holds the unsaved edit, the database the old weight.
             assert "/change/" in page.url
+
+            # The group's page: its pool inline's values go to the replay the same way.
+            await page.goto(f"{web}/admin/pools/fabricgroup/demo/change/")
+            await page.click("#whatif-open")
+            await page.wait_for_selector("#whatif-panel[data-runs='1']")
+            row = page.locator("tr.form-row", has=page.locator("input[name$='-pool_id'][value='backfill']"))
+            await row.locator("input[name$='-quantum']").fill("8")
+            await page.click("#whatif-run")
+            await page.wait_for_selector("#whatif-panel[data-runs='2']")
+            backfill = page.locator("#whatif-output section[data-pool='backfill']")
+            assert ms(await backfill.locator("tr.whatif-proposed td").first.inner_text()) == ms(proposed)
         finally:
             await browser.close()
