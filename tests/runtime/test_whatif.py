@@ -165,6 +165,16 @@ def test_admission_limits_refuse_in_the_replay_and_the_chart_shows_the_depth() -
     assert a.depth[0] == 5 and max(a.depth) == 5 and a.depth[-1] == 0
 
 
+def test_the_replay_stops_at_the_windows_end_and_counts_what_is_still_queued() -> None:
+    group = config(PoolConfig("a", max_concurrent=1), total=1)
+    arrivals = arrivals_of([(0, "a", 1, 10)] * 10)  # one slot, ten 10 s calls at once
+    result = replay(Workload(Trace.build(arrivals, start=0, end=35), group), group).pool("a")
+    # History of that window holds the four that ran by its end: so does the prediction.
+    assert (result.launched, result.unserved) == (4, 6)
+    assert result.wait[0.5] == 15.0 and result.wait[0.99] == pytest.approx(29.7)
+    assert result.throughput_per_s == pytest.approx(3 / 35)  # completions inside the window
+
+
 def test_a_paused_pool_serves_nothing_and_a_removed_pool_refuses_its_arrivals() -> None:
     group = config(PoolConfig("a", paused=True), PoolConfig("b"), total=2)
     arrivals = arrivals_of([(0, "a", 1, 1), (0, "b", 1, 1), (1, "gone", 1, 1)])
