@@ -204,6 +204,21 @@ def test_the_service_fit_recovers_a_linear_slowdown_and_scales_calls() -> None:
     assert in_flight_at_start([0, 0, 1], [2, 3, 2]) == [2, 2, 3]  # calls starting together see each other
 
 
+def test_the_workload_fits_the_recorded_slowdown_and_a_replay_at_other_concurrency_scales_calls() -> None:
+    # Bursts of k calls started together, far apart: each call ran 0.5 s + 0.1 s per call in flight.
+    rows = [Arrival(100.0 * k, "a", 1, 0.5 + 0.1 * k, 0.0) for k in range(1, 9) for _ in range(k)]
+    group = config(PoolConfig("a", max_concurrent=8), total=8, cap=8)
+    workload = Workload(Trace.build(rows), group)
+    line = workload.fits["sim"]
+    assert (line.intercept, line.slope) == (pytest.approx(0.5), pytest.approx(0.1))
+    assert "R² 1.00" in line.describe()
+    last = len(workload.trace) - 1  # a call recorded with 8 in flight
+    assert workload.service_time(last, 8) == pytest.approx(1.3)
+    assert workload.service_time(last, 2) == pytest.approx(0.7)  # fewer at once: faster calls
+    capped = replay(workload, apply_changes(group, ["a.max_concurrent=2"]))
+    assert capped.peak_pool_in_flight["a"] == 2
+
+
 pool_strategy = st.builds(
     lambda q, mx, mn, burst, paused, max_queued: PoolConfig(
         "",
