@@ -169,6 +169,7 @@ class _Sim:
         span = self.trace.end - self.trace.start
         self.bucket_s = span / DEPTH_BUCKETS if span > 0 else 1.0
         self.bucket = -1
+        self.next_bucket_at = self.trace.start  # the first event at or after this opens a new slice
 
     def run(self) -> Replay:
         trace, n = self.trace, len(self.trace)
@@ -182,15 +183,18 @@ class _Sim:
                 now = completions[0][0]
             if now > window_end:
                 break  # history of the window holds what ran by its end; the rest is still queued
-            self._advance_buckets(now)
+            if now >= self.next_bucket_at:
+                self._advance_buckets(now)
             while completions and completions[0][0] <= now:
                 end, request = heapq.heappop(completions)
                 self._finish(request, end)
             while i < n and times[i] <= now:
                 self._arrive(i, now)
                 i += 1
-            self._rounds(now)
-            self._run_started(now)
+            if self.queued and self.group_in_flight < self.policy.total_concurrency:
+                self._rounds(now)
+                if self.started:
+                    self._run_started(now)
         return self._result()
 
     def _run_started(self, now: float) -> None:
@@ -203,13 +207,12 @@ class _Sim:
 
     def _advance_buckets(self, now: float) -> None:
         bucket = min(DEPTH_BUCKETS - 1, int((now - self.trace.start) / self.bucket_s))
-        if bucket <= self.bucket or now < self.trace.start:
-            return
         for pool in self.pools.values():
             current = len(pool.queue)
             for b in range(max(0, self.bucket + 1), bucket + 1):
                 pool.depth[b] = current
         self.bucket = bucket
+        self.next_bucket_at = self.trace.start + (bucket + 1) * self.bucket_s
 
     def _arrive(self, i: int, now: float) -> None:
         pool = self.by_index[self.trace.pool[i]]
