@@ -79,3 +79,45 @@ def sparkline(values: Sequence[int | float], *, width: int = 160, height: int = 
         f'aria-label="requests over the window"><polyline fill="none" stroke="#4c8bf5" stroke-width="1.5" '
         f'points="{points}"/><circle cx="{last_x}" cy="{last_y}" r="2" fill="#4c8bf5"/></svg>'
     )
+
+
+LINE_COLOURS = ("#4c8bf5", "#f5a623")
+
+
+def line_chart(
+    series: Sequence[tuple[str, Sequence[int | float]]],
+    *,
+    title: str,
+    span_label: str,
+    width: int = 420,
+    height: int = 90,
+) -> SafeString:
+    """Lines over one shared x axis (the values' index) and y axis from 0: current against proposed."""
+    legend_h, axis_w, bottom = 16, 34, 14
+    plot_w, plot_h = width - axis_w - 4, height - legend_h - bottom
+    peak = max((v for _, values in series for v in values), default=0) or 1
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" height="{height}" '
+        f'role="img" aria-label="{escape(title)}"><title>{escape(title)}</title>'
+    ]
+    for i, (name, values) in enumerate(series):
+        colour = LINE_COLOURS[i % len(LINE_COLOURS)]
+        x = axis_w + i * 90
+        parts.append(f'<rect x="{x}" y="3" width="10" height="10" fill="{colour}"/>')
+        parts.append(f'<text x="{x + 14}" y="12" font-size="11">{escape(name)}</text>')
+        if not values:
+            continue
+        step = plot_w / max(1, len(values) - 1)
+        top = legend_h + plot_h
+        points = " ".join(
+            f"{axis_w + k * step:.1f},{top - plot_h * v / peak:.1f}" for k, v in enumerate(values)
+        )
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{points}"/>')
+    parts.append(
+        f'<text x="{axis_w - 4}" y="{legend_h + 8}" font-size="10" text-anchor="end">{peak:g}</text>'
+        f'<text x="{axis_w - 4}" y="{legend_h + plot_h}" font-size="10" text-anchor="end">0</text>'
+        f'<line x1="{axis_w}" y1="{legend_h + plot_h}" x2="{axis_w + plot_w}" y2="{legend_h + plot_h}" '
+        f'stroke="#999"/><text x="{axis_w}" y="{height - 2}" font-size="10">{escape(span_label)}</text>'
+        f'<text x="{axis_w + plot_w}" y="{height - 2}" font-size="10" text-anchor="end">end</text></svg>'
+    )
+    return mark_safe("".join(parts))  # every interpolated text is escaped above

@@ -17,7 +17,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
-from pools import selectors, services
+from pools import selectors, services, whatif_views
 from pools.connections import VALKEY_ERRORS
 from pools.forms import FabricGroupForm, PoolChangelistFormSet, PoolInlineFormSet, PoolRowForm
 from pools.models import Backend, FabricGroup, Pool
@@ -99,7 +99,7 @@ class PoolInline(admin.TabularInline):
 
 
 @admin.register(FabricGroup)
-class FabricGroupAdmin(admin.ModelAdmin):
+class FabricGroupAdmin(whatif_views.WhatIfAdminMixin, admin.ModelAdmin):
     form = FabricGroupForm
     inlines = (PoolInline,)
     list_display = (
@@ -150,13 +150,27 @@ class FabricGroupAdmin(admin.ModelAdmin):
         for group in queryset:
             report_publication(request, services.group_delete(group=group))
 
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view(self.whatif_view)
+        return [path("<path:object_id>/whatif/", view, name="pools_fabricgroup_whatif"), *super().get_urls()]
+
+    def whatif_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
+        return {"whatif_url": reverse("admin:pools_fabricgroup_whatif", args=[object_id])}
+
+    def whatif_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The What-if panel of the group's page: its recorded traffic under the form's values."""
+        group = get_object_or_404(FabricGroup, pk=object_id)
+        if not self.has_view_permission(request, group):
+            raise PermissionDenied
+        return whatif_views.whatif_panel(request, group=group)
+
     @admin.action(description="Publish selected groups to their dispatchers")
     def publish_groups(self, request: HttpRequest, queryset: QuerySet[FabricGroup]) -> None:
         report_publication(request, [services.group_publish(group=group) for group in queryset])
 
 
 @admin.register(Pool)
-class PoolAdmin(admin.ModelAdmin):
+class PoolAdmin(whatif_views.WhatIfAdminMixin, admin.ModelAdmin):
     list_display = (
         "pool_id",
         "display_name",
@@ -221,10 +235,25 @@ class PoolAdmin(admin.ModelAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         view = self.admin_site.admin_view(self.dead_letters_view)
+        whatif = self.admin_site.admin_view(self.whatif_view)
         return [
             path("<int:object_id>/dead-letters/", view, name="pools_pool_dead_letters"),
+            path("<int:object_id>/whatif/", whatif, name="pools_pool_whatif"),
             *super().get_urls(),
         ]
+
+    def whatif_context(self, request: HttpRequest, object_id: str) -> dict[str, Any]:
+        pool = self.get_object(request, object_id)
+        if pool is None:
+            return {}
+        return {"whatif_url": reverse("admin:pools_pool_whatif", args=[pool.pk]), "whatif_pool": pool.pool_id}
+
+    def whatif_view(self, request: HttpRequest, object_id: int) -> HttpResponse:
+        """The What-if panel of the pool's page: its group's traffic, this pool's rows first."""
+        pool = get_object_or_404(Pool, pk=object_id)
+        if not self.has_view_permission(request, pool):
+            raise PermissionDenied
+        return whatif_views.whatif_panel(request, group=pool.group, focus_pool=pool.pool_id)
 
     def dead_letters_view(self, request: HttpRequest, object_id: int) -> HttpResponse:
         """Lists a pool's dead letters; a POST replays or discards one and records it in the log."""

@@ -37,6 +37,20 @@ BROWSER_MARKS = [
 ]
 
 
+def stack_env(
+    tmp_path: Path, valkey_url: str, keys, base_env: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of the stack's processes: a data directory of the test's, the test Valkey."""
+    return {
+        **(base_env if base_env is not None else os.environ),
+        "DJANGO_SETTINGS_MODULE": "dispatch_project.settings",
+        "DISPATCH_DATA_DIR": str(tmp_path),
+        "VALKEY_URL": valkey_url,
+        "DISPATCH_KEY_PREFIX": keys.prefix,
+        "DISPATCH_LOG_LEVEL": "WARNING",
+    }
+
+
 @pytest.fixture
 def stack(tmp_path: Path, valkey_url: str, keys) -> Iterator[dict]:
     with demo_stack(tmp_path, {**os.environ, "DJANGO_SETTINGS_MODULE": "dispatch_project.settings"},
@@ -50,13 +64,7 @@ def demo_stack(
     collectstatic: bool = False,
 ) -> Iterator[dict]:  # fmt: skip
     """The demo group on the simulator, a dispatcher and daphne (``web_args`` added), in ``base_env``."""
-    env = {
-        **base_env,
-        "DISPATCH_DATA_DIR": str(tmp_path),
-        "VALKEY_URL": valkey_url,
-        "DISPATCH_KEY_PREFIX": keys.prefix,
-        "DISPATCH_LOG_LEVEL": "WARNING",
-    }
+    env = {**base_env, **stack_env(tmp_path, valkey_url, keys, base_env)}
     manage = [sys.executable, "manage.py"]
     procs: list[subprocess.Popen] = []
 

@@ -1,0 +1,235 @@
+"""What-if against reality (issue 25): predicted queue waits checked against real runs of the demo.
+
+1. Runs the demo (``manage.py demo``: simulator, web + history, one dispatcher, load generator) for
+   ``--minutes`` in a scratch data directory, optionally after ``--setup`` changes to the demo group.
+2. ``manage.py whatif --json`` over that window: the replay under the configuration that was in force
+   against what history recorded (target: per-pool p50 and p99 within 20 %), and the prediction for
+   ``--change`` (default ``backfill.weight=4``), made before the change.
+3. Saves the change, runs the demo again under the same load (the load generator's lanes are seeded),
+   and compares the prediction with the new measured waits (target: within 25 %).
+4. Speed: an hour of demo-like traffic (~40,000 requests, synthetic) through both replays in this
+   process, with the peak memory the replay allocates (``tracemalloc``).
+
+Waits below ``--floor-ms`` (default 50 ms) are compared in absolute terms instead (both below it
+counts as a match): a few milliseconds of dispatcher latency are not a queue.
+
+Run: ``python bench/bench_whatif.py --minutes 3`` (about 8 minutes: two runs plus start-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import machine, scratch, table
+from runtime.valkey import embedded
+from runtime.whatif.changes import apply_changes
+from runtime.whatif.compare import what_if
+from runtime.whatif.trace import Arrival, Trace
+from runtime.wire.backendconfig import BackendConfig
+from runtime.wire.groupconfig import GroupConfig, PoolConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+POOLS = ("interactive", "document-extract", "backfill")
+LEVELS = ("p50", "p99")
+
+_SAVE = """
+import sys
+import django
+django.setup()
+from pools import services
+from pools.models import FabricGroup, Pool
+from runtime.whatif.changes import parse_assignment
+for text in sys.argv[1:]:
+    target, field, value = parse_assignment(text)
+    field = {"weight": "quantum", "burst": "max_burst_per_visit"}.get(field, field)
+    if target == "group":
+        group = FabricGroup.objects.get(group_id="demo")
+        setattr(group, field, type(getattr(group, field))(value))
+        services.group_save(group=group, publish=False)
+    else:
+        pool = Pool.objects.get(pool_id=target)
+        setattr(pool, field, int(value))
+        services.pool_save(pool=pool, publish=False)
+"""
+
+
+@contextlib.contextmanager
+def stopped_valkey(data_dir: Path) -> Iterator[None]:
+    """Stops the embedded Valkey the first command that needed one started under ``data_dir``."""
+    try:
+        yield
+    finally:
+        embedded.stop(data_dir)
+
+
+def manage(env: dict[str, str], *args: str, capture: bool = False) -> str:
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, check=True, text=True,
+        capture_output=capture,
+    )  # fmt: skip
+    return done.stdout if capture else ""
+
+
+def save(env: dict[str, str], changes: list[str]) -> None:
+    """Writes changes to the demo group in the database (the next demo start publishes them)."""
+    if changes:
+        subprocess.run([sys.executable, "-c", _SAVE, *changes], cwd=ROOT, env=env, check=True)
+
+
+def run_demo(env: dict[str, str], seconds: float, log: Path) -> tuple[float, float]:
+    """One demo run; returns the wall-clock window its load covered."""
+    port, sim_port = embedded.free_port(), embedded.free_port()
+    start = time.time()
+    with open(log, "w") as out:
+        subprocess.run(
+            [sys.executable, "manage.py", "demo", "--duration", str(seconds), "--port", str(port),
+             "--sim-port", str(sim_port), "--admin-password", "bench-pw"],
+            cwd=ROOT, env=env, check=True, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    return start, time.time()
+
+
+def whatif(env: dict[str, str], until: float, minutes: float, changes: list[str]) -> dict[str, Any]:
+    args = ["whatif", "--group", "demo", "--until", f"{until:.3f}", "--minutes", f"{minutes:.3f}", "--json"]
+    for change in changes:
+        args += ["--set", change]
+    return json.loads(manage(env, *args, capture=True))
+
+
+def close(predicted: float | None, measured: float | None, floor_s: float) -> tuple[str, bool]:
+    """The error of a prediction, and whether it is within tolerance (the caller's bound)."""
+    if predicted is None or measured is None:
+        return "n/a", False
+    if predicted < floor_s and measured < floor_s:
+        return "both < floor", True
+    return f"{(predicted - measured) / measured * 100:+.0f}%", False
+
+
+def compare(
+    title: str, predicted: dict[str, Any], measured: dict[str, Any], bound: float, floor_s: float
+) -> tuple[str, bool]:
+    rows, ok_all = [], True
+    for pool in POOLS:
+        for level in LEVELS:
+            p = predicted["pools"][pool][predicted["side"]]["wait"][level]
+            m = measured["pools"][pool]["recorded"]["wait"][level]
+            text, small = close(p, m, floor_s)
+            ok = small or (p is not None and m is not None and abs(p - m) <= bound * m)
+            ok_all &= ok
+            rows.append([pool, level, _ms(m), _ms(p), text, "yes" if ok else "NO"])
+    headers = ["pool", "wait", "measured", "predicted", "error", f"within {bound * 100:.0f}%"]
+    return f"{title}\n\n{table(headers, rows)}", ok_all
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 1000:.0f} ms"
+
+
+def speed() -> str:
+    """Both replays of an hour of demo-like traffic (Poisson arrivals at the demo's rates)."""
+    rng = random.Random(1)
+    arrivals = []
+    for pool, rate, mean_s in (
+        ("interactive", 4.0, 0.7),
+        ("document-extract", 3.0, 0.9),
+        ("backfill", 4.2, 0.7),
+    ):
+        t = 0.0
+        while t < 3600:
+            t += rng.expovariate(rate)
+            arrivals.append(Arrival(t, pool, rng.choice((1, 2, 4)), rng.uniform(0.5, 1.5) * mean_s, 0.0))
+    pools = (
+        PoolConfig("interactive", quantum=4, min_concurrent=4, max_concurrent=12, max_burst_per_visit=4),
+        PoolConfig("document-extract", quantum=2, max_concurrent=8, max_burst_per_visit=2),
+        PoolConfig("backfill", quantum=1, max_concurrent=8, max_queued=200),
+        PoolConfig("default"),
+    )
+    backend = BackendConfig("sim", "http://127.0.0.1:8100/v1", max_in_flight=64)
+    current = GroupConfig("demo", total_concurrency=16, pools=pools, backend_id="sim", backends=(backend,))
+    proposed = apply_changes(current, ["backfill.weight=4"])
+    trace = Trace.build(arrivals)
+    started, cpu = time.perf_counter(), time.process_time()
+    result = what_if(trace, current, proposed)
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    tracemalloc.start()  # a second run for memory: tracing slows Python several times
+    what_if(trace, current, proposed)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return (
+        f"Speed: {len(trace)} requests (1 h at the demo's rates), workload + both replays in {elapsed:.2f} s "
+        f"wall, {cpu:.2f} s CPU ({result.current.decisions + result.proposed.decisions} scheduler calls, "
+        f"{len(result.current.launch_order)} launches per replay), "
+        f"peak memory allocated {peak / 1e6:.1f} MB"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=3.0, help="length of each demo run")
+    parser.add_argument("--setup", action="append", default=[], help="change the demo group first")
+    parser.add_argument("--change", action="append", default=None, help="the change to predict and apply")
+    parser.add_argument("--floor-ms", type=float, default=50.0)
+    parser.add_argument("--speed-only", action="store_true")
+    args = parser.parse_args()
+    changes = args.change or ["backfill.weight=4"]
+    floor_s = args.floor_ms / 1000
+    print(machine())
+    print(speed())
+    if args.speed_only:
+        return
+    with scratch() as tmp, stopped_valkey(tmp):
+        env = {
+            **os.environ,
+            "DISPATCH_DATA_DIR": str(tmp),
+            "DJANGO_SETTINGS_MODULE": "dispatch_project.settings",
+        }
+        env.pop("VALKEY_URL", None)
+        manage(env, "migrate", "-v", "0")
+        manage(env, "seed_demo", "--reset", "-v", "0")
+        save(env, args.setup)
+        seconds = args.minutes * 60
+        start1, end1 = run_demo(env, seconds, tmp / "run1.log")
+        before = whatif(env, end1, (end1 - start1) / 60, changes)
+        save(env, changes)
+        start2, end2 = run_demo(env, seconds, tmp / "run2.log")
+        after = whatif(env, end2, (end2 - start2) / 60, [])
+    print(f"\nsetup: {args.setup or 'demo defaults'}; change: {changes}; {args.minutes:g} min per run")
+    print(f"run 1: {before['requests']} requests; run 2: {after['requests']} requests")
+    print("service model, run 1:", *before["fits"], sep="\n  ")
+    text, ok1 = compare(
+        "Run 1 replayed under the configuration in force vs what history recorded:",
+        {**before, "side": "current"}, before, 0.20, floor_s,
+    )  # fmt: skip
+    print(text)
+    text, ok2 = compare(
+        f"Prediction for {changes} (made from run 1) vs run 2 measured:",
+        {**before, "side": "proposed"}, after, 0.25, floor_s,
+    )  # fmt: skip
+    print(text)
+    text, ok3 = compare(
+        "Run 2 replayed under its own configuration vs what history recorded:",
+        {**after, "side": "current"}, after, 0.20, floor_s,
+    )  # fmt: skip
+    print(text)
+    verdict = {True: "met", False: "MISSED"}
+    print(
+        f"\nreproduction of run 1 (20 %): {verdict[ok1]}; prediction (25 %): {verdict[ok2]}; "
+        f"reproduction of run 2 (20 %): {verdict[ok3]}"
+    )
+
+
+if __name__ == "__main__":
+    main()

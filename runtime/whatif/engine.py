@@ -1,0 +1,364 @@
+"""The replay: recorded arrivals through the real scheduler, on a virtual clock.
+
+A discrete-event simulation of one dispatcher holding the whole group (a fleet behaves as one: it
+shares the group's slots and takes turns deciding). Events are arrivals (from the trace) and
+completions (a launched call's modelled execution time later). After the events of an instant, the
+simulated dispatcher runs scheduling rounds as the real one does -- observe every pool, ask
+:func:`runtime.policy.scheduler.decide`, claim what it names -- until a round launches nothing:
+
+* a round is skipped when the group is full (the dispatcher does not decide then either);
+* heads are read only of pools that could launch: not paused, under their cap, and whose backend
+  has room; at most ``peek_depth`` (or the pool's burst) heads, and no more than the backend's room;
+* a launch over the backend's ``max_in_flight`` is refused by the claim, and its credit refunded;
+* an arrival passes the pool's admission limits first (:func:`runtime.policy.admission.decide`, with
+  the drain rate measured over the last whole seconds, as the producer's script does).
+
+The replay stops at the window's end, as history does: waits are those of requests launched by then,
+and what is still queued is counted apart (``unserved``). Predicting a starving pool's waits from the
+requests that were served is what history would show too; the queued count says how many were not.
+
+Not modelled: backend load gating on scraped metrics, breakers, retries, deadlines, producers that
+go away. Pure: no clock, no I/O; memory is a few arrays of the trace's length.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from array import array
+from collections import deque
+from dataclasses import dataclass
+
+from runtime.backends.gate import SKIP_BACKEND_CAP
+from runtime.policy import admission
+from runtime.policy.scheduler import (
+    GroupPolicy,
+    HeadItem,
+    Launch,
+    PoolObservation,
+    PoolPolicy,
+    SchedulerState,
+    decide,
+    refund,
+)
+from runtime.whatif.trace import Trace, percentile
+from runtime.whatif.workload import Workload
+from runtime.wire.groupconfig import GroupConfig
+
+__all__ = ["DEPTH_BUCKETS", "PoolOutcome", "Replay", "replay"]
+
+DEPTH_BUCKETS = 120  # points of each pool's queue-depth chart
+PEEK_DEPTH = 8  # the dispatcher's default peek depth (runtime.config)
+LEVELS = (0.5, 0.95, 0.99)
+NOT_LAUNCHED = math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class PoolOutcome:
+    """What the replay predicts for one pool over the window."""
+
+    pool_id: str
+    arrivals: int
+    launched: int
+    refused: int  # refused at admission (or the pool is not in this configuration)
+    unserved: int  # admitted but still queued when the window ends (e.g. paused, or a growing queue)
+    wait: dict[float, float | None]  # level -> queue wait in seconds, of launched requests
+    throughput_per_s: float  # calls completed inside the window, per second
+    peak_depth: int
+    depth: tuple[int, ...]  # the largest queue depth in each of DEPTH_BUCKETS slices of the window
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    pools: tuple[PoolOutcome, ...]
+    launch_order: array[int]  # request indices in the order they were launched
+    launched_at: array[float]  # per request: virtual launch time, NaN when never launched
+    peak_in_flight: int
+    peak_pool_in_flight: dict[str, int]
+    peak_backend_in_flight: dict[str, int]
+    decisions: int  # scheduler calls made
+
+    def pool(self, pool_id: str) -> PoolOutcome:
+        return next(p for p in self.pools if p.pool_id == pool_id)
+
+
+class _Pool:
+    """One pool's queue and counters during a replay."""
+
+    __slots__ = (
+        "backend",
+        "depth",
+        "done",
+        "drain",
+        "heads",
+        "in_flight",
+        "limits",
+        "peak",
+        "peak_in_flight",
+        "policy",
+        "queue",
+        "refused",
+        "seen",
+    )
+
+    def __init__(self, policy: PoolPolicy, backend: int, limits: admission.AdmissionLimits) -> None:
+        self.policy = policy
+        self.backend = backend
+        self.limits = limits
+        self.queue: deque[tuple[int, HeadItem]] = deque()
+        self.heads: tuple[HeadItem, ...] | None = None  # cached first heads; None: stale
+        self.seen: PoolObservation | None = None  # cached observation; None: stale
+        self.in_flight = 0
+        self.peak = 0
+        self.refused = 0
+        self.depth = [0] * DEPTH_BUCKETS
+        self.drain: dict[int, int] = {}  # whole second -> requests that left the queue in it
+        self.done = 0  # calls completed inside the window
+        self.peak_in_flight = 0
+
+    def drain_rate(self, now: float) -> float:
+        """Departures per second over the last whole seconds before ``now`` (the script's rule)."""
+        sec = int(now)
+        window = admission.DRAIN_WINDOW_S
+        total = sum(self.drain.get(s, 0) for s in range(sec - window, sec))
+        return total / window
+
+    def left(self, now: float) -> None:
+        sec = int(now)
+        self.drain[sec] = self.drain.get(sec, 0) + 1
+        if len(self.drain) > admission.DRAIN_WINDOW_S + 2:
+            for old in [s for s in self.drain if s < sec - admission.DRAIN_WINDOW_S]:
+                del self.drain[old]
+
+
+def replay(workload: Workload, config: GroupConfig, *, peek_depth: int = PEEK_DEPTH) -> Replay:
+    """Replays the workload's trace under ``config``; see the module docstring."""
+    return _Sim(workload, config, peek_depth).run()
+
+
+class _Sim:
+    def __init__(self, workload: Workload, config: GroupConfig, peek_depth: int) -> None:
+        self.workload = workload
+        self.trace: Trace = workload.trace
+        self.policy: GroupPolicy = config.scheduler_policy()
+        self.state = SchedulerState()
+        self.backend_names, self.backend_caps, backend_of = workload.backends_of(config)
+        self.backend_in_flight = [0] * len(self.backend_names)
+        self.backend_peak = [0] * len(self.backend_names)
+        self.depth = max(peek_depth, *(p.max_burst_per_visit for p in self.policy.pools), 1)
+        self.pools: dict[str, _Pool] = {}
+        by_id = {p.pool_id: p for p in config.enabled_pools}
+        for pp in self.policy.pools:
+            pc = by_id[pp.pool_id]
+            self.pools[pp.pool_id] = _Pool(pp, backend_of[pp.pool_id], pc.admission_limits())
+        # Trace pool index -> its _Pool (None: the pool is not in this configuration: refused).
+        self.by_index: list[_Pool | None] = [self.pools.get(pid) for pid in self.trace.pools]
+        # Arrivals of pools this configuration does not have (removed, disabled): refused at submit.
+        self.unknown = {pid: 0 for pid, ok in zip(self.trace.pools, self.by_index, strict=True) if not ok}
+        self.backend_pools: list[list[_Pool]] = [[] for _ in self.backend_names]
+        for pool in self.pools.values():
+            self.backend_pools[pool.backend].append(pool)
+        self.queued = 0  # admitted requests not launched yet, all pools
+        self.group_in_flight = 0
+        self.peak_in_flight = 0
+        self.launched_at = array("d", [NOT_LAUNCHED]) * len(self.trace)
+        self.order: array[int] = array("i")
+        self.completions: list[tuple[float, int]] = []  # (end, request)
+        self.started: list[tuple[int, int]] = []  # (request, backend) launched at this instant
+        self.decisions = 0
+        span = self.trace.end - self.trace.start
+        self.bucket_s = span / DEPTH_BUCKETS if span > 0 else 1.0
+        self.bucket = -1
+        self.next_bucket_at = self.trace.start  # the first event at or after this opens a new slice
+
+    def run(self) -> Replay:
+        trace, n = self.trace, len(self.trace)
+        times = trace.enqueued_at
+        completions = self.completions
+        i = 0
+        window_end = trace.end
+        while i < n or completions:
+            now = times[i] if i < n else math.inf
+            if completions and completions[0][0] <= now:
+                now = completions[0][0]
+            if now > window_end:
+                break  # history of the window holds what ran by its end; the rest is still queued
+            if now >= self.next_bucket_at:
+                self._advance_buckets(now)
+            while completions and completions[0][0] <= now:
+                end, request = heapq.heappop(completions)
+                self._finish(request, end)
+            while i < n and times[i] <= now:
+                self._arrive(i, now)
+                i += 1
+            if self.queued and self.group_in_flight < self.policy.total_concurrency:
+                self._rounds(now)
+                if self.started:
+                    self._run_started(now)
+        return self._result()
+
+    def _run_started(self, now: float) -> None:
+        """Calls launched at this instant run as long as the load of the instant makes them (every
+        call that started with them counts, as in :func:`runtime.whatif.service.in_flight_at_start`)."""
+        for i, backend in self.started:
+            end = now + self.workload.service_time(i, self.backend_in_flight[backend])
+            heapq.heappush(self.completions, (end, i))
+        self.started.clear()
+
+    def _advance_buckets(self, now: float) -> None:
+        bucket = min(DEPTH_BUCKETS - 1, int((now - self.trace.start) / self.bucket_s))
+        for pool in self.pools.values():
+            current = len(pool.queue)
+            for b in range(max(0, self.bucket + 1), bucket + 1):
+                pool.depth[b] = current
+        self.bucket = bucket
+        self.next_bucket_at = self.trace.start + (bucket + 1) * self.bucket_s
+
+    def _arrive(self, i: int, now: float) -> None:
+        pool = self.by_index[self.trace.pool[i]]
+        if pool is None:
+            self.unknown[self.trace.pools[self.trace.pool[i]]] += 1
+            return
+        depth = len(pool.queue)
+        if pool.limits.bounded and admission.decide(depth, pool.limits, pool.drain_rate(now)) is not None:
+            pool.refused += 1
+            return
+        pool.queue.append((i, HeadItem(self.trace.cost[i], self.trace.enqueued_at[i])))
+        self.queued += 1
+        self._changed(pool, False)
+        depth += 1
+        if depth <= self.depth:
+            pool.heads = None
+        if depth > pool.peak:
+            pool.peak = depth
+        if self.bucket >= 0 and depth > pool.depth[self.bucket]:
+            pool.depth[self.bucket] = depth
+
+    def _finish(self, i: int, end: float) -> None:
+        pool = self.by_index[self.trace.pool[i]]
+        assert pool is not None
+        if end <= self.trace.end:
+            pool.done += 1
+        pool.in_flight -= 1
+        self.backend_in_flight[pool.backend] -= 1
+        self._changed(pool, True)
+        self.group_in_flight -= 1
+
+    def _observe(self) -> dict[str, PoolObservation]:
+        observations: dict[str, PoolObservation] = {}
+        for pid, pool in self.pools.items():
+            seen = pool.seen
+            if seen is None:
+                seen = pool.seen = self._observation(pid, pool)
+            observations[pid] = seen
+        return observations
+
+    def _observation(self, pid: str, pool: _Pool) -> PoolObservation:
+        backlog = len(pool.queue)
+        if backlog == 0:
+            return PoolObservation(pid, 0, (), pool.in_flight)
+        room = self.backend_caps[pool.backend] - self.backend_in_flight[pool.backend]
+        blocked = SKIP_BACKEND_CAP if room <= 0 else None
+        policy = pool.policy
+        if blocked or policy.paused or pool.in_flight >= policy.max_concurrent:
+            heads: tuple[HeadItem, ...] = ()  # not read: the pool cannot launch
+        else:
+            heads = pool.heads if pool.heads is not None else self._peek(pool)
+            if room < len(heads):
+                heads = heads[:room]
+        return PoolObservation(pid, backlog, heads, pool.in_flight, blocked)
+
+    def _changed(self, pool: _Pool, backend_room_changed: bool) -> None:
+        """Forget the observations a change made stale: the pool's, and those of its backend's
+        pools when the backend's room is now small enough to block or trim their heads."""
+        pool.seen = None
+        if backend_room_changed:
+            room = self.backend_caps[pool.backend] - self.backend_in_flight[pool.backend]
+            if room <= self.depth:
+                for other in self.backend_pools[pool.backend]:
+                    other.seen = None
+
+    def _peek(self, pool: _Pool) -> tuple[HeadItem, ...]:
+        queue, depth = pool.queue, self.depth
+        heads = tuple(queue[k][1] for k in range(min(depth, len(queue))))
+        pool.heads = heads
+        return heads
+
+    def _rounds(self, now: float) -> None:
+        total = self.policy.total_concurrency
+        while self.group_in_flight < total and self.queued:
+            observations = self._observe()
+            self.decisions += 1
+            decision = decide(
+                self.policy,
+                self.state,
+                observations,
+                group_in_flight=self.group_in_flight,
+                local_free_slots=total - self.group_in_flight,
+            )
+            if not decision.launches:
+                return
+            for launch in decision.launches:
+                self._claim(self.pools[launch.pool_id], launch, now)
+
+    def _claim(self, pool: _Pool, launch: Launch, now: float) -> None:
+        if self.backend_in_flight[pool.backend] >= self.backend_caps[pool.backend]:
+            refund(self.state, launch)
+            return
+        i, _ = pool.queue.popleft()
+        self.queued -= 1
+        pool.heads = None
+        pool.left(now)
+        pool.in_flight += 1
+        pool.peak_in_flight = max(pool.peak_in_flight, pool.in_flight)
+        backend = pool.backend
+        self.backend_in_flight[backend] += 1
+        self._changed(pool, True)
+        self.group_in_flight += 1
+        self.backend_peak[backend] = max(self.backend_peak[backend], self.backend_in_flight[backend])
+        self.peak_in_flight = max(self.peak_in_flight, self.group_in_flight)
+        self.launched_at[i] = now
+        self.order.append(i)
+        self.started.append((i, backend))
+
+    def _result(self) -> Replay:
+        trace = self.trace
+        waits: dict[str, list[float]] = {pid: [] for pid in self.pools}
+        arrivals = dict.fromkeys(trace.pools, 0)
+        for i in range(len(trace)):
+            pid = trace.pools[trace.pool[i]]
+            arrivals[pid] += 1
+            at = self.launched_at[i]
+            if not math.isnan(at):
+                waits[pid].append(at - trace.enqueued_at[i])
+        span = max(trace.end - trace.start, 1e-9)
+        outcomes = [
+            self._outcome(pid, pool, arrivals.get(pid, 0), waits[pid], pool.done / span)
+            for pid, pool in self.pools.items()
+        ]
+        for pid, refused in self.unknown.items():
+            outcomes.append(PoolOutcome(pid, arrivals[pid], 0, refused, 0, dict.fromkeys(LEVELS), 0.0, 0, ()))
+        return Replay(
+            pools=tuple(outcomes),
+            launch_order=self.order,
+            launched_at=self.launched_at,
+            peak_in_flight=self.peak_in_flight,
+            peak_pool_in_flight={pid: pool.peak_in_flight for pid, pool in self.pools.items()},
+            peak_backend_in_flight=dict(zip(self.backend_names, self.backend_peak, strict=True)),
+            decisions=self.decisions,
+        )
+
+    @staticmethod
+    def _outcome(pid: str, pool: _Pool, arrivals: int, waits: list[float], throughput: float) -> PoolOutcome:
+        waits.sort()
+        return PoolOutcome(
+            pool_id=pid,
+            arrivals=arrivals,
+            launched=len(waits),
+            refused=pool.refused,
+            unserved=len(pool.queue),
+            wait={level: percentile(waits, level) for level in LEVELS},
+            throughput_per_s=throughput,
+            peak_depth=pool.peak,
+            depth=tuple(pool.depth),
+        )

@@ -1,0 +1,102 @@
+"""How long a replayed call runs: its recorded execution time, scaled for the concurrency it meets.
+
+With vLLM-like backends more calls in flight means slower calls (they share the GPU's batch; past its
+running slots they wait inside the engine). History records, for every call, its execution time;
+the calls' own start and end times give how many calls of the group were in flight on that backend
+when each one started. A straight line fitted per backend,
+
+    execution_s ~= a + b * in_flight          (least squares over the window's calls; b >= 0)
+
+is the whole model. A replayed call that recorded ``e`` seconds at ``k`` in flight and now starts at
+``k'`` in flight runs ``e * f(k') / f(k)`` seconds, ``f(k) = max(a + b*k, floor)``. Under the
+configuration in force ``k' ~= k`` and the recorded time is kept; a change that raises concurrency
+stretches calls by the fitted slope. Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["ServiceFit", "fit", "in_flight_at_start"]
+
+MIN_POINTS = 20  # fewer calls than this: no slope is fitted (times are kept as recorded)
+# f(k) never drops below this share of the mean time: a negative intercept would make calls free.
+FLOOR_SHARE = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceFit:
+    """``execution_s ~= intercept + slope * in_flight`` for one backend, and how well it fits."""
+
+    backend: str
+    intercept: float
+    slope: float
+    r2: float | None
+    points: int
+    mean_in_flight: float
+    mean_s: float
+
+    @property
+    def floor(self) -> float:
+        return max(1e-6, FLOOR_SHARE * self.mean_s)
+
+    def time_at(self, in_flight: float) -> float:
+        """Modelled mean execution time with ``in_flight`` calls running (itself included)."""
+        return max(self.intercept + self.slope * in_flight, self.floor)
+
+    def scale(self, recorded_in_flight: int, in_flight: int) -> float:
+        """Factor for a call recorded at one concurrency and replayed at another."""
+        if self.slope == 0.0 or recorded_in_flight == in_flight:
+            return 1.0
+        return self.time_at(in_flight) / self.time_at(recorded_in_flight)
+
+    def describe(self) -> str:
+        r2 = "n/a" if self.r2 is None else f"{self.r2:.2f}"
+        return (
+            f"{self.backend or 'default'}: exec ~= {self.intercept:.3f} s "
+            f"+ {self.slope * 1000:.1f} ms x in-flight "
+            f"(R² {r2}, {self.points} calls, mean {self.mean_in_flight:.1f} in flight)"
+        )
+
+
+def fit(backend: str, in_flight: Sequence[int], execution_s: Sequence[float]) -> ServiceFit:
+    """Least-squares line of execution time against in-flight; a flat line when the data cannot
+    carry a slope (too few calls, one concurrency only) or the slope comes out negative."""
+    n = len(execution_s)
+    mean_s = sum(execution_s) / n if n else 0.0
+    mean_k = sum(in_flight) / n if n else 0.0
+    sxx = sum((k - mean_k) ** 2 for k in in_flight)
+    if n < MIN_POINTS or sxx <= 0.0:
+        return ServiceFit(backend, mean_s, 0.0, None, n, mean_k, mean_s)
+    sxy = sum((k - mean_k) * (e - mean_s) for k, e in zip(in_flight, execution_s, strict=True))
+    syy = sum((e - mean_s) ** 2 for e in execution_s)
+    slope = max(0.0, sxy / sxx)
+    intercept = mean_s - slope * mean_k
+    if syy <= 0.0:
+        r2: float | None = None
+    else:
+        resid = sum((e - intercept - slope * k) ** 2 for k, e in zip(in_flight, execution_s, strict=True))
+        r2 = 1.0 - resid / syy
+    return ServiceFit(backend, intercept, slope, r2, n, mean_k, mean_s)
+
+
+def in_flight_at_start(starts: Sequence[float], ends: Sequence[float]) -> list[int]:
+    """For each call (start, end) of one backend, the calls running once every call starting at that
+    same instant has started (itself included). ``starts`` must be sorted. A call ending exactly
+    when another starts no longer counts. The replay counts a launch's in-flight the same way."""
+    running: list[float] = []  # end times of the calls started so far, as a heap
+    counts: list[int] = []
+    i, n = 0, len(starts)
+    while i < n:
+        start = starts[i]
+        while running and running[0] <= start:
+            heapq.heappop(running)
+        j = i
+        while j < n and starts[j] == start:
+            heapq.heappush(running, ends[j])
+            j += 1
+        counts.extend([len(running)] * (j - i))
+        i = j
+    return counts

@@ -1,0 +1,168 @@
+"""What-if over real history (chDB): the arrivals read back, and ``manage.py whatif`` end to end."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from history.client import HistoryClient
+from history.whatif import whatif_trace
+from pools.models import FabricGroup, Pool
+from runtime.telemetry import semconv
+from tests.history.factories import execution_doc, store
+
+pytestmark = pytest.mark.django_db
+
+
+def doc(pool: str, at_ns: int, *, wait: float, run: float, cost: int = 1, group: str = "g", **kw):  # type: ignore[no-untyped-def]
+    d = execution_doc(pool=pool, group=group, queue_wait=wait, execution=run, start_ns=at_ns, **kw)
+    d["attributes"][semconv.COST_UNITS] = cost
+    return d
+
+
+def rejected(pool: str, at_ns: int):  # type: ignore[no-untyped-def]
+    d = execution_doc(pool=pool, group="", status="rejected", start_ns=at_ns, output_tokens=None)
+    del d["attributes"][semconv.GROUP_ID]
+    d["attributes"][semconv.DROP_REASON] = "max_queued"
+    return d
+
+
+@pytest.fixture
+def with_history(settings, history: HistoryClient, ch_url: str) -> HistoryClient:  # type: ignore[no-untyped-def]
+    settings.CLICKHOUSE_URL = ch_url
+    return history
+
+
+def test_the_groups_arrivals_are_read_with_cost_tokens_waits_and_refusals(history: HistoryClient) -> None:
+    now = time.time_ns()
+    store(
+        history,
+        [
+            doc("a", now - 50 * 10**9, wait=0.5, run=2.0, cost=3),
+            doc("b", now - 40 * 10**9, wait=0.0, run=1.0),
+            doc("a", now - 30 * 10**9, wait=1.0, run=1.0, status="error", error_type="backend_error"),
+            rejected("a", now - 20 * 10**9),
+            doc("a", now - 10 * 10**9, wait=0.1, run=1.0, group="other"),  # another group's pool
+            doc("a", now - 5 * 10**9, wait=0.1, run=1.0, status="dropped"),  # never ran: not read
+            doc("a", now - 3600 * 10**9, wait=0.1, run=1.0),  # before the window
+        ],
+    )
+    until = datetime.fromtimestamp(now / 1e9, tz=UTC)
+    trace = whatif_trace(
+        client=history, group="g", pool_ids=["a", "b"], since=until - timedelta(minutes=5), until=until
+    )
+    assert len(trace) == 4 and trace.pools == ["a", "b"]
+    assert list(trace.cost) == [3, 1, 1, 1]
+    assert list(trace.refused) == [0, 0, 0, 1]
+    assert list(trace.queue_wait_s)[:3] == [0.5, 0.0, 1.0]
+    assert list(trace.execution_s)[:3] == [2.0, 1.0, 1.0] and not trace.ran(3)
+    assert list(trace.tokens)[:2] == [110, 110]
+    assert trace.enqueued_at[0] == pytest.approx((now - 50 * 10**9) / 1e9)
+    # The replay stops at the last launch history holds (the error's, 30 s ago + 1 s of queue), or at
+    # the last arrival after it (the refusal's, 20 s ago): not at `until`, where nothing was dispatched.
+    assert trace.end == pytest.approx((now - 20 * 10**9) / 1e9)
+    only_runs = whatif_trace(
+        client=history, group="g", pool_ids=["b"], since=until - timedelta(minutes=5), until=until
+    )
+    assert only_runs.end == pytest.approx((now - 29 * 10**9) / 1e9)
+
+
+def backlogged_history(history: HistoryClient, now: int) -> None:
+    """Two pools of equal traffic on 2 slots, a call a second each running 1.5 s: the queue grows."""
+    docs = []
+    for k in range(120):
+        at = now - (130 - k) * 10**9
+        docs.append(doc("interactive", at, wait=0.2 * k, run=1.5))
+        docs.append(doc("backfill", at + 10**8, wait=0.2 * k, run=1.5))
+    store(history, docs)
+
+
+def make_group() -> FabricGroup:
+    group = FabricGroup.objects.create(group_id="g", total_concurrency=2)
+    Pool.objects.create(group=group, pool_id="interactive", quantum=1, max_concurrent=2, sort_order=0)
+    Pool.objects.create(group=group, pool_id="backfill", quantum=1, max_concurrent=2, sort_order=1)
+    return group
+
+
+def test_whatif_command_prints_current_and_proposed_waits(with_history: HistoryClient) -> None:
+    make_group()
+    now = time.time_ns()
+    backlogged_history(with_history, now)
+    out = StringIO()
+    call_command(
+        "whatif", "--group", "g", "--minutes", "5", "--set", "interactive.weight=4", "--json",
+        "--until", str(now / 1e9), stdout=out,
+    )  # fmt: skip
+    result = json.loads(out.getvalue())
+    assert result["requests"] == 240
+    interactive, backfill = result["pools"]["interactive"], result["pools"]["backfill"]
+    assert interactive["proposed"]["wait"]["p50"] < interactive["current"]["wait"]["p50"]
+    assert backfill["proposed"]["wait"]["p50"] > backfill["current"]["wait"]["p50"]
+    assert interactive["recorded"]["wait"]["p50"] == pytest.approx(0.2 * 59.5, rel=1e-6)
+    text = StringIO()
+    call_command("whatif", "--group", "g", "--minutes", "5", "--set", "backfill.weight=2", stdout=text)
+    assert "proposed" in text.getvalue() and "Service model" in text.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("backfill.weight=0", "weight must be at least 1"),
+        ("nosuch.weight=2", "has no pool 'nosuch'"),
+        ("backfill.colour=red", "unknown pool field 'colour'"),
+        ("backfill.weight", "expected NAME.FIELD=VALUE"),
+        ("interactive.min_concurrent=3", "min concurrent (3) exceeds max concurrent (2)"),
+    ],
+)
+def test_a_bad_set_is_a_clear_command_error(with_history: HistoryClient, change: str, message: str) -> None:
+    make_group()
+    with pytest.raises(CommandError, match="bad --set") as caught:
+        call_command("whatif", "--group", "g", "--set", change)
+    assert message in str(caught.value)
+
+
+def test_an_unknown_group_is_a_command_error(with_history: HistoryClient) -> None:
+    with pytest.raises(CommandError, match="no fabric group 'nope'"):
+        call_command("whatif", "--group", "nope")
+
+
+@pytest.fixture
+def staff(client):  # type: ignore[no-untyped-def]
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_superuser("ops", password="pw"))
+    return client
+
+
+def test_the_admin_whatif_panel_shows_both_sides_per_pool(with_history: HistoryClient, staff) -> None:  # type: ignore[no-untyped-def]
+    group = make_group()
+    backlogged_history(with_history, time.time_ns())
+    page = staff.get(f"/admin/pools/fabricgroup/{group.pk}/change/")
+    assert b'id="whatif-open"' in page.content and b"/admin/pools/fabricgroup/g/whatif/" in page.content
+    panel = staff.post(
+        "/admin/pools/fabricgroup/g/whatif/", {"minutes": "5", "set": ["interactive.quantum=4"]}
+    )
+    html = panel.content.decode()
+    assert panel.status_code == 200 and "Replayed 240 recorded requests" in html
+    assert html.count('class="whatif-proposed"') == 2 and html.count("<svg") == 2
+    pool = Pool.objects.get(pool_id="backfill")
+    assert b'data-pool="backfill"' in staff.get(f"/admin/pools/pool/{pool.pk}/change/").content
+    focused = staff.post(f"/admin/pools/pool/{pool.pk}/whatif/", {"set": ["backfill.weight=0"]})
+    assert "This change cannot be replayed" in focused.content.decode()
+    assert "weight must be at least 1" in focused.content.decode()
+
+
+def test_a_window_over_the_replays_bound_is_refused_clearly(with_history: HistoryClient, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from runtime.whatif import trace
+
+    make_group()
+    backlogged_history(with_history, time.time_ns())
+    monkeypatch.setattr(trace, "MAX_REQUESTS", 100)
+    with pytest.raises(CommandError, match="the last 5 minutes hold too many requests"):
+        call_command("whatif", "--group", "g", "--minutes", "5")
