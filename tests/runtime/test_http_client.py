@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from runtime.backends.adapter import OpenAIBackend
-from runtime.backends.aiohttp_client import AiohttpClient
+from runtime.backends.http.client import BackendHttpClient
 from runtime.errors import BackendConnectError, BackendError, BackendHTTPError, BackendTimeout
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.test_adapter import open_pool
@@ -28,7 +28,7 @@ async def sim() -> AsyncIterator[SimulatorServer]:
 async def test_the_default_client_reuses_one_keep_alive_connection(sim: SimulatorServer) -> None:
     backend = OpenAIBackend(sim.url)  # made outside any call: pools open on first use
     try:
-        assert isinstance(backend._client, AiohttpClient)
+        assert isinstance(backend._client, BackendHttpClient)
         for _ in range(3):
             assert (await backend.complete(BODY)).status_code == 200
         (pool,) = backend._client._origins.values()  # whole POSTs: the lean HTTP/1.1 pool
