@@ -298,7 +298,7 @@ async def test_a_key_or_header_with_a_line_break_is_refused_before_anything_is_w
 
     injected = "sk-1\r\nx-injected: yes"
     async with server(answer) as (url, accepted):
-        with pytest.raises(InvalidHeader, match="'authorization' has a CR, LF or NUL") as info:
+        with pytest.raises(InvalidHeader, match="'authorization' has a control character") as info:
             OpenAIBackend(url, api_key=injected)
         assert injected not in str(info.value)  # a credential is not quoted back
         client = BackendHttpClient()

@@ -15,16 +15,21 @@ from runtime.errors import InvalidHeader
 
 # RFC 9110 section 5.6.2: a field name is a token.
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_FORBIDDEN_IN_VALUE = re.compile(r"[\r\n\x00]")
+# RFC 9110 section 5.5: a field value is visible characters, spaces and tabs; CR, LF and NUL are what
+# an injection needs, the other control characters make servers (llhttp) refuse the request.
+_FORBIDDEN_IN_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 def check_header(name: str, value: str) -> None:
-    """Raises :class:`InvalidHeader` for a name that is not a token or a value with CR, LF or NUL."""
+    """Raises :class:`InvalidHeader` for a name that is not a token or a value with a control
+    character (CR, LF, NUL...; a tab is allowed)."""
     if not _TOKEN.fullmatch(name):
         raise InvalidHeader(f"header name {name!r} is not an HTTP token: refused before sending")
     if _FORBIDDEN_IN_VALUE.search(value):
         # The value is not quoted back: it is often a credential.
-        raise InvalidHeader(f"header {name!r} has a CR, LF or NUL in its value: refused before sending")
+        raise InvalidHeader(
+            f"header {name!r} has a control character (CR, LF, NUL...) in its value: refused before sending"
+        )
 
 
 def check_headers(headers: Iterable[tuple[str, str]]) -> None:

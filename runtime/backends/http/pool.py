@@ -137,16 +137,31 @@ class Http1Pool:
     ) -> BodyResponse:
         """Sends ``request`` (a whole HTTP/1.1 request) and returns the answer. ``pool_timeout_s``
         bounds the wait for a free connection (None: wait as long as the caller does)."""
-        await self._acquire(pool_timeout_s)
+        if pool_timeout_s is not None and self._slots.locked():
+            await self._wait_for_slot(pool_timeout_s)
+        else:  # the common case: a connection is free, no timer armed
+            await self._slots.acquire()
         try:
-            return await self._exchange(request, connect_timeout_s)
+            for _ in range(2):
+                connection = self._take_idle() or await self._open(connect_timeout_s)
+                if connection.closed:  # closed by the server between the take and now: never sent
+                    continue
+                try:
+                    answer = await connection.send(request)
+                except BaseException:  # cut (timeout, cancel) or failed: the connection's state is unknown
+                    connection.close()
+                    raise
+                if connection.reusable() and not self._closed:
+                    connection.idle_since = time.monotonic()
+                    self._idle.append(connection)
+                else:
+                    connection.close()
+                return answer
         finally:
             self._slots.release()
+        raise ConnectionResetError(f"{self!r}: the server closed two connections before the request")
 
-    async def _acquire(self, pool_timeout_s: float | None) -> None:
-        if not self._slots.locked() or pool_timeout_s is None:
-            await self._slots.acquire()
-            return
+    async def _wait_for_slot(self, pool_timeout_s: float) -> None:
         try:
             async with asyncio.timeout(pool_timeout_s):
                 await self._slots.acquire()
@@ -154,24 +169,6 @@ class Http1Pool:
             raise PoolWaitTimeout(
                 f"{self!r}: all {self.max_connections} connections stayed busy for {pool_timeout_s}s"
             ) from exc
-
-    async def _exchange(self, request: bytes, connect_timeout_s: float | None) -> BodyResponse:
-        for _ in range(2):
-            connection = self._take_idle() or await self._open(connect_timeout_s)
-            if connection.closed:  # closed by the server between the take and now: never sent
-                continue
-            try:
-                answer = await connection.send(request)
-            except BaseException:  # cut (timeout, cancel) or failed: the connection's state is unknown
-                connection.close()
-                raise
-            if connection.reusable() and not self._closed:
-                connection.idle_since = time.monotonic()
-                self._idle.append(connection)
-            else:
-                connection.close()
-            return answer
-        raise ConnectionResetError(f"{self!r}: the server closed two connections before the request")
 
     def close(self) -> None:
         """Closes the idle connections; those in use close when their call ends."""
