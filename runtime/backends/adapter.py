@@ -18,8 +18,9 @@ there is no password, its username) is used as the bearer token. Messages and :a
 
 :class:`BackendPool` keeps one pooled client per endpoint (a
 :class:`~runtime.backends.http.client.BackendHttpClient`), shared by every request (and every API key)
-sent to it. A key or header that would write a line of its own (CR, LF, NUL) is refused when the
-backend is made (:class:`~runtime.backends.http.errors.InvalidHeader`), before anything is sent.
+sent to it. A key or header that would write a line of its own (CR, LF, NUL: any control character
+but the tab) is refused when the backend is made (:class:`~runtime.errors.InvalidHeader`), before
+anything is sent.
 """
 
 from __future__ import annotations
