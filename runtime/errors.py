@@ -14,6 +14,8 @@ a stable ``error_type`` string: replies, counters and ClickHouse rows use that s
     │   ├── BackendTimeout             retryable: no answer in time
     │   ├── BackendHTTPError           non-2xx; retryable for 408/409/429/5xx
     │   ├── BackendInvalidResponse     2xx whose body is not a chat completion
+    │   ├── InvalidHeader              a key or header that would write lines of its own (CR/LF,
+    │   │                              NUL) or a name that is not a token: refused before sending
     │   └── BreakerOpen                retryable: the backend's circuit breaker refused the call
     ├── QueueUnavailable               retryable: Valkey cannot be reached
     ├── RequestTimeout                 the producer gave up waiting for its reply
@@ -118,6 +120,14 @@ class BackendInvalidResponse(BackendError):
     """A 2xx answer whose body is not a chat completion."""
 
     error_type = "backend_invalid_response"
+
+
+class InvalidHeader(BackendError, ValueError):
+    """A header name that is not an HTTP token, or a value (an API key) with CR, LF or NUL in it:
+    refused before anything is sent, as it would write headers of its own. Configuration, not the
+    backend's state: never retried, never a breaker event."""
+
+    error_type = "invalid_header"
 
 
 class BreakerOpen(BackendError):

@@ -1,7 +1,8 @@
 """The OpenAI-compatible backend adapter: send one normalized chat-completions call, classify the outcome.
 
 :class:`OpenAIBackend` POSTs the request body untouched to ``{base_url}/chat/completions`` and maps
-every failure onto :mod:`runtime.errors` at this edge:
+every failure onto :mod:`runtime.errors` at this edge (transport failures through the one table,
+:func:`runtime.backends.http.errors.backend_error`):
 
 * could not connect (refused, DNS, connect timeout)  -> :class:`BackendConnectError`
 * read / write / pool timeout, or the call's overall time budget ran out -> :class:`BackendTimeout`
@@ -15,9 +16,11 @@ auth) and never shown. When such a URL comes without an explicit ``api_key``, it
 there is no password, its username) is used as the bearer token. Messages and :attr:`display_url` use
 :func:`runtime.backends.redact.redact_url`, which also masks secret-looking query parameters.
 
-:class:`BackendPool` keeps one pooled client per endpoint (an
-:class:`~runtime.backends.aiohttp_client.AiohttpClient`, which answers like httpx does), shared by
-every request (and every API key) sent to it.
+:class:`BackendPool` keeps one pooled client per endpoint (a
+:class:`~runtime.backends.http.client.BackendHttpClient`), shared by every request (and every API key)
+sent to it. A key or header that would write a line of its own (CR, LF, NUL: any control character
+but the tab) is refused when the backend is made (:class:`~runtime.errors.InvalidHeader`), before
+anything is sent.
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
-from runtime.backends.aiohttp_client import AiohttpClient
+from runtime.backends.http.client import BackendHttpClient
+from runtime.backends.http.errors import LOWER_ERRORS, PoolWaitTimeout, backend_error
+from runtime.backends.http.headers import check_headers
 from runtime.backends.redact import redact_url, scrub_address, strip_userinfo, userinfo_secret
 from runtime.errors import (
-    BackendConnectError,
     BackendError,
     BackendHTTPError,
     BackendInvalidResponse,
@@ -149,15 +153,18 @@ class OpenAIBackend:
         timeout_s: float = 120.0,
         connect_timeout_s: float = 5.0,
         max_connections: int = 256,
+        pool_timeout_s: float | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         client: EndpointClient | None = None,
     ) -> None:
-        """``client``, when given, is shared and not closed by :meth:`aclose` (BackendPool uses it)."""
-        if timeout_s <= 0 or connect_timeout_s <= 0:
-            raise ValueError("timeout_s and connect_timeout_s must be > 0")
+        """``client``, when given, is shared and not closed by :meth:`aclose` (BackendPool uses it).
+        ``pool_timeout_s`` bounds a call's wait for a free connection (None: only its budget does)."""
+        if timeout_s <= 0 or connect_timeout_s <= 0 or (pool_timeout_s is not None and pool_timeout_s <= 0):
+            raise ValueError("timeout_s, connect_timeout_s and pool_timeout_s must be > 0")
         self.display_url = redact_url(base_url)
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
+        self.pool_timeout_s = pool_timeout_s
         # Parsed once: httpx re-parses a str URL on every request.
         self._url = httpx.URL(_chat_url(base_url))
         key = api_key if api_key is not None else userinfo_secret(base_url)
@@ -166,6 +173,7 @@ class OpenAIBackend:
         self._headers = {"content-type": "application/json", "accept": "application/json"}
         if key:
             self._headers["authorization"] = f"Bearer {key}"
+        check_headers(self._headers.items())
         self._stream_headers = {**self._headers, "accept": "text/event-stream"}
         self._owns_client = client is None
         self._client = client or make_client(
@@ -179,11 +187,11 @@ class OpenAIBackend:
             self._url if isinstance(self._client, httpx.AsyncClient) else str(self._url)
         )
         # A streamed call is bounded per read here (its caller bounds the whole stream).
-        self._stream_timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._stream_timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s, pool=pool_timeout_s)
         # A whole call is bounded by its budget in complete(); only the connect phase has its own
         # timeout (it tells a backend that cannot be reached apart from a slow one). No read timeout
         # also spares aiohttp re-arming a timer on every chunk it receives.
-        self._call_timeout = httpx.Timeout(None, connect=connect_timeout_s)
+        self._call_timeout = httpx.Timeout(None, connect=connect_timeout_s, pool=pool_timeout_s)
 
     def __repr__(self) -> str:
         return f"<OpenAIBackend {self.display_url} timeout_s={self.timeout_s}>"
@@ -195,16 +203,21 @@ class OpenAIBackend:
             raise BackendTimeout(f"no time left to call backend {self.display_url}")
         content = orjson.dumps(body)
         timeout = (
-            self._call_timeout if budget >= self.connect_timeout_s else httpx.Timeout(None, connect=budget)
+            self._call_timeout
+            if budget >= self.connect_timeout_s
+            else httpx.Timeout(None, connect=budget, pool=self.pool_timeout_s)
         )
+        bound = asyncio.timeout(budget)
         try:
-            async with asyncio.timeout(budget):
+            async with bound:
                 response = await self._client.post(
                     self._request_url, content=content, headers=self._headers, timeout=timeout
                 )
-        except TimeoutError as exc:
-            raise BackendTimeout(f"backend {self.display_url} did not answer within {budget:.3g}s") from exc
-        except httpx.HTTPError as exc:
+        except LOWER_ERRORS as exc:
+            if bound.expired():
+                raise BackendTimeout(
+                    f"backend {self.display_url} did not answer within {budget:.3g}s"
+                ) from exc
             raise self._transport_error(exc, budget) from exc
         return self._completion(response)
 
@@ -233,7 +246,7 @@ class OpenAIBackend:
                     if data == "[DONE]":
                         return
                     yield self._chunk(data, response.status_code)
-        except httpx.HTTPError as exc:
+        except LOWER_ERRORS as exc:
             raise self._transport_error(exc, self.timeout_s) from exc
 
     def _chunk(self, data: str, status: int) -> dict[str, Any]:
@@ -254,24 +267,15 @@ class OpenAIBackend:
             )
         return chunk
 
-    def _transport_error(self, exc: httpx.HTTPError, budget: float) -> BackendError:
-        kind = type(exc).__name__
-        if isinstance(exc, httpx.ConnectTimeout):
-            return BackendConnectError(
-                f"could not connect to backend {self.display_url}: no connection within "
-                f"{min(budget, self.connect_timeout_s):.3g}s ({kind})"
-            )
-        if isinstance(exc, httpx.ConnectError):
-            return BackendConnectError(
-                f"could not connect to backend {self.display_url}: {kind}: {self._scrub(str(exc))}"
-            )
-        if isinstance(exc, httpx.PoolTimeout):
-            return BackendTimeout(
-                f"no free connection to backend {self.display_url} within {budget:.3g}s ({kind})"
-            )
-        if isinstance(exc, httpx.TimeoutException):
-            return BackendTimeout(f"backend {self.display_url} did not answer within {budget:.3g}s ({kind})")
-        return BackendError(f"backend {self.display_url} failed mid-call: {kind}: {self._scrub(str(exc))}")
+    def _transport_error(self, exc: BaseException, budget: float) -> BackendError:
+        within = self.pool_timeout_s if isinstance(exc, httpx.PoolTimeout | PoolWaitTimeout) else budget
+        return backend_error(
+            exc,
+            self.display_url,
+            within_s=within or budget,
+            connect_within_s=self.connect_timeout_s,
+            scrub=self._scrub,
+        )
 
     def _public(self, said: str) -> str:
         """The backend's message as an API client may see it: its own address and our key masked."""
@@ -317,7 +321,7 @@ class OpenAIBackend:
             await self._client.aclose()
 
 
-EndpointClient = httpx.AsyncClient | AiohttpClient
+EndpointClient = httpx.AsyncClient | BackendHttpClient
 
 
 def make_client(
@@ -329,11 +333,11 @@ def make_client(
 ) -> EndpointClient:
     """The pooled client used for one endpoint: keep-alive, no redirects, no cookies kept between calls.
 
-    An :class:`AiohttpClient` (a fifth of httpx's CPU per call), unless a ``transport`` is given
+    A :class:`BackendHttpClient` (a fifth of httpx's CPU per call), unless a ``transport`` is given
     (tests inject ``httpx.MockTransport``): then one httpx client over that transport.
     """
     if transport is None:
-        return AiohttpClient(
+        return BackendHttpClient(
             timeout_s=timeout_s,
             connect_timeout_s=connect_timeout_s,
             max_connections=max_connections,
@@ -358,7 +362,7 @@ def _shared_ssl_context() -> ssl.SSLContext:
     return _SSL_CONTEXT
 
 
-_POOL_KWARGS = frozenset({"timeout_s", "connect_timeout_s", "max_connections", "transport"})
+_POOL_KWARGS = frozenset({"timeout_s", "connect_timeout_s", "pool_timeout_s", "max_connections", "transport"})
 
 
 class BackendPool:
@@ -406,10 +410,10 @@ class BackendPool:
         return backend
 
     def _client_kwargs(self) -> dict[str, Any]:
-        return dict(self._backend_kwargs)
+        return {k: v for k, v in self._backend_kwargs.items() if k != "pool_timeout_s"}
 
     def _backend_only_kwargs(self) -> dict[str, Any]:
-        keys = ("timeout_s", "connect_timeout_s")
+        keys = ("timeout_s", "connect_timeout_s", "pool_timeout_s")
         return {k: v for k, v in self._backend_kwargs.items() if k in keys}
 
     def __repr__(self) -> str:

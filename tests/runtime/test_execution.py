@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
+import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from runtime.errors import InvalidHeader
 from runtime.producer import Producer
 from tests.runtime.harness import CALL, one_pool_group, running_dispatcher
 from tests.runtime.test_durable import RETRYING, group, keyed
@@ -50,3 +53,19 @@ async def test_a_429_is_retried_no_sooner_than_its_retry_after(aredis, keys, sim
     assert sim.calls_by_key == {"r": 2}
     assert dispatcher.stats.retried == 1
     assert took >= 1.0
+
+
+async def test_a_key_with_a_line_break_is_refused_typed_and_counted_and_never_sent(aredis, keys, sim) -> None:
+    """An operator pasted the key with a line break: the call ends with ``invalid_header`` (not an
+    internal error), is counted by that type, and no request reached the backend."""
+    config = replace(one_pool_group(sim.url), api_key_env="KEY")
+    async with (
+        running_dispatcher(aredis, keys, config, secrets={"KEY": "sk-1\r\nx-injected: yes"}) as dispatcher,
+        Producer(aredis, keys=keys) as producer,
+    ):
+        with pytest.raises(InvalidHeader) as refused:
+            await producer.submit(keyed("k"), pool_id="default", timeout=10)
+    assert "authorization" in str(refused.value) and "sk-1" not in str(refused.value)
+    assert dispatcher.stats.failed == {"invalid_header": 1}
+    assert dispatcher.stats.internal_errors == 0
+    assert sim.calls_by_key == {}

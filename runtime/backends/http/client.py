@@ -1,17 +1,18 @@
-"""The default HTTP client of an endpoint: aiohttp underneath, httpx's ``post``/``stream`` API on top.
+"""The default HTTP client of an endpoint: the lean pool for whole POSTs, aiohttp for streams and proxies.
 
 Why: per call, httpx + httpcore cost ~0.55 ms of CPU at concurrency 16 on the benchmark machine (URL
 merging, header models, h11, anyio stream wrappers, pool bookkeeping), more than the rest of the
 dispatcher together; aiohttp's C-accelerated HTTP/1.1 client does the same call in ~0.1 ms
-(bench/RESULTS.md, issue 13). The adapter keeps speaking httpx: :class:`AiohttpClient` answers
-``post`` with a :class:`BodyResponse` (the ``status_code``/``headers``/``content`` of an
-``httpx.Response``, nothing more) and ``stream`` with a streaming ``httpx.Response``, and raises httpx's
-exception types, so :class:`~runtime.backends.adapter.OpenAIBackend` translates every failure at one edge
-whichever client it holds (tests still inject ``httpx.MockTransport`` through the httpx client).
+(bench/RESULTS.md, issue 13). :class:`BackendHttpClient` has the call shape of ``httpx.AsyncClient``
+(``post`` answers a :class:`BodyResponse`, ``stream`` a streaming ``httpx.Response``) so the adapter
+holds either (tests inject ``httpx.MockTransport`` through an httpx client). Failures are the lower
+layers' own exceptions; :func:`runtime.backends.http.errors.backend_error` translates them once, in
+:class:`~runtime.backends.adapter.OpenAIBackend`.
 
 Whole POSTs skip aiohttp's request machinery: they go over a lean HTTP/1.1 pool per origin
-(:mod:`runtime.backends.http1`, httptools' parser), a third less dispatcher CPU per call again. Streams,
-and every request when the environment names a proxy, stay with aiohttp.
+(:mod:`runtime.backends.http.pool`, httptools' parser), a third less dispatcher CPU per call again.
+Streams, and every request when the environment names a proxy, stay with aiohttp. Headers are checked
+(:mod:`runtime.backends.http.headers`) before any of them is written.
 
 Behaviour kept from the httpx client it replaces: keep-alive pool of ``max_connections``, no
 redirects followed, no cookies kept, the shared CA bundle, proxies from the environment only when the
@@ -24,13 +25,14 @@ import contextlib
 import ssl
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
 import httpx
 
 from runtime.backends.body import BodyResponse
-from runtime.backends.http1 import Http1Pool
+from runtime.backends.http.headers import check_headers
+from runtime.backends.http.pool import Http1Pool
 
 # Idle connections are dropped before the 5 s after which uvicorn (vLLM, SGLang, LiteLLM) closes
 # them: reusing one the server is closing fails the call (measured: bench_peers against LiteLLM).
@@ -48,43 +50,18 @@ def _never_sent(exc: BaseException) -> bool:
     )
 
 
-def _translated(exc: aiohttp.ClientError | TimeoutError) -> httpx.TransportError:
-    """The httpx exception that the httpx client would have raised for the same failure."""
-    message = str(exc) or type(exc).__name__
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return httpx.ConnectTimeout(message)
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return httpx.ConnectError(message)
-    if isinstance(exc, aiohttp.SocketTimeoutError | aiohttp.ServerTimeoutError):
-        return httpx.ReadTimeout(message)
-    if isinstance(exc, aiohttp.InvalidURL):
-        return httpx.UnsupportedProtocol(message)
-    # Disconnected, reset or a malformed answer after the request was sent: the backend may have run
-    # the call, which is why this is not a connect error (a connect error may be retried).
-    return httpx.RemoteProtocolError(message)
-
-
-@contextlib.contextmanager
-def _httpx_errors() -> Iterator[None]:
-    try:
-        yield
-    except aiohttp.ClientError as exc:
-        raise _translated(exc) from exc
-
-
 class _ResponseStream(httpx.AsyncByteStream):
-    """The body of a streamed aiohttp response as httpx reads it, errors translated."""
+    """The body of a streamed aiohttp response as httpx reads it (aiohttp's errors pass through)."""
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        with _httpx_errors():
-            async for chunk in self._response.content.iter_any():
-                yield chunk
+        async for chunk in self._response.content.iter_any():
+            yield chunk
 
 
-class AiohttpClient:
+class BackendHttpClient:
     """One endpoint's pooled client. The session is made on first use, inside the running loop."""
 
     def __init__(
@@ -101,7 +78,7 @@ class AiohttpClient:
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
         self._timeouts: dict[tuple[float | None, ...], aiohttp.ClientTimeout] = {}
-        # Whole POSTs go over a lean HTTP/1.1 pool per origin (runtime/backends/http1.py), unless the
+        # Whole POSTs go over a lean HTTP/1.1 pool per origin (runtime/backends/http/pool.py), unless the
         # environment names a proxy: aiohttp then handles every request, as it honours proxies.
         self._direct = not urllib.request.getproxies()
         self._origins: dict[tuple[str, int, bool], Http1Pool] = {}
@@ -110,7 +87,7 @@ class AiohttpClient:
     def __repr__(self) -> str:
         connector = self._session.connector if self._session else None
         in_use = len(getattr(connector, "_acquired", ())) if connector else 0
-        return f"<AiohttpClient max_connections={self._max_connections} in_use={in_use}>"
+        return f"<BackendHttpClient max_connections={self._max_connections} in_use={in_use}>"
 
     @property
     def is_closed(self) -> bool:
@@ -118,7 +95,7 @@ class AiohttpClient:
 
     def _open(self) -> aiohttp.ClientSession:
         if self._closed:
-            raise RuntimeError("AiohttpClient is closed")
+            raise RuntimeError("BackendHttpClient is closed")
         if self._session is None:
             connector = aiohttp.TCPConnector(
                 limit=self._max_connections,
@@ -158,12 +135,14 @@ class AiohttpClient:
     ) -> BodyResponse:
         """POST ``content``; the whole body is read before returning."""
         if self._closed:
-            raise RuntimeError("AiohttpClient is closed")
+            raise RuntimeError("BackendHttpClient is closed")
         route = self._route(url, headers) if self._direct else None
         if route is not None:
             pool, head = route
             request = b"%s%d\r\n\r\n%s" % (head, len(content), content)
-            return await pool.post(request, connect_timeout_s=(timeout or self._default_timeout).connect)
+            timeout = timeout or self._default_timeout
+            return await pool.post(request, connect_timeout_s=timeout.connect, pool_timeout_s=timeout.pool)
+        check_headers(headers.items())
         session = self._open()
         # A str URL goes to aiohttp as it is; str() of an httpx.URL rebuilds it (~4 µs).
         target = url if isinstance(url, str) else str(url)
@@ -176,10 +155,9 @@ class AiohttpClient:
                     body = await response.read()
                 return BodyResponse(response.status, response.headers, body)
             except aiohttp.ClientError as exc:
-                translated = _translated(exc)
                 # Nothing reached the backend, so once more on a fresh connection is safe.
-                if attempt or not isinstance(translated, httpx.RemoteProtocolError) or not _never_sent(exc):
-                    raise translated from exc
+                if attempt or not _never_sent(exc):
+                    raise
         raise AssertionError("unreachable")
 
     def _route(self, url: str | httpx.URL, headers: Mapping[str, str]) -> tuple[Http1Pool, bytes] | None:
@@ -203,6 +181,7 @@ class AiohttpClient:
                     max_connections=self._max_connections,
                     keepalive_s=KEEPALIVE_S,
                 )
+            check_headers(headers.items())
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             lines = [
                 f"POST {path} HTTP/1.1",
@@ -226,19 +205,19 @@ class AiohttpClient:
         timeout: httpx.Timeout | None = None,
     ) -> AsyncIterator[httpx.Response]:
         """An ``httpx.Response`` whose body streams from the connection as it arrives."""
+        check_headers(headers.items())
         session = self._open()
-        with _httpx_errors():
-            request = session.request(
-                method,
-                str(url),
-                data=content,
-                headers=headers,
-                timeout=self._timeout(timeout),
-                allow_redirects=False,
-                # httpx decodes the body by its content-encoding header: aiohttp must not do it too.
-                auto_decompress=False,
-            )
-            response = await request.__aenter__()
+        request = session.request(
+            method,
+            str(url),
+            data=content,
+            headers=headers,
+            timeout=self._timeout(timeout),
+            allow_redirects=False,
+            # httpx decodes the body by its content-encoding header: aiohttp must not do it too.
+            auto_decompress=False,
+        )
+        response = await request.__aenter__()
         try:
             yield httpx.Response(
                 response.status, headers=response.raw_headers, stream=_ResponseStream(response)

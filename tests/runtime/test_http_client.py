@@ -1,4 +1,5 @@
-"""The default endpoint client (aiohttp under httpx's API) against real servers over TCP."""
+"""The default endpoint client (BackendHttpClient: the lean pool, aiohttp for streams) against real
+servers over TCP."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import gc
 import warnings
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
 
 from runtime.backends.adapter import OpenAIBackend
-from runtime.backends.aiohttp_client import AiohttpClient
+from runtime.backends.http.client import BackendHttpClient
 from runtime.errors import BackendConnectError, BackendError, BackendHTTPError, BackendTimeout
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.test_adapter import open_pool
@@ -28,7 +30,7 @@ async def sim() -> AsyncIterator[SimulatorServer]:
 async def test_the_default_client_reuses_one_keep_alive_connection(sim: SimulatorServer) -> None:
     backend = OpenAIBackend(sim.url)  # made outside any call: pools open on first use
     try:
-        assert isinstance(backend._client, AiohttpClient)
+        assert isinstance(backend._client, BackendHttpClient)
         for _ in range(3):
             assert (await backend.complete(BODY)).status_code == 200
         (pool,) = backend._client._origins.values()  # whole POSTs: the lean HTTP/1.1 pool
@@ -173,3 +175,40 @@ async def test_a_body_that_trickles_past_the_budget_is_cut_by_it() -> None:
         server.close()
         await server.wait_closed()
     assert 0.25 < loop.time() - started < 2
+
+
+async def test_a_stream_cut_mid_way_and_a_stream_nobody_answers_are_translated_once() -> None:
+    """Over aiohttp (streams): its own errors reach the adapter untranslated and are mapped there once,
+    the cause kept: a hang-up after chunks is a mid-call failure, a closed port a connect error."""
+    event = b'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\n'
+
+    async def half_a_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
+        writer.write(b"transfer-encoding: chunked\r\n\r\n")
+        writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+        await writer.drain()
+        writer.close()  # no closing chunk: the answer is cut
+
+    server = await asyncio.start_server(half_a_stream, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1")
+    chunks: list[dict[str, object]] = []
+    try:
+        with pytest.raises(BackendError, match="failed mid-call") as cut:
+            async for chunk in backend.stream(BODY):
+                chunks.append(chunk)
+    finally:
+        await backend.aclose()
+        server.close()
+        await server.wait_closed()
+    assert len(chunks) == 1 and type(cut.value) is BackendError
+    assert isinstance(cut.value.__cause__, aiohttp.ClientError)  # aiohttp's own, mapped at the adapter
+
+    nobody = OpenAIBackend(f"http://127.0.0.1:{port}/v1")  # the server is gone: the port is closed
+    try:
+        with pytest.raises(BackendConnectError) as refused:
+            [c async for c in nobody.stream(BODY)]
+    finally:
+        await nobody.aclose()
+    assert isinstance(refused.value.__cause__, aiohttp.ClientConnectorError)

@@ -7,12 +7,14 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import httpx
 import pytest
 
 from runtime.backends.adapter import OpenAIBackend
-from runtime.errors import BackendConnectError, BackendError, BackendTimeout
+from runtime.backends.http.client import BackendHttpClient
+from runtime.backends.http.errors import ConnectFailed, PoolWaitTimeout
+from runtime.errors import BackendConnectError, BackendError, BackendTimeout, InvalidHeader
 from simulator.server import SimulatorConfig, SimulatorServer
+from tests.waiting import wait_until
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 OK_JSON = b'{"model": "m", "choices": [{"message": {"role": "assistant", "content": "hi"}}]}'
@@ -218,8 +220,6 @@ async def test_an_https_endpoint_is_called_over_tls(tmp_path) -> None:
     import ssl
     import subprocess
 
-    from runtime.backends.aiohttp_client import AiohttpClient
-
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
@@ -237,15 +237,16 @@ async def test_an_https_endpoint_is_called_over_tls(tmp_path) -> None:
 
     srv = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=server_context)
     url = f"https://127.0.0.1:{srv.sockets[0].getsockname()[1]}/v1/chat/completions"
-    client = AiohttpClient(ssl_context=ssl.create_default_context(cafile=str(cert)))
-    untrusting = AiohttpClient(ssl_context=ssl.create_default_context())
+    client = BackendHttpClient(ssl_context=ssl.create_default_context(cafile=str(cert)))
+    untrusting = BackendHttpClient(ssl_context=ssl.create_default_context())
     try:
         answers = [await client.post(url, content=b"{}", headers={}) for _ in range(2)]
         assert [a.status_code for a in answers] == [200, 200] and answers[1].content == OK_JSON
         (pool,) = client._origins.values()
         assert pool.opened == 1
-        with pytest.raises(httpx.ConnectError):  # a certificate it cannot verify is refused
+        with pytest.raises(ConnectFailed) as refused:  # a certificate it cannot verify is refused
             await untrusting.post(url, content=b"{}", headers={})
+        assert isinstance(refused.value.__cause__, ssl.SSLCertVerificationError)
     finally:
         await client.aclose()
         await untrusting.aclose()
@@ -262,3 +263,56 @@ async def test_a_call_in_flight_when_the_client_closes_ends_and_leaves_no_connec
         await backend.aclose()
         assert (await call).status_code == 200
         assert pool._idle == []  # not kept for reuse by a closed client
+
+
+async def test_a_call_that_waits_for_a_free_connection_past_the_pool_timeout_is_a_backend_timeout() -> None:
+    """One connection, busy with a slow call: the second call gives up after the pool timeout (not its
+    whole budget) with the adapter's typed pool-timeout error; the first call is not disturbed."""
+    async with SimulatorServer(SimulatorConfig()) as sim:
+        backend = OpenAIBackend(sim.url, max_connections=1, pool_timeout_s=0.2, timeout_s=30)
+        try:
+            slow = asyncio.create_task(backend.complete({**BODY, "sim": {"latency_ms": 1500}}))
+            await wait_until(lambda: backend._client._origins, what="the slow call holds the connection")  # type: ignore[union-attr]
+            (pool,) = backend._client._origins.values()  # type: ignore[union-attr]
+            await wait_until(pool._slots.locked, what="the only connection is taken")
+            with pytest.raises(BackendTimeout, match="no free connection") as info:
+                await backend.complete(BODY)
+            assert not slow.done()  # it gave up while the connection was still busy, not after
+            assert isinstance(info.value.__cause__, PoolWaitTimeout)
+            assert "0.2s" in str(info.value) and info.value.retryable
+            assert (await slow).status_code == 200
+            assert pool.opened == 1
+        finally:
+            await backend.aclose()
+
+
+async def test_a_key_or_header_with_a_line_break_is_refused_before_anything_is_written() -> None:
+    seen: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await read_request(reader))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(OK_JSON), OK_JSON))
+        await writer.drain()
+
+    injected = "sk-1\r\nx-injected: yes"
+    async with server(answer) as (url, accepted):
+        with pytest.raises(InvalidHeader, match="'authorization' has a control character") as info:
+            OpenAIBackend(url, api_key=injected)
+        assert injected not in str(info.value)  # a credential is not quoted back
+        client = BackendHttpClient()
+        try:
+            for name, value in [("x-extra", "a\r\nx-injected: yes"), ("x-extra", "a\nb"), ("x-extra", "a\0"),
+                                ("x-bad name", "v"), ("x-bad:name", "v"), ("", "v")]:  # fmt: skip
+                with pytest.raises(InvalidHeader):
+                    await client.post(url + "/chat/completions", content=b"{}", headers={name: value})
+                with pytest.raises(InvalidHeader):
+                    async with client.stream(
+                        "POST", url + "/chat/completions", content=b"{}", headers={name: value}
+                    ):
+                        pass
+            assert accepted == []  # nothing was written: not even a connection was opened
+            ok = await client.post(url + "/chat/completions", content=b"{}", headers={"x-extra": "a b\tc"})
+        finally:
+            await client.aclose()
+    assert ok.status_code == 200
+    assert len(seen) == 1 and b"x-injected" not in seen[0].lower()

@@ -7,9 +7,12 @@ uvicorn uses) on the answer. Streaming, proxies and everything else stay with ai
 
 Behaviour kept from aiohttp's pool: at most ``max_connections`` open, idle ones reused newest first
 and dropped after ``keepalive_s``, a request resent once only when it could not be written at all
-(the idle connection was already closing). Failures raise httpx's exception types, as the adapter
-expects of every client: ``ConnectError``/``ConnectTimeout`` before anything was sent, and
-``RemoteProtocolError`` once the request may have reached the backend.
+(the idle connection was already closing), and a call that waits for a free connection longer than
+the pool timeout fails with :class:`~runtime.backends.http.errors.PoolWaitTimeout`.
+
+Failures are the lower layer's own, translated once by the adapter
+(:func:`runtime.backends.http.errors.backend_error`): :class:`ConnectFailed` before anything was sent,
+httptools' ``HttpParserError`` or a ``ConnectionError`` once the request may have reached the backend.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ import ssl
 import time
 
 import httptools
-import httpx
 
 from runtime.backends.body import BodyResponse
+from runtime.backends.http.errors import ConnectFailed, PoolWaitTimeout
 
 __all__ = ["Http1Pool"]
 
@@ -48,7 +51,7 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(httpx.RemoteProtocolError(f"malformed HTTP answer: {exc}"))
+            self._fail(exc)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -58,9 +61,9 @@ class _Connection(asyncio.Protocol):
         if body_until_close:  # an answer that ends when the server closes (no length, not chunked)
             self.on_message_complete()
         else:
-            self._fail(
-                httpx.RemoteProtocolError(f"server disconnected without a whole answer: {exc or 'EOF'}")
-            )
+            lost = ConnectionResetError(f"server disconnected without a whole answer: {exc or 'EOF'}")
+            lost.__cause__ = exc
+            self._fail(lost)
 
     # --- httptools callbacks -----------------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -104,7 +107,7 @@ class _Connection(asyncio.Protocol):
 
 
 class Http1Pool:
-    """``await post(path, head, content)``: the whole answer of one POST to this origin."""
+    """``await post(request, ...)``: the whole answer of one POST to this origin."""
 
     def __init__(
         self,
@@ -120,6 +123,7 @@ class Http1Pool:
         self.ssl_context = ssl_context
         self.keepalive_s = keepalive_s
         self._idle: list[_Connection] = []
+        self.max_connections = max_connections
         self._slots = asyncio.Semaphore(max_connections)
         self._closed = False
         self.opened = 0  # connections opened so far
@@ -128,9 +132,16 @@ class Http1Pool:
         scheme = "https" if self.ssl_context else "http"
         return f"<Http1Pool {scheme}://{self.host}:{self.port} idle={len(self._idle)} opened={self.opened}>"
 
-    async def post(self, request: bytes, *, connect_timeout_s: float | None) -> BodyResponse:
-        """Sends ``request`` (a whole HTTP/1.1 request) and returns the answer."""
-        async with self._slots:
+    async def post(
+        self, request: bytes, *, connect_timeout_s: float | None, pool_timeout_s: float | None
+    ) -> BodyResponse:
+        """Sends ``request`` (a whole HTTP/1.1 request) and returns the answer. ``pool_timeout_s``
+        bounds the wait for a free connection (None: wait as long as the caller does)."""
+        if pool_timeout_s is not None and self._slots.locked():
+            await self._wait_for_slot(pool_timeout_s)
+        else:  # the common case: a connection is free, no timer armed
+            await self._slots.acquire()
+        try:
             for _ in range(2):
                 connection = self._take_idle() or await self._open(connect_timeout_s)
                 if connection.closed:  # closed by the server between the take and now: never sent
@@ -146,7 +157,18 @@ class Http1Pool:
                 else:
                     connection.close()
                 return answer
-        raise httpx.RemoteProtocolError(f"{self!r}: the server closed two connections before the request")
+        finally:
+            self._slots.release()
+        raise ConnectionResetError(f"{self!r}: the server closed two connections before the request")
+
+    async def _wait_for_slot(self, pool_timeout_s: float) -> None:
+        try:
+            async with asyncio.timeout(pool_timeout_s):
+                await self._slots.acquire()
+        except TimeoutError as exc:
+            raise PoolWaitTimeout(
+                f"{self!r}: all {self.max_connections} connections stayed busy for {pool_timeout_s}s"
+            ) from exc
 
     def close(self) -> None:
         """Closes the idle connections; those in use close when their call ends."""
@@ -175,11 +197,7 @@ class Http1Pool:
                     ssl=self.ssl_context,
                     server_hostname=self.host if self.ssl_context else None,
                 )
-        except TimeoutError as exc:
-            raise httpx.ConnectTimeout(
-                f"no connection to {self.host}:{self.port} in {connect_timeout_s}s"
-            ) from exc
-        except OSError as exc:
-            raise httpx.ConnectError(f"could not connect to {self.host}:{self.port}: {exc}") from exc
+        except (OSError, TimeoutError) as exc:
+            raise ConnectFailed(f"could not connect to {self.host}:{self.port}: {exc}") from exc
         self.opened += 1
         return connection
