@@ -18,7 +18,7 @@ import orjson
 import redis
 
 from pools.connections import VALKEY_ERRORS, key_space, sync_client
-from runtime.backends.status import queue_reads, status_from_replies
+from runtime.backends.status import READS, queue_reads, status_from_replies
 from runtime.dispatch import deadletters
 from runtime.dispatch.stats import (
     DROP_DUPLICATE,
@@ -474,7 +474,7 @@ def backends_read(*, group_id: str, client: redis.Redis, now: float) -> tuple[li
     replies = pipe.execute()
     statuses = []
     for i, backend in enumerate(backends):
-        status = status_from_replies(backend, replies[3 * i : 3 * i + 3], now)
+        status = status_from_replies(backend, replies[READS * i : READS * i + READS], now)
         statuses.append(
             {
                 **dataclasses.asdict(status),
