@@ -315,6 +315,11 @@ SKIP_REASON_TEXT: dict[str, Reason] = {
         label="backend at its max",
         explanation="The backend has its max in flight across every pool and dispatcher that uses it.",
     ),
+    "backend_retry_after": Reason(
+        label="backend asked to wait",
+        explanation="The backend answered 429 with a Retry-After: every dispatcher holds its pools' work "
+        "in our queue until that time is over.",
+    ),
 }
 # The circuit breaker's modes in an operator's words ("closed" in green reads as "down").
 BREAKER_TEXT: dict[str, Reason] = {
