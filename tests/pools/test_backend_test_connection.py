@@ -20,6 +20,8 @@ from django.test import Client
 
 from pools.models import Backend
 from runtime.valkey.embedded import free_port
+from runtime.wire.backendconfig import KINDS
+from simulator.config import KINDS as SIMULATOR_KINDS
 from tests.waiting import port_open, wait_until_sync
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -210,3 +212,7 @@ def test_only_who_may_change_the_backend_may_test_it(db: None) -> None:
     client = Client()
     client.force_login(viewer)
     assert client.post(page(backend)).status_code == 403
+
+
+def test_the_admin_offers_every_kind_the_runtime_knows() -> None:
+    assert tuple(Backend.Kind.values) == KINDS == SIMULATOR_KINDS
