@@ -485,6 +485,7 @@ def backends_read(*, group_id: str, client: redis.Redis, now: float) -> tuple[li
                 **dataclasses.asdict(status),
                 "breaker_words": status.breaker_words,
                 "metrics_words": status.metrics_words(),
+                "held_words": status.hold_words().strip(" ()"),
             }
         )
     return statuses, rejections_by_pool(replies[-1])
