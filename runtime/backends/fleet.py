@@ -167,9 +167,12 @@ class BackendFleet:
         if not backend_id:
             self.local.record(endpoint, error)
             return
-        try:
-            if isinstance(error, BackendHTTPError) and error.status_code == 429:
+        if isinstance(error, BackendHTTPError) and error.status_code == 429:
+            try:
                 await self.hold(backend_id, error.retry_after_s)
+            except REDIS_ERRORS as exc:  # the call's own retry still waits its Retry-After
+                log.warning("backend %s: its 429's Retry-After not shared (%s)", backend_id, exc)
+        try:
             await self.breakers.record(backend_id, error)
         except REDIS_ERRORS as exc:  # the call's reply matters more than the breaker's bookkeeping
             log.warning("backend %s: outcome not recorded in the shared breaker (%s)", backend_id, exc)
