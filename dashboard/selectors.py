@@ -18,7 +18,7 @@ import orjson
 import redis
 
 from pools.connections import VALKEY_ERRORS, key_space, sync_client
-from runtime.backends.status import queue_reads, status_from_replies
+from runtime.backends.status import READS, queue_reads, status_from_replies
 from runtime.dispatch import deadletters
 from runtime.dispatch.stats import (
     DROP_DUPLICATE,
@@ -320,6 +320,11 @@ SKIP_REASON_TEXT: dict[str, Reason] = {
         label="backend at its max",
         explanation="The backend has its max in flight across every pool and dispatcher that uses it.",
     ),
+    "backend_retry_after": Reason(
+        label="backend asked to wait",
+        explanation="The backend answered 429 with a Retry-After: every dispatcher holds its pools' work "
+        "in our queue until that time is over.",
+    ),
 }
 # The circuit breaker's modes in an operator's words ("closed" in green reads as "down").
 BREAKER_TEXT: dict[str, Reason] = {
@@ -479,12 +484,13 @@ def backends_read(*, group_id: str, client: redis.Redis, now: float) -> tuple[li
     replies = pipe.execute()
     statuses = []
     for i, backend in enumerate(backends):
-        status = status_from_replies(backend, replies[3 * i : 3 * i + 3], now)
+        status = status_from_replies(backend, replies[READS * i : READS * i + READS], now)
         statuses.append(
             {
                 **dataclasses.asdict(status),
                 "breaker_words": status.breaker_words,
                 "metrics_words": status.metrics_words(),
+                "held_words": status.hold_words().strip(" ()"),
             }
         )
     return statuses, rejections_by_pool(replies[-1])

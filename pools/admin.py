@@ -329,7 +329,10 @@ class PoolAdmin(whatif_views.WhatIfAdminMixin, admin.ModelAdmin):
 
 @admin.register(Backend)
 class BackendAdmin(admin.ModelAdmin):
-    """Backends with their live load (read from Valkey) next to their settings."""
+    """Backends with their live load (read from Valkey) next to their settings, and a "Test connection"
+    button on a backend's page that reads its models and metrics once and shows what it read."""
+
+    change_form_template = "admin/pools/backend/change_form.html"
 
     list_display = (
         "backend_id",
@@ -388,6 +391,33 @@ class BackendAdmin(admin.ModelAdmin):
         if live is None:
             return "Valkey unreachable"
         return live.describe()
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view(self.test_connection_view)
+        return [
+            path("<path:object_id>/test-connection/", view, name="pools_backend_test_connection"),
+            *super().get_urls(),
+        ]
+
+    def test_connection_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: fetches the saved backend's /v1/models and metrics once and shows what was read."""
+        backend = get_object_or_404(Backend, pk=object_id)
+        if not self.has_change_permission(request, backend):
+            raise PermissionDenied
+        if request.method != "POST":  # it calls out to the backend: only on the button's POST
+            return redirect(reverse("admin:pools_backend_change", args=[backend.pk]))
+        result = selectors.backend_test_connection(backend=backend)
+        key_env = backend.api_key_env
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Test connection: {backend}",
+            "backend": backend,
+            "result": result,
+            "kind_label": backend.get_kind_display(),
+            "key_missing": bool(key_env) and not result.key_sent,
+            "opts": self.opts,
+        }
+        return TemplateResponse(request, "admin/pools/backend/test_connection.html", context)
 
     def save_model(self, request: HttpRequest, obj: Backend, form: Any, change: bool) -> None:
         report_publication(request, services.backend_save(backend=obj))

@@ -23,9 +23,18 @@ class Backend(models.Model):
     """An OpenAI-compatible server that pools and groups send their calls to, shared by all of them."""
 
     class Kind(models.TextChoices):
-        VLLM = "vllm", "vLLM (load metrics: vllm:*)"
-        SGLANG = "sglang", "SGLang (load metrics: sglang:*)"
-        OPENAI = "openai", "OpenAI-compatible, no load metrics"
+        # One line each: what the admin's kind menu says, and which gauges gating reads.
+        VLLM = "vllm", "vLLM: vllm:num_requests_running / _waiting, KV-cache usage (0.10+ or older name)"
+        SGLANG = "sglang", "SGLang: sglang:num_running_reqs / num_queue_reqs / token_usage"
+        LLAMACPP = (
+            "llamacpp",
+            (
+                "llama.cpp llama-server (--metrics): llamacpp:requests_processing / requests_deferred, "
+                "kv_cache_usage_ratio if sent"
+            ),
+        )
+        TGI = "tgi", "Hugging Face TGI: tgi_batch_current_size / tgi_queue_size (no KV-cache gauge)"
+        OPENAI = "openai", "OpenAI-compatible, no load metrics (Ollama, a hosted API): max in flight, 429s"
 
     backend_id = models.CharField(
         "backend id",
@@ -53,7 +62,8 @@ class Backend(models.Model):
         max_length=8,
         choices=Kind.choices,
         default=Kind.VLLM,
-        help_text="Which load metrics the server exports; 'OpenAI-compatible' gates on max in flight alone.",
+        help_text="The serving engine, so gating reads its own load gauges from its metrics. "
+        "'OpenAI-compatible' has none: max in flight holds, and a 429's Retry-After holds its pools.",
     )
     max_in_flight = models.PositiveIntegerField(
         "max in flight",

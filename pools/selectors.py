@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Iterable
 
+from asgiref.sync import async_to_sync
 from django.db.models import QuerySet
 
 from pools.connections import VALKEY_ERRORS, key_space, sync_client
 from pools.models import Backend, FabricGroup, Pool
-from runtime.backends.status import BackendStatus, queue_reads, status_from_replies
+from runtime.backends.probe import ProbeResult, probe
+from runtime.backends.status import READS, BackendStatus, queue_reads, status_from_replies
 from runtime.dispatch import deadletters
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
@@ -64,6 +67,15 @@ def backend_config(*, backend: Backend) -> BackendConfig:
     return BackendConfig(**{f.name: getattr(backend, f.name) for f in dataclasses.fields(BackendConfig)})
 
 
+def backend_test_connection(*, backend: Backend) -> ProbeResult:
+    """One look at the backend over real HTTP, as saved: its models (with the key the dispatchers would
+    send, read from this process's environment, as ``rundispatcher`` reads it) and its load (as the
+    scraper reads it). Bounded in time and size; never raises for anything the backend does."""
+    config = backend_config(backend=backend)
+    api_key = os.environ.get(config.api_key_env) if config.api_key_env else None
+    return async_to_sync(probe)(config, api_key=api_key or None)
+
+
 def backend_live(*, backends: Iterable[Backend]) -> dict[str, BackendStatus]:
     """Each backend's live status (shared load, breaker, our in-flight calls) from Valkey in one
     round trip; empty when Valkey cannot be reached."""
@@ -80,7 +92,8 @@ def backend_live(*, backends: Iterable[Backend]) -> dict[str, BackendStatus]:
         log.warning("could not read the backends' live load: %s", exc)
         return {}
     return {
-        c.backend_id: status_from_replies(c, replies[3 * i : 3 * i + 3], now) for i, c in enumerate(configs)
+        c.backend_id: status_from_replies(c, replies[READS * i : READS * i + READS], now)
+        for i, c in enumerate(configs)
     }
 
 

@@ -140,7 +140,8 @@ def backend_value_errors(values: Mapping[str, Any]) -> dict[str, str]:
     if values.get("load_gating") and values.get("kind") == "openai":
         errors["load_gating"] = (
             "Load gating needs load metrics, and an 'OpenAI-compatible' backend exports none: "
-            "choose vLLM or SGLang, or turn load gating off (max in flight still holds)."
+            "choose the server's engine (vLLM, SGLang, llama.cpp, TGI), or turn load gating off "
+            "(max in flight still holds)."
         )
     return errors
 

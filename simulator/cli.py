@@ -43,7 +43,7 @@ class Option:
 
 CONFIG_OPTIONS = (
     Option(("--model",), "model", "model name served by /v1/models", str),
-    Option(("--kind",), "kind", "metric names of /metrics", str, KINDS),
+    Option(("--kind",), "kind", "whose metric names /metrics exports (openai: no /metrics)", str, KINDS),
     Option(("--latency-ms",), "latency_ms", "median latency before any work"),
     Option(
         ("--latency-jitter", "--latency-sigma"), "latency_sigma", "lognormal sigma of the latency; 0 = fixed"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-KINDS = ("vllm", "sglang")
+# The names /metrics exports; "openai" serves no /metrics at all (a plain OpenAI-compatible server).
+KINDS = ("vllm", "sglang", "llamacpp", "tgi", "openai")
 
 
 def _non_negative(value: float) -> bool:
@@ -26,7 +27,7 @@ class SimulatorConfig:
     ``Retry-After: retry_after_s`` header; with probability ``hang_rate`` it takes its running slot
     and never answers until the client disconnects; with probability ``error_rate`` it fails after
     its latency with a status drawn from ``error_statuses``. ``kind`` picks the metric names of
-    ``/metrics`` (vLLM's or SGLang's).
+    ``/metrics`` (vLLM's, SGLang's, llama.cpp's or TGI's; ``openai``: no ``/metrics``, a 404).
     """
 
     model: str = "sim-model"

@@ -5,8 +5,8 @@ It answers:
 * ``POST /v1/chat/completions``: a ``chat.completion`` with ``usage``, or with ``"stream": true``
   server-sent ``chat.completion.chunk`` events (role, content deltas, finish, optional usage, ``[DONE]``);
 * ``GET /v1/models``, ``GET /health``;
-* ``GET /metrics``: Prometheus text with vLLM's (or SGLang's) running / waiting / KV-cache gauges and
-  ``sim_*`` counters (see :mod:`simulator.metrics`).
+* ``GET /metrics``: Prometheus text with vLLM's (or SGLang's, llama.cpp's, TGI's) running / waiting /
+  KV-cache gauges and ``sim_*`` counters (see :mod:`simulator.metrics`); kind ``openai`` has none (404).
 
 Behaviour comes from a frozen :class:`~simulator.config.SimulatorConfig`; calls run through a
 vLLM-like :class:`~simulator.engine.Engine`. A request body may carry a ``"sim"`` object that
@@ -244,6 +244,8 @@ class SimulatorServer:
         return _json(HTTPStatus.OK, b'{"status":"ok"}')
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        if self.config.kind == "openai":  # as Ollama or a hosted API: no Prometheus endpoint
+            return _error(HTTPStatus.NOT_FOUND, "this server exports no metrics")
         return web.Response(body=exposition(self._registry), headers={"Content-Type": CONTENT_TYPE})
 
     # -- chat completions ----------------------------------------------------------------------------

@@ -21,12 +21,12 @@ from collections.abc import Callable
 import redis.asyncio as aioredis
 
 from runtime.backends.breaker import CLOSED
-from runtime.backends.gate import SKIP_BACKEND_CAP
+from runtime.backends.gate import SKIP_BACKEND_CAP, hold_ms
 from runtime.backends.health import EndpointBreakers
 from runtime.backends.scraper import SCRAPE_INTERVAL_S, BackendScraper
 from runtime.backends.shared_breaker import SharedBreakers
-from runtime.backends.status import BackendStatus, queue_reads, status_from_replies
-from runtime.errors import DispatchError
+from runtime.backends.status import READS, BackendStatus, queue_reads, status_from_replies
+from runtime.errors import BackendHTTPError, DispatchError
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.keys import KeySpace
@@ -78,7 +78,7 @@ class BackendFleet:
                 queue_reads(pipe, self.keys, backend_id, now)
             replies = await pipe.execute()
         for i, backend_id in enumerate(ids):
-            mine = replies[3 * i : 3 * i + 3]
+            mine = replies[READS * i : READS * i + READS]
             self.statuses[backend_id] = status_from_replies(self.backends[backend_id], mine, now)
             self.breakers.update(backend_id, mine[1])
 
@@ -162,11 +162,25 @@ class BackendFleet:
             log.warning("backend %s: shared breaker slot not given back (%s)", backend_id, exc)
 
     async def record(self, backend_id: str, endpoint: str, error: DispatchError | None) -> None:
-        """A call's outcome for its breaker (a deadline cut gives the slot back)."""
+        """A call's outcome for its breaker (a deadline cut gives the slot back); a 429's Retry-After
+        holds the backend for the whole fleet."""
         if not backend_id:
             self.local.record(endpoint, error)
             return
+        if isinstance(error, BackendHTTPError) and error.status_code == 429:
+            try:
+                await self.hold(backend_id, error.retry_after_s)
+            except REDIS_ERRORS as exc:  # the call's own retry still waits its Retry-After
+                log.warning("backend %s: its 429's Retry-After not shared (%s)", backend_id, exc)
         try:
             await self.breakers.record(backend_id, error)
         except REDIS_ERRORS as exc:  # the call's reply matters more than the breaker's bookkeeping
             log.warning("backend %s: outcome not recorded in the shared breaker (%s)", backend_id, exc)
+
+    async def hold(self, backend_id: str, retry_after_s: float | None) -> None:
+        """Holds the backend's pools across the fleet until its Retry-After is over: the key expires
+        then, in Valkey, so no dispatcher's clock decides when. The latest 429 sets the time."""
+        ms = hold_ms(retry_after_s)
+        if ms:
+            await self.client.set(self.keys.backend_hold(backend_id), str(retry_after_s), px=ms)
+            log.info("backend %s answered 429: held for %.3gs (Retry-After)", backend_id, ms / 1000)

@@ -16,6 +16,10 @@ a scrape says it has room again.
     limit = min(limit, in_flight_at_scrape + max_waiting - waiting)   fresh metrics
     limit = min(limit, in_flight_at_scrape)                      fresh metrics, KV cache over its limit
 
+After a 429 with a ``Retry-After`` (any kind, and the only load signal of kind ``openai``), the fleet
+holds the backend for that long (``hold_s``, at most :data:`RETRY_AFTER_HOLD_MAX_S`): limit 0, skip
+reason ``backend_retry_after``.
+
 Stale (older than ``metrics_max_age_s``), failed or refused scrapes fall back to ``max_in_flight``
 alone, and the decision says so (``metrics`` is ``"stale"``, ``"unreachable"`` or ``"refused"``) for
 the dashboard.
@@ -37,15 +41,23 @@ __all__ = [
     "METRICS_REFUSED",
     "METRICS_STALE",
     "METRICS_UNREACHABLE",
+    "RETRY_AFTER_HOLD_MAX_S",
     "SKIP_BACKEND_CAP",
+    "SKIP_BACKEND_RETRY_AFTER",
     "SKIP_BACKEND_SATURATED",
     "GateDecision",
     "GateSettings",
     "gate",
+    "hold_ms",
 ]
 
 SKIP_BACKEND_SATURATED = "backend_saturated"  # the backend's own queue or KV cache is full
 SKIP_BACKEND_CAP = "backend_cap"  # the backend's max_in_flight is reached across the fleet
+SKIP_BACKEND_RETRY_AFTER = "backend_retry_after"  # the backend answered 429 and its Retry-After is not over
+
+# A Retry-After longer than this holds the backend this long: the next call asks again. A hostile or
+# confused backend (Retry-After: 10^9) then costs minutes, not forever.
+RETRY_AFTER_HOLD_MAX_S = 300.0
 
 METRICS_FRESH = "fresh"
 METRICS_STALE = "stale"
@@ -79,22 +91,37 @@ class GateSettings:
 class GateDecision:
     """``limit``: calls the fleet may have in flight to the backend now; ``reason``: the skip reason
     while ``in_flight`` has reached it (None while there is room); ``metrics``: how the load was known;
-    ``age_s``: the age of the load used (None without one)."""
+    ``age_s``: the age of the load used (None without one); ``hold_s``: what is left of a 429's
+    Retry-After (0: none)."""
 
     limit: int
     reason: str | None
     metrics: str
     age_s: float | None = None
+    hold_s: float = 0.0
 
     @property
     def room(self) -> bool:
         return self.reason is None
 
 
-def gate(settings: GateSettings, load: BackendLoad | None, *, in_flight: int, now: float) -> GateDecision:
-    """The backend's in-flight limit now, and why nothing may launch when it is reached."""
+def hold_ms(retry_after_s: float | None) -> int:
+    """How long (ms) a 429's Retry-After holds the backend fleet-wide: 0 for none, bounded above."""
+    if retry_after_s is None or not math.isfinite(retry_after_s) or retry_after_s <= 0:
+        return 0
+    return math.ceil(1000 * min(retry_after_s, RETRY_AFTER_HOLD_MAX_S))
+
+
+def gate(
+    settings: GateSettings, load: BackendLoad | None, *, in_flight: int, now: float, hold_s: float = 0.0
+) -> GateDecision:
+    """The backend's in-flight limit now, and why nothing may launch when it is reached. ``hold_s``:
+    what is left of the backend's last 429 Retry-After (nothing launches until it is over)."""
     cap = settings.max_in_flight
     status, age = metrics_status(settings, load, now)
+    if hold_s > 0:
+        reason = SKIP_BACKEND_RETRY_AFTER if in_flight >= 0 else None
+        return GateDecision(limit=0, reason=reason, metrics=status, age_s=age, hold_s=hold_s)
     load_limit = cap
     if status == METRICS_FRESH and load is not None:
         load_limit = load.in_flight_at_scrape + settings.max_waiting - load.waiting

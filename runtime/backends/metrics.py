@@ -1,10 +1,14 @@
-"""A backend's load, read from its Prometheus ``/metrics`` text (vLLM or SGLang names).
+"""A backend's load, read from its Prometheus ``/metrics`` text (vLLM, SGLang, llama.cpp or TGI names).
 
 Pure: :func:`parse_load` turns the body of one scrape into a :class:`BackendLoad`; fetching it is
 the scraper's job (:mod:`runtime.backends.scraper`). Parsing uses ``prometheus_client``'s own parser,
 so label sets, escaping and values are read as Prometheus reads them. A server with several
 models (or data-parallel ranks) reports one sample per label set: they are summed, and the KV-cache
 usage is the highest of them (the fullest engine is the one that queues first).
+
+Not every server exports a KV-cache gauge: TGI has none, and llama.cpp's ``llama-server`` dropped
+``llamacpp:kv_cache_usage_ratio`` in 2025 (older builds still send it). Such a load is gated on the
+two request gauges alone, and says so (``kv_exported`` False).
 
 A backend's ``/metrics`` is untrusted input. Only the lines of the three gauges reach the parser
 (:class:`SampleLines` picks them out with a regular expression, chunk by chunk as the body arrives,
@@ -34,6 +38,7 @@ __all__ = [
     "MetricNames",
     "MetricsRefused",
     "SampleLines",
+    "gauges_read",
     "load_from_lines",
     "load_problem",
     "parse_load",
@@ -54,11 +59,13 @@ class MetricsRefused(ValueError):
 @dataclass(frozen=True, slots=True)
 class MetricNames:
     """The three gauges gating reads, under one serving engine's names. ``kv_usage`` lists the
-    KV-cache gauge's names, current first: the first one the server exports is read."""
+    KV-cache gauge's names, current first: the first one the server exports is read. Without
+    ``kv_required`` a body lacking all of them is read without a KV-cache usage."""
 
     running: str
     waiting: str
     kv_usage: tuple[str, ...]
+    kv_required: bool = True
 
     def all(self) -> tuple[str, ...]:
         return (self.running, self.waiting, *self.kv_usage)
@@ -72,9 +79,18 @@ METRIC_NAMES: dict[str, MetricNames] = {
         ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     ),
     "sglang": MetricNames("sglang:num_running_reqs", "sglang:num_queue_reqs", ("sglang:token_usage",)),
+    # llama-server (started with --metrics): slots busy, requests deferred for want of a free slot.
+    "llamacpp": MetricNames(
+        "llamacpp:requests_processing",
+        "llamacpp:requests_deferred",
+        ("llamacpp:kv_cache_usage_ratio",),
+        kv_required=False,
+    ),
+    # TGI: the current batch runs, the queue waits; it exports no KV-cache usage.
+    "tgi": MetricNames("tgi_batch_current_size", "tgi_queue_size", (), kv_required=False),
 }
 
-_CURRENT_KV_NAMES = frozenset({"", *(names.kv_usage[0] for names in METRIC_NAMES.values())})
+_CURRENT_KV_NAMES = frozenset({"", *(names.kv_usage[0] for names in METRIC_NAMES.values() if names.kv_usage)})
 
 # A sample line is short (name, a few labels, a value); a longer "line" is not a sample of ours.
 MAX_LINE = 64 * 1024
@@ -145,7 +161,8 @@ class BackendLoad:
     were read: the gate counts launches made since then as already waiting. ``error`` is empty when
     the scrape succeeded; a failed scrape keeps the time so the dashboard can say since when.
     ``refused`` tells a backend that answered with unusable metrics from one that did not answer.
-    ``kv_metric`` is the gauge the KV-cache usage was read from (an older server's name shows here).
+    ``kv_metric`` is the gauge the KV-cache usage was read from (an older server's name shows here);
+    ``kv_exported`` is False when the server sent no KV-cache gauge (``kv_usage`` is then 0, unknown).
     """
 
     backend_id: str
@@ -158,6 +175,7 @@ class BackendLoad:
     scrape_ms: float = 0.0
     refused: bool = False
     kv_metric: str = ""
+    kv_exported: bool = True
 
     @property
     def ok(self) -> bool:
@@ -172,6 +190,8 @@ class BackendLoad:
             del fields["refused"]
         if self.kv_metric in _CURRENT_KV_NAMES:
             del fields["kv_metric"]
+        if self.kv_exported:
+            del fields["kv_exported"]
         return orjson.dumps(fields)
 
     @classmethod
@@ -203,13 +223,16 @@ def load_from_lines(lines: SampleLines, *, backend_id: str, scraped_at: float) -
         raise
     except ValueError as exc:
         raise MetricsRefused(f"unreadable Prometheus text: {exc}") from exc
-    kv_name = next((name for name in names.kv_usage if found[name]), names.kv_usage[0])
-    missing = [name for name in (names.running, names.waiting, kv_name) if not found[name]]
+    kv_name = next((name for name in names.kv_usage if found[name]), "")
+    needed = [names.running, names.waiting]
+    if names.kv_required:
+        needed.append(kv_name or names.kv_usage[0])
+    missing = [name for name in needed if not found[name]]
     if missing:
         raise MetricsRefused(
             f"the metrics lack {', '.join(missing)} (is the backend kind {lines.kind!r} right?)"
         )
-    kv_usage = max(found[kv_name])
+    kv_usage = max(found[kv_name]) if kv_name else 0.0
     if kv_usage > KV_OVERSHOOT:
         raise MetricsRefused(f"{kv_name} is {kv_usage:g}, but a KV-cache usage is a fraction (0 to 1)")
     return BackendLoad(
@@ -219,7 +242,14 @@ def load_from_lines(lines: SampleLines, *, backend_id: str, scraped_at: float) -
         waiting=_count(names.waiting, found[names.waiting]),
         kv_usage=min(1.0, kv_usage),
         kv_metric=kv_name,
+        kv_exported=bool(kv_name),
     )
+
+
+def gauges_read(lines: SampleLines) -> list[str]:
+    """The load gauges present in the sample lines picked out (after :meth:`SampleLines.finish`)."""
+    present = {line.split(b"{", 1)[0].split(None, 1)[0].decode() for line in lines.lines if line.strip()}
+    return [name for name in lines.names.all() if name in present]
 
 
 def _checked(name: str, value: float) -> float:
@@ -251,6 +281,8 @@ def load_problem(load: BackendLoad) -> str | None:
         return f"the shared load's kv_usage is {kv!r}, not a fraction"
     if not _is_number(load.scraped_at) or not math.isfinite(load.scraped_at):
         return f"the shared load's scraped_at is {load.scraped_at!r}, not a time"
+    if type(load.kv_exported) is not bool:
+        return f"the shared load's kv_exported is {load.kv_exported!r}, not a yes or no"
     return None
 
 

@@ -29,7 +29,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import httpx
@@ -46,7 +46,7 @@ SCRAPE_INTERVAL_S = 0.25
 # A stopping scraper waits this long for its scrapes in progress (each is bounded by its own budget).
 CLOSE_WAIT_S = 2.0
 
-__all__ = ["SCRAPE_INTERVAL_S", "BackendScraper", "ScraperStats"]
+__all__ = ["SCRAPE_INTERVAL_S", "BackendScraper", "ScraperStats", "failure_words", "read_bounded"]
 
 # KEYS: lease key; ARGV: owner id, lease ms. 1 when the caller holds the lease (taken or renewed).
 LEASE = """
@@ -200,44 +200,22 @@ class BackendScraper:
 
     async def _fetch(self, backend: BackendConfig, url: str) -> SampleLines:
         """The body's sample lines, read within the backend's budget and size cap."""
-        budget, cap = backend.metrics_timeout_s, backend.metrics_max_bytes
         lines = SampleLines(backend.kind)
-        timeout = httpx.Timeout(budget, connect=min(budget, backend.connect_timeout_s))
-        # The budget bounds the whole scrape: httpx's own timeouts are per read, and a server
-        # dripping a byte at a time would never trip them.
-        # Uncompressed: the cap then bounds what is read, not a gzip bomb's expansion.
-        headers = {"accept-encoding": "identity"}
-        async with (
-            asyncio.timeout(budget),
-            self._http.stream("GET", url, timeout=timeout, headers=headers) as response,
-        ):
-            response.raise_for_status()
-            declared = response.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > cap:
-                raise MetricsRefused(f"the metrics body is {declared} bytes, over the cap ({cap} bytes)")
-            size = 0
-            async for chunk in response.aiter_bytes():
-                size += len(chunk)
-                if size > cap:
-                    raise MetricsRefused(f"the metrics body is over the cap ({cap} bytes)")
-                lines.feed(chunk)
+        await read_bounded(
+            self._http, url, budget_s=backend.metrics_timeout_s, connect_s=backend.connect_timeout_s,
+            cap=backend.metrics_max_bytes, feed=lines.feed, what="metrics",
+        )  # fmt: skip
         return lines
 
     def _failed(self, backend: BackendConfig, url: str, scraped_at: float, exc: Exception) -> BackendLoad:
         """The shared load of a failed scrape: refused (the backend answered unusable metrics) or
         unreachable (it did not answer in time, or with an HTTP error)."""
         self.stats.failures += 1
-        refused = isinstance(exc, ValueError)
-        if isinstance(exc, TimeoutError):
-            error = f"no whole answer within {backend.metrics_timeout_s:g}s (metrics timeout)"
-        elif refused:
-            error = str(exc)[:300]
-        else:
-            error = f"{type(exc).__name__}: {exc}"[:200].replace(url, redact_url(url))
+        error, refused = failure_words(exc, url, budget_s=backend.metrics_timeout_s, what="metrics")
         if self.stats.failures == 1 or self.stats.failures % 100 == 0:
             word = "refused" if refused else "unreachable"
             log.warning("backend %s metrics %s (%s)", backend.backend_id, word, error)
-        return BackendLoad(backend.backend_id, scraped_at, error=error or type(exc).__name__, refused=refused)
+        return BackendLoad(backend.backend_id, scraped_at, error=error, refused=refused)
 
     async def close(self) -> None:
         """Waits briefly for scrapes in progress, gives up the leases held (the next scraper takes over
@@ -253,6 +231,51 @@ class BackendScraper:
                 await self._release(keys=[self.keys.backend_scrape_lease(backend_id)], args=[self.owner_id])
         self.stats.leases_held = set()
         await self._http.aclose()
+
+
+async def read_bounded(
+    http: httpx.AsyncClient,
+    url: str,
+    *,
+    budget_s: float,
+    connect_s: float,
+    cap: int,
+    feed: Callable[[bytes], None],
+    what: str,
+    headers: Mapping[str, str] | None = None,
+) -> None:
+    """GETs ``url`` and feeds its body, chunk by chunk, to ``feed``: within ``budget_s`` from connect
+    to last byte and at most ``cap`` bytes (``what`` names the body in the refusal). Raises
+    TimeoutError, httpx.HTTPError, or MetricsRefused (a ValueError) over the cap."""
+    timeout = httpx.Timeout(budget_s, connect=min(budget_s, connect_s))
+    # The budget bounds the whole read: httpx's own timeouts are per read, and a server
+    # dripping a byte at a time would never trip them.
+    # Uncompressed: the cap then bounds what is read, not a gzip bomb's expansion.
+    sent = {**(headers or {}), "accept-encoding": "identity"}
+    async with asyncio.timeout(budget_s), http.stream("GET", url, timeout=timeout, headers=sent) as response:
+        response.raise_for_status()
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > cap:
+            raise MetricsRefused(f"the {what} body is {declared} bytes, over the cap ({cap} bytes)")
+        size = 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > cap:
+                raise MetricsRefused(f"the {what} body is over the cap ({cap} bytes)")
+            feed(chunk)
+
+
+def failure_words(exc: Exception, url: str, *, budget_s: float, what: str) -> tuple[str, bool]:
+    """A failed bounded read in words (the URL redacted), and whether the answer was refused (it came,
+    but unusable: a ValueError) rather than missing (a timeout or an HTTP error)."""
+    refused = isinstance(exc, ValueError)
+    if isinstance(exc, TimeoutError):
+        error = f"no whole answer within {budget_s:g}s ({what} timeout)"
+    elif refused:
+        error = str(exc)[:300]
+    else:
+        error = f"{type(exc).__name__}: {exc}"[:200].replace(url, redact_url(url))
+    return error or type(exc).__name__, refused
 
 
 def _log_crash(what: str) -> None:

@@ -37,7 +37,7 @@ from opentelemetry import trace
 from runtime.backends.adapter import BackendPool
 from runtime.backends.breaker import BLOCKED_REASON
 from runtime.backends.fleet import BackendFleet
-from runtime.backends.gate import SKIP_BACKEND_CAP, SKIP_BACKEND_SATURATED
+from runtime.backends.gate import SKIP_BACKEND_CAP, SKIP_BACKEND_RETRY_AFTER, SKIP_BACKEND_SATURATED
 from runtime.backends.health import EndpointBreakers
 from runtime.backoff import Backoff
 from runtime.config import DispatcherSettings
@@ -66,7 +66,9 @@ from runtime.wire.keys import DEFAULT_KEYS, KeySpace
 
 log = logging.getLogger(__name__)
 # The refusals that come from a pool's backend: the scheduler sees the pool blocked for that reason.
-BACKEND_REFUSALS = frozenset({BLOCKED_REASON, SKIP_BACKEND_SATURATED, SKIP_BACKEND_CAP})
+BACKEND_REFUSALS = frozenset(
+    {BLOCKED_REASON, SKIP_BACKEND_SATURATED, SKIP_BACKEND_CAP, SKIP_BACKEND_RETRY_AFTER}
+)
 CONFIG_POLL_S = 1.0
 HELPER_EXIT_S = 5.0
 # Due retries are moved back into their lists this often: a retry waits its backoff, plus at most this.

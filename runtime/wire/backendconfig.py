@@ -13,7 +13,9 @@ from urllib.parse import urlsplit, urlunsplit
 from runtime.backends.breaker import BreakerPolicy
 from runtime.backends.gate import GateSettings
 
-KINDS = ("vllm", "sglang", "openai")  # openai: any OpenAI-compatible server without load metrics
+# Each kind but openai names its load gauges in runtime.backends.metrics.METRIC_NAMES; openai: any
+# OpenAI-compatible server without load metrics (Ollama, a hosted API), gated on max_in_flight and 429s.
+KINDS = ("vllm", "sglang", "llamacpp", "tgi", "openai")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,6 @@ class BackendConfig:
 
 
 def default_metrics_url(base_url: str) -> str:
-    """The server's ``/metrics`` (vLLM and SGLang serve it at the root, beside ``/v1``)."""
+    """The server's ``/metrics`` (vLLM, SGLang, llama-server and TGI serve it at the root, beside ``/v1``)."""
     parts = urlsplit(base_url)
     return urlunsplit((parts.scheme, parts.netloc, "/metrics", "", ""))

@@ -146,6 +146,10 @@ class KeySpace:
         """Sorted set of in-flight leases to one backend, across every group and dispatcher."""
         return f"{self.prefix}zset:llm:inflight-backend:{backend_id}"
 
+    def backend_hold(self, backend_id: str) -> str:
+        """Set (PX: the Retry-After) while a backend's 429 asks the fleet to wait; PTTL is what is left."""
+        return f"{self.prefix}key:llm:backend-hold:{backend_id}"
+
     def backend_breaker(self, backend_id: str) -> str:
         """JSON of the backend's circuit-breaker state, shared by the fleet."""
         return f"{self.prefix}key:llm:breaker:{backend_id}"

@@ -122,3 +122,20 @@ def test_refused_metrics_say_why_on_the_page_and_in_metrics(
     }
     assert samples[("llm_dispatch_backend_metrics_fresh", (("backend", "gpu"), ("metrics", "refused")))] == 0
     assert samples[("llm_dispatch_backend_in_flight_limit", (("backend", "gpu"),))] == 6  # max in flight
+
+
+def test_a_429_hold_shows_in_the_backends_panel_with_the_time_left(
+    staff_client: Client, gated: Backend, sredis, keys: KeySpace
+) -> None:
+    """Issue 24: while a backend's 429 Retry-After holds it, the panel says so and for how long."""
+    sredis.delete(keys.backend_breaker("gpu"))
+    sredis.set(keys.backend_hold("gpu"), "30", px=30_000)
+    [backend] = selectors.fabric_view(group_id="g", configured=selectors.configured_pools(group_id="g"))[
+        "backends"
+    ]
+    assert (backend["held"], backend["limit"]) == ("backend_retry_after", 0)
+    assert backend["held_words"].startswith("the backend answered 429 with Retry-After; ")
+    assert backend["held_words"].endswith("s left") and 29 < backend["hold_s"] <= 30
+    page = staff_client.get("/fabric/g/").content.decode()
+    assert 'title="the backend answered 429 with Retry-After; ' in page
+    assert ">backend_retry_after</td>" in page

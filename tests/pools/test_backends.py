@@ -71,7 +71,7 @@ def post(**changes: Any) -> dict[str, Any]:
         ({"breaker_probes": 0}, "The breaker needs at least 1 probe to close again"),
         ({"breaker_open_s": -1}, "The breaker's open time must be more than 0 seconds"),
         ({"kind": "openai"}, "Load gating needs load metrics"),
-        ({"kind": "tgi"}, "Select a valid choice"),
+        ({"kind": "triton"}, "Select a valid choice"),
     ],
 )
 def test_admin_refuses_bad_backend_values(superuser_client: Client, db, changes, message) -> None:

@@ -3,14 +3,17 @@ never contradicts the awaited one, for bare URLs (local breakers) and backend ro
 
 from __future__ import annotations
 
+import pytest
 import redis.asyncio as aioredis
 
 from runtime.backends.breaker import BreakerPolicy
 from runtime.backends.fleet import BackendFleet
+from runtime.backends.gate import RETRY_AFTER_HOLD_MAX_S, SKIP_BACKEND_RETRY_AFTER
 from runtime.backends.health import EndpointBreakers
-from runtime.errors import BackendConnectError
+from runtime.errors import BackendConnectError, BackendHTTPError
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.keys import KeySpace
+from tests.waiting import wait_until_equal
 
 POLICY = BreakerPolicy(failure_threshold=2, open_s=5.0, half_open_probes=1)
 URL = "http://bare:1/v1"
@@ -65,3 +68,59 @@ async def test_a_backend_row_is_answered_now_only_while_closed(
     assert backends.acquire_now("gpu", GPU.base_url) is None
     assert await backends.acquire("gpu", GPU.base_url) is True  # the fleet's one probe
     assert await backends.acquire("gpu", GPU.base_url) is False
+
+
+# --- issue 24: a 429's Retry-After holds the backend for the whole fleet ------------------------------
+OLLAMA = BackendConfig("ollama", "http://ollama:11434/v1", kind="openai", load_gating=False, max_in_flight=4)
+
+
+async def test_a_429_with_retry_after_holds_the_backend_for_every_dispatcher(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
+    first, second = (fleet(aredis, keys, Clock()) for _ in range(2))
+    for backends in (first, second):
+        backends.configure((GPU, OLLAMA))
+        await backends.refresh()
+        assert backends.refusal("ollama", OLLAMA.base_url) is None
+    await first.record(
+        "ollama", OLLAMA.base_url, BackendHTTPError("slow down", status_code=429, retry_after_s=1.0)
+    )
+    await second.refresh()  # another dispatcher: it only reads Valkey
+    status = second.statuses["ollama"]
+    assert second.refusal("ollama", OLLAMA.base_url) == SKIP_BACKEND_RETRY_AFTER
+    assert (second.limit("ollama"), second.room("ollama", OLLAMA.base_url)) == (0, 0)
+    assert 0 < status.hold_s <= 1.0
+    assert "held: backend_retry_after (the backend answered 429 with Retry-After;" in status.describe()
+    assert second.refusal("gpu", GPU.base_url) is None  # only that backend
+    # Over when Valkey expires the key: no dispatcher's clock decides.
+    await wait_until_equal(lambda: aredis.exists(keys.backend_hold("ollama")), 0, what="hold expired")
+    await second.refresh()
+    assert second.refusal("ollama", OLLAMA.base_url) is None and second.limit("ollama") == 4
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        BackendHTTPError("no hint", status_code=429),  # no Retry-After: the retry backoff alone
+        BackendHTTPError("now", status_code=429, retry_after_s=0.0),
+        BackendHTTPError("down", status_code=503, retry_after_s=5.0),  # a 503 trips the breaker instead
+        BackendConnectError("refused"),
+        None,
+    ],
+)
+async def test_only_a_429_with_a_retry_after_holds(
+    aredis: aioredis.Redis, keys: KeySpace, error: BackendHTTPError | BackendConnectError | None
+) -> None:
+    backends = fleet(aredis, keys, Clock())
+    backends.configure((OLLAMA,))
+    await backends.record("ollama", OLLAMA.base_url, error)
+    assert await aredis.exists(keys.backend_hold("ollama")) == 0
+
+
+async def test_a_huge_retry_after_holds_at_most_the_cap(aredis: aioredis.Redis, keys: KeySpace) -> None:
+    backends = fleet(aredis, keys, Clock())
+    backends.configure((OLLAMA,))
+    await backends.record(
+        "ollama", OLLAMA.base_url, BackendHTTPError("x", status_code=429, retry_after_s=1e12)
+    )
+    assert 0 < await aredis.pttl(keys.backend_hold("ollama")) <= RETRY_AFTER_HOLD_MAX_S * 1000

@@ -14,6 +14,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from runtime.backends.breaker import decode_state
+from runtime.backends.status import BackendStatus, queue_reads, status_from_replies
+from runtime.errors import DispatchError
 from runtime.producer import Producer
 from runtime.valkey import embedded
 from runtime.wire import groupconfig
@@ -23,6 +25,7 @@ from runtime.wire.keys import KeySpace
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.harness import CALL
 from tests.runtime.test_fair_pools import start_dispatcher, stop
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -191,3 +194,60 @@ async def wait_for_skip(client: aioredis.Redis, keys: KeySpace) -> bool:
             return True
         await asyncio.sleep(0.05)
     return False
+
+
+async def test_a_429_retry_after_holds_the_pools_work_in_our_queue_across_the_fleet(
+    aredis: aioredis.Redis, keys: KeySpace, valkey_url: str
+) -> None:
+    """Issue 24: a plain OpenAI-compatible backend (no metrics) answers 429 with Retry-After: 2. No
+    dispatcher of the fleet sends it anything until the 2 s are over: the work waits in our queue, the
+    snapshots and the backend's status say why, and it all runs once the time has passed."""
+    async with SimulatorServer(SimulatorConfig(kind="openai")) as sim:
+        backend = BackendConfig("sim", sim.url, kind="openai", load_gating=False, max_in_flight=8)
+        await groupconfig.publish(aredis, keys, two_pools(backend, total=8))
+        procs = [start_dispatcher(valkey_url, keys.prefix, "g", f"d{i}", concurrency=4) for i in range(2)]
+        try:
+            async with Producer(aredis, keys=keys) as producer:
+                limited = {**CALL, "sim": {"status": 429, "message": "slow down", "retry_after": 2}}
+                with pytest.raises(DispatchError, match="slow down"):
+                    await producer.submit(limited, pool_id="backfill", timeout=30)
+                before_read = time.monotonic()
+                pttl = await aredis.pttl(keys.backend_hold("sim"))
+                assert 0 < pttl <= 2000
+                hold_ends = before_read + pttl / 1000  # at the earliest
+                served = sim.requests_by_path[CHAT]
+                first_seen = asyncio.create_task(first_call_after(sim, served))
+                pools = ("interactive", "backfill") * 3
+                waiting = [asyncio.create_task(producer.submit(CALL, pool_id=p, timeout=30)) for p in pools]
+                await wait_until(lambda: snapshots_say(aredis, keys, b"backend_retry_after"), what="the skip")
+                status = await live_status(aredis, keys, backend)
+                assert status.held == "backend_retry_after" and "Retry-After" in status.describe()
+                results = await asyncio.gather(*waiting)
+                seen_at = await first_seen
+        finally:
+            stop(procs)
+    assert all(r.completion["choices"] for r in results)
+    assert seen_at >= hold_ends, f"a call reached the backend {hold_ends - seen_at:.3f}s before Retry-After"
+
+
+CHAT = "/v1/chat/completions"
+
+
+async def first_call_after(sim: SimulatorServer, served: int) -> float:
+    """When (monotonic) the simulator first receives a chat call beyond ``served``."""
+    await wait_until(lambda: sim.requests_by_path[CHAT] > served, timeout=30, interval=0.005)
+    return time.monotonic()
+
+
+async def snapshots_say(client: aioredis.Redis, keys: KeySpace, word: bytes) -> bool:
+    raws = [await client.get(keys.snapshot("g", f"d{i}")) for i in range(2)]
+    return any(raw and word in raw for raw in raws)
+
+
+async def live_status(client: aioredis.Redis, keys: KeySpace, backend: BackendConfig) -> BackendStatus:
+    """The backend's status as the admin and the dashboard read it."""
+    now = time.time()
+    async with client.pipeline(transaction=False) as pipe:
+        queue_reads(pipe, keys, backend.backend_id, now)
+        replies = await pipe.execute()
+    return status_from_replies(backend, replies, now)

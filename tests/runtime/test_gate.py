@@ -14,10 +14,13 @@ from runtime.backends.gate import (
     METRICS_REFUSED,
     METRICS_STALE,
     METRICS_UNREACHABLE,
+    RETRY_AFTER_HOLD_MAX_S,
     SKIP_BACKEND_CAP,
+    SKIP_BACKEND_RETRY_AFTER,
     SKIP_BACKEND_SATURATED,
     GateSettings,
     gate,
+    hold_ms,
 )
 from runtime.backends.metrics import BackendLoad
 from runtime.backends.status import status_from_replies
@@ -143,19 +146,24 @@ JSON_VALUES = st.one_of(
         in_flight_at_scrape=JSON_VALUES,
         error=JSON_VALUES,
         refused=JSON_VALUES,
+        kv_exported=JSON_VALUES,
     ),
     in_flight=st.integers(),
     now=st.floats(allow_nan=True, allow_infinity=True) | st.just(NOW),
+    hold_s=st.just(0.0) | st.floats(allow_nan=True, allow_infinity=True),
 )
 def test_gate_is_total(
-    settings: GateSettings, shared: BackendLoad | None, in_flight: int, now: float
+    settings: GateSettings, shared: BackendLoad | None, in_flight: int, now: float, hold_s: float
 ) -> None:
     """No load value can make the gate raise (a NaN shared as null used to raise TypeError in every
-    round); whatever it holds, max_in_flight holds and the reason matches the limit."""
-    decision = gate(settings, shared, in_flight=in_flight, now=now)
+    round); whatever it holds, max_in_flight holds and the reason matches the limit; a Retry-After
+    hold admits nothing."""
+    decision = gate(settings, shared, in_flight=in_flight, now=now, hold_s=hold_s)
     assert type(decision.limit) is int and 0 <= decision.limit <= settings.max_in_flight
     assert (decision.reason is None) == (in_flight < decision.limit)
-    if decision.metrics != METRICS_FRESH:
+    if hold_s > 0:
+        assert (decision.limit, decision.hold_s) == (0, hold_s)
+    elif decision.metrics != METRICS_FRESH:
         assert decision.limit == settings.max_in_flight
     assert decision.age_s is None or decision.age_s >= 0
 
@@ -171,6 +179,7 @@ def test_gate_is_total(
         {"running": True},
         {"in_flight_at_scrape": "4"},
         {"scraped_at": float("inf")},
+        {"kv_exported": None},
     ],
 )
 def test_a_load_breaking_the_rules_is_refused(bad: dict[str, object]) -> None:
@@ -186,7 +195,7 @@ def test_a_refused_scrape_says_refused_and_an_unanswered_one_unreachable() -> No
 
 
 LOAD_FIELDS = ("backend_id", "scraped_at", "running", "waiting", "kv_usage", "in_flight_at_scrape", "error",
-               "scrape_ms", "refused", "kv_metric")  # fmt: skip
+               "scrape_ms", "refused", "kv_metric", "kv_exported")  # fmt: skip
 
 
 @given(
@@ -198,8 +207,28 @@ def test_any_shared_load_gives_a_status_and_its_words(fields: dict[str, object],
     key holds (any JSON object, any bytes), the status and its words come out, and say refused."""
     config = BackendConfig("b", "http://gpu:8000/v1", max_in_flight=7)
     for shared in (json.dumps(fields).encode(), raw):
-        status = status_from_replies(config, [shared, None, 2], NOW)
+        status = status_from_replies(config, [shared, None, 2, -2], NOW)
         assert status.describe() and status.metrics_words()
         assert 0 <= status.limit <= 7
         if status.metrics != METRICS_FRESH and status.metrics != METRICS_STALE:
             assert status.running is None and status.kv_usage is None
+
+
+# --- issue 24: a 429's Retry-After holds the backend -----------------------------------------------
+@pytest.mark.parametrize(
+    ("retry_after_s", "ms"),
+    [(None, 0), (0.0, 0), (-3.0, 0), (float("nan"), 0), (float("inf"), 0), (0.0004, 1), (2.0, 2000),
+     (1e12, int(RETRY_AFTER_HOLD_MAX_S * 1000))],
+)  # fmt: skip
+def test_hold_ms_is_the_retry_after_bounded(retry_after_s: float | None, ms: int) -> None:
+    assert hold_ms(retry_after_s) == ms
+
+
+def test_a_hold_admits_nothing_whatever_the_metrics_say() -> None:
+    fresh = load(waiting=0, kv=0.0)
+    assert gate(S, fresh, in_flight=0, now=NOW).room
+    held = gate(S, fresh, in_flight=0, now=NOW, hold_s=1.5)
+    assert (held.limit, held.reason, held.metrics) == (0, SKIP_BACKEND_RETRY_AFTER, METRICS_FRESH)
+    assert held.hold_s == 1.5
+    none = gate(GateSettings(max_in_flight=4, has_metrics=False), None, in_flight=0, now=NOW, hold_s=0.1)
+    assert (none.limit, none.reason, none.metrics) == (0, SKIP_BACKEND_RETRY_AFTER, METRICS_NONE)

@@ -40,7 +40,7 @@ async def shared(client: aioredis.Redis, keys: KeySpace, backend_id: str) -> Bac
 
 async def status_words(client: aioredis.Redis, keys: KeySpace, backend: BackendConfig) -> str:
     now = time.time()
-    replies = [await client.get(keys.backend_load(backend.backend_id)), None, 0]
+    replies = [await client.get(keys.backend_load(backend.backend_id)), None, 0, -2]
     return status_from_replies(backend, replies, now).describe()
 
 
@@ -256,7 +256,7 @@ async def test_a_load_shared_with_null_values_never_stops_dispatching(
         assert all(r.completion["choices"] for r in results)
         assert dispatcher.stats.internal_errors == 0
     status = status_from_replies(gated_group(sim.url, "").backends[0], [
-        b'{"backend_id":"b","scraped_at":1.0,"kv_usage":null}', None, 0], time.time())  # fmt: skip
+        b'{"backend_id":"b","scraped_at":1.0,"kv_usage":null}', None, 0, -2], time.time())  # fmt: skip
     assert status.metrics == METRICS_REFUSED and "kv_usage is None, not a fraction" in status.scrape_error
     assert status.kv_usage is None and BreakerState().mode == status.breaker
 

@@ -82,7 +82,7 @@ def test_latency_sigma_stays_an_alias_of_latency_jitter() -> None:
         (["--error-rate", "5"], "error_rate must be between 0 and 1"),
         (["--itl-ms", "5", "--tokens-per-second", "10"], "set itl_ms or tokens_per_second, not both"),
         (["--port", "70000"], "must be a port between 0 and 65535"),
-        (["--kind", "tgi"], "invalid choice"),
+        (["--kind", "triton"], "invalid choice"),
         (["--error-statuses", "5xx"], "comma-separated status codes"),
     ],
 )

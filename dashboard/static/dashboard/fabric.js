@@ -210,7 +210,7 @@
       { html: esc(b.in_flight) + " / " + esc(b.limit) + ' <small class="muted">(max ' + esc(b.max_in_flight) + ")</small>", cls: "num" },
       { html: esc(b.breaker_words), cls: b.breaker === "closed" ? "" : "hot" },
       { html: esc(b.metrics_words), cls: b.metrics === "fresh" || b.metrics === "none" ? "" : "hot" },
-      { html: esc(b.held || "–") },
+      { html: esc(b.held || "–"), title: b.held_words || "" },
     ];
   }
 
