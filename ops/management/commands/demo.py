@@ -20,15 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ops.supervisor import Supervisor
 from pools.connections import valkey_url
 from runtime.valkey import embedded
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+from runtime.valkey.embedded import port_free
 
 
 def wait_for_port(port: int, timeout_s: float) -> bool:
