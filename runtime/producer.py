@@ -33,7 +33,7 @@ from runtime import eventloop
 from runtime.backends.adapter import BackendPool, OpenAIBackend
 from runtime.backoff import Backoff
 from runtime.config import ProducerSettings
-from runtime.dispatch.admission import ADMIT_PUSH, admit_and_push
+from runtime.dispatch.admission import ADMIT_PUSH, admission_args, admit_and_push, queue_full
 from runtime.dispatch.wakeup import PUSH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
 from runtime.errors import (
     Cancelled,
@@ -50,6 +50,7 @@ from runtime.policy.admission import AdmissionLimits
 from runtime.telemetry import semconv
 from runtime.valkey.client import REDIS_ERRORS, connect, dedicated_connection
 from runtime.valkey.lua import LuaScript
+from runtime.valkey.persisted import PERSISTED, PersistedPusher
 from runtime.wire.contract import (
     ChatCall,
     Envelope,
@@ -144,6 +145,8 @@ class ProducerStats:
     duplicate_replies: int = 0  # a second reply for a request already answered (discarded)
     malformed_replies: int = 0
     pump_reconnects: int = 0
+    # Durable pushes answered without the persistence asked for (the reason is in ``persistence``).
+    unpersisted_pushes: int = 0
 
 
 @dataclass(slots=True)
@@ -208,6 +211,7 @@ class Producer:
         self._admit_script = _ADMIT_PUSH.bind(client)
         self._registry_script = _READ_REGISTRY.bind(client)
         self._withdraw_script = _WITHDRAW.bind(client)
+        self.persistence = PersistedPusher(client, timeout_s=self.settings.persist_timeout_s)
 
     def __repr__(self) -> str:
         mode = "direct" if self.direct_backend else "queued"
@@ -260,6 +264,7 @@ class Producer:
                 )
         if self._backends is not None:
             await self._backends.aclose()
+        await self.persistence.aclose()
 
     async def _stop_tasks(self) -> None:
         # A BLPOP cancelled mid-wait can leave redis-py's connection hanging, so the pump is woken
@@ -410,7 +415,11 @@ class Producer:
     async def _push(self, pool_id: str, request_id: str, raw: bytes) -> None:
         """Queues the envelope; QueueFull (nothing queued) when the pool's admission limits refuse it."""
         limits = self._admission_limits(pool_id)
+        group = self._registry.groups.get(self._registry.pools.get(pool_id, ""))
         try:
+            if group is not None and group.durable:
+                await self._push_persisted(pool_id, raw, limits, group.persist_replicas)
+                return
             if limits.bounded:
                 # The limits are checked and the request pushed in one script: racing producers
                 # never take the queue past max_queued.
@@ -423,6 +432,19 @@ class Producer:
             )
         except REDIS_ERRORS as exc:
             raise QueueUnavailable(f"could not enqueue request {request_id}: {exc}") from exc
+
+    async def _push_persisted(self, pool_id: str, raw: bytes, limits: AdmissionLimits, replicas: int) -> None:
+        """A durable group's push: answered once Valkey has it persisted (runtime.valkey.persisted)."""
+        if limits.bounded:
+            script, (script_keys, args) = _ADMIT_PUSH, admission_args(self.keys, pool_id, raw, limits)
+        else:
+            script_keys = [self.keys.requests(pool_id), self.keys.wake_list(pool_id)]
+            script, args = _PUSH, [raw, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS]
+        result, outcome = await self.persistence.push(script, script_keys, args, replicas=replicas)
+        if limits.bounded and int(result[0]) != 1:
+            raise queue_full(pool_id, limits, result)
+        if outcome != PERSISTED:
+            self.stats.unpersisted_pushes += 1
 
     def stream(
         self,
