@@ -122,6 +122,7 @@ def group_config(*, group: FabricGroup, version: int = 0) -> GroupConfig:
         api_key_env=group.backend.api_key_env if group.backend else "",
         queueing_enabled=group.queueing_enabled,
         delivery=group.delivery,
+        persist_replicas=group.persist_replicas,
         name=group.name,
         pools=pools,
         version=version,
