@@ -147,6 +147,9 @@ class ProducerStats:
     pump_reconnects: int = 0
     # Durable pushes answered without the persistence asked for (the reason is in ``persistence``).
     unpersisted_pushes: int = 0
+    # Registry reads that found the published configuration missing (Valkey lost it): the producer
+    # then keeps checking with its last known configuration (``Producer.configuration``).
+    config_missing_reads: int = 0
 
 
 @dataclass(slots=True)
@@ -164,6 +167,9 @@ class _PoolRegistry:
     read_at: float = float("-inf")
     # Each pool's admission limits, worked out once per read instead of once per submit.
     limits: dict[str, AdmissionLimits] = field(default_factory=dict)
+    # Where it came from: "published" (as read), "last_known" (Valkey lost some or all of it and this
+    # is what the producer read before), "none" (nothing was ever read: the checks are skipped).
+    source: str = "none"
 
 
 class Producer:
@@ -637,13 +643,47 @@ class Producer:
             with contextlib.suppress(MalformedEnvelope):
                 if config:
                     groups[group_id] = GroupConfig.decode(config)
+        pools, groups, source = self._with_last_known(pools, groups)
         limits = {}
         for pool_id, group_id in pools.items():
             pool = groups[group_id].pool(pool_id) if group_id in groups else None
             if pool is not None:
                 limits[pool_id] = pool.admission_limits()
-        self._registry = _PoolRegistry(pools=pools, groups=groups, read_at=time.monotonic(), limits=limits)
+        self._registry = _PoolRegistry(
+            pools=pools, groups=groups, read_at=time.monotonic(), limits=limits, source=source
+        )
         return self._registry
+
+    def _with_last_known(
+        self, pools: dict[str, str], groups: dict[str, GroupConfig]
+    ) -> tuple[dict[str, str], dict[str, GroupConfig], str]:
+        """What was read, with what Valkey lost filled in from the last read: a Valkey restarted empty
+        must not switch admission limits and the unknown-pool check off until the configuration is
+        republished (dispatchers do so from the database within seconds)."""
+        previous = self._registry
+        if not previous.pools:
+            return pools, groups, "published" if pools else "none"
+        if not pools:
+            pools, groups = previous.pools, previous.groups
+        lost = {g for g in pools.values() if g not in groups and g in previous.groups}
+        if not lost and pools is not previous.pools:
+            if previous.source == "last_known":
+                log.warning("producer %s: the published configuration is back", self.producer_id)
+            return pools, groups, "published"
+        groups = {**groups, **{g: previous.groups[g] for g in lost}}
+        self.stats.config_missing_reads += 1
+        if previous.source != "last_known":
+            log.warning(
+                "producer %s: Valkey has lost the published configuration; submits are checked against "
+                "the last known one until it is republished",
+                self.producer_id,
+            )
+        return pools, groups, "last_known"
+
+    @property
+    def configuration(self) -> str:
+        """Which configuration submits are checked against: published, last_known or none."""
+        return self._registry.source
 
     async def _mark_alive(self) -> None:
         ttl_ms = int(self.settings.alive_ttl_s * 1000)
