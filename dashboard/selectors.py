@@ -18,6 +18,7 @@ import orjson
 import redis
 
 from pools.connections import VALKEY_ERRORS, key_space, sync_client
+from pools.restore import restored_read
 from runtime.backends.status import queue_reads, status_from_replies
 from runtime.dispatch import deadletters
 from runtime.dispatch.stats import (
@@ -542,7 +543,17 @@ def finish_view(
     view["live_queue_depth"] = dict(queue_lengths)
     view["dead_letters"] = dead_letter_rows(totals.get("dead_letters", {}), configured, now=time.time())
     view["dead_letters_total"] = sum(row["count"] for row in view["dead_letters"])
+    view["config_restored"] = totals.get("config_restored")
     return view
+
+
+def config_restored_read(*, client: redis.Redis) -> dict[str, Any] | None:
+    """When the configuration was last republished to a Valkey that had lost it, and by whom."""
+    restored = restored_read(client=client)
+    if restored is None:
+        return None
+    at_text = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(restored.at))
+    return {"at": restored.at, "at_text": at_text, "by": restored.by, "groups": restored.groups}
 
 
 def dead_letter_rows(
@@ -592,6 +603,7 @@ def fabric_read(*, group_id: str, pool_ids: list[str], now: float | None = None)
         backends, rejections = backends_read(
             group_id=group_id, client=client, now=time.time() if now is None else now
         )
+        totals["config_restored"] = config_restored_read(client=client)
     finally:
         client.close()
     return FabricRead(

@@ -14,7 +14,11 @@ class Migration(migrations.Migration):
             name="persist_replicas",
             field=models.PositiveSmallIntegerField(
                 default=0,
-                help_text="durable: replicas that must hold a request (Valkey WAIT/WAITAOF) before its producer is answered, on top of the primary's own fsync. 0 without replicas.",
+                help_text=(
+                    "durable: replicas that must hold a request (Valkey WAIT/WAITAOF) "
+                    "before its producer is answered, "
+                    "on top of the primary's own fsync. 0 without replicas."
+                ),
             ),
         ),
     ]

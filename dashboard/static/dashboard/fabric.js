@@ -360,6 +360,14 @@
       '<td colspan="4" class="muted">No dead letters.</td>');
     updateLegend(view);
     banner(view);
+    restored(view.config_restored);
+  }
+
+  function restored(info) {
+    var el = document.getElementById("config-restored");
+    setAttr(el, "class", "banner warn" + (info ? "" : " hidden"));
+    setHTML(el, info ? "<strong>Configuration restored at " + esc(info.at_text) + "</strong> from the database by " +
+      esc(info.by) + " (" + esc(String(info.groups)) + " group(s)): Valkey had lost it." : "");
   }
 
   function connect() {
