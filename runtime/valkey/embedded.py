@@ -108,6 +108,9 @@ def recorded_port(data_dir: Path) -> int | None:
 def port_free(port: int) -> bool:
     """True when nothing listens on the loopback port (so a server may bind it)."""
     with socket.socket() as sock:
+        # As servers bind (Valkey included): the connections of a killed server linger in TIME_WAIT on
+        # its port for a minute, and without this its restart would be refused the same address.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
