@@ -16,6 +16,7 @@ from tests.waiting import wait_until
 
 CALL = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}
 REFRESH_S = 0.05
+SETTINGS = ProducerSettings(pool_registry_refresh_s=REFRESH_S)
 
 
 def limited_group(max_queued: int) -> GroupConfig:
@@ -33,12 +34,17 @@ async def read_again(producer: Producer) -> None:
     await asyncio.sleep(REFRESH_S * 2)  # the scenario: time passes until the producer's copy is stale
 
 
+async def queue_one(producer: Producer, sredis, keys) -> asyncio.Task:
+    """A submit left waiting for its reply (no dispatcher runs), once its request is in the queue."""
+    queued = asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=30))
+    await wait_until(lambda: sredis.llen(keys.requests("default")) == 1, what="first request queued")
+    return queued
+
+
 async def test_limits_and_unknown_pools_hold_while_the_configuration_is_missing(aredis, sredis, keys) -> None:
     await groupconfig.publish(aredis, keys, limited_group(max_queued=1))
-    settings = ProducerSettings(pool_registry_refresh_s=REFRESH_S)
-    async with Producer(aredis, keys=keys, settings=settings) as producer:
-        queued = asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=30))
-        await wait_until(lambda: sredis.llen(keys.requests("default")) == 1, what="first request queued")
+    async with Producer(aredis, keys=keys, settings=SETTINGS) as producer:
+        queued = await queue_one(producer, sredis, keys)
         assert producer.configuration == "published"
 
         sredis.delete(keys.pool_registry(), keys.group_config("g"))  # what a Valkey restarted empty holds
@@ -62,10 +68,8 @@ async def test_limits_and_unknown_pools_hold_while_the_configuration_is_missing(
 
 async def test_a_lost_group_configuration_alone_is_filled_in_from_the_last_read(aredis, sredis, keys) -> None:
     await groupconfig.publish(aredis, keys, limited_group(max_queued=1))
-    settings = ProducerSettings(pool_registry_refresh_s=REFRESH_S)
-    async with Producer(aredis, keys=keys, settings=settings) as producer:
-        queued = asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=30))
-        await wait_until(lambda: sredis.llen(keys.requests("default")) == 1, what="first request queued")
+    async with Producer(aredis, keys=keys, settings=SETTINGS) as producer:
+        queued = await queue_one(producer, sredis, keys)
         sredis.delete(keys.group_config("g"))  # the registry survived, the group's limits did not
         await read_again(producer)
         with pytest.raises(QueueFull):
