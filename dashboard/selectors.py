@@ -212,12 +212,14 @@ PLAIN_COUNTERS = ("completed", "valkey_outages", "internal_error", "config_rejec
 
 def counter_totals(raw: Mapping[Any, Any]) -> dict[str, Any]:
     """The group's cumulative counter hash (``completed``, ``failed:<type>``, ``dropped:<reason>``)."""
-    totals: dict[str, Any] = {"completed": 0, "failed": {}, "dropped": {}, "valkey_outages": 0}
+    totals: dict[str, Any] = {
+        "completed": 0, "failed": {}, "dropped": {}, "unpersisted": {}, "valkey_outages": 0
+    }  # fmt: skip
     for key, value in raw.items():
         name = key.decode() if isinstance(key, bytes) else str(key)
         count = int(value)
         kind, _, detail = name.partition(":")
-        if kind in ("failed", "dropped") and detail:
+        if kind in ("failed", "dropped", "unpersisted") and detail:
             totals[kind][detail] = count
         elif kind in PLAIN_COUNTERS:
             totals[kind] = count
@@ -404,7 +406,29 @@ def counter_rows(view: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "total": totals["failed"].get(error_type, 0),
             }
         )
+    for outcome, count in sorted(totals.get("unpersisted", {}).items()):
+        rows.append(
+            {
+                "reason": outcome,
+                "label": f"Not persisted: {outcome}",
+                "explanation": UNPERSISTED_TEXT.get(outcome, UNPERSISTED_TEXT[""]),
+                "live": 0,
+                "total": count,
+            }
+        )
     return rows
+
+
+# Durable pushes a producer answered without the persistence asked for, by outcome (producers count
+# them in the group's counters; runtime.valkey.persisted).
+UNPERSISTED_TEXT = {
+    "waitaof_unsupported": "Durable pushes answered once in memory: the Valkey/Redis server has no WAITAOF "
+    "(Redis older than 7.2).",
+    "aof_off": "Durable pushes not persisted locally: the server runs with its append-only file off.",
+    "not_persisted": "Durable pushes whose WAITAOF/WAIT timed out short of the fsync or the replicas asked "
+    "for (persist replicas).",
+    "": "Durable pushes answered without the persistence asked for.",
+}
 
 
 # --- Valkey reads ----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -218,6 +218,8 @@ class Producer:
         self._registry_script = _READ_REGISTRY.bind(client)
         self._withdraw_script = _WITHDRAW.bind(client)
         self.persistence = PersistedPusher(client, timeout_s=self.settings.persist_timeout_s)
+        # (group, reason) of durable pushes answered without their persistence, not yet in Valkey.
+        self._unpersisted: Counter[tuple[str, str]] = Counter()
 
     def __repr__(self) -> str:
         mode = "direct" if self.direct_backend else "queued"
@@ -262,6 +264,8 @@ class Producer:
         for inbox in self._streams.values():
             inbox.put_nowait(closed_reply)
         if self.direct_backend is None:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await self._flush_unpersisted()
             with contextlib.suppress(*REDIS_ERRORS):
                 await self.client.delete(
                     self._alive_key,
@@ -424,7 +428,7 @@ class Producer:
         group = self._registry.groups.get(self._registry.pools.get(pool_id, ""))
         try:
             if group is not None and group.durable:
-                await self._push_persisted(pool_id, raw, limits, group.persist_replicas)
+                await self._push_persisted(pool_id, raw, limits, group)
                 return
             if limits.bounded:
                 # The limits are checked and the request pushed in one script: racing producers
@@ -439,18 +443,22 @@ class Producer:
         except REDIS_ERRORS as exc:
             raise QueueUnavailable(f"could not enqueue request {request_id}: {exc}") from exc
 
-    async def _push_persisted(self, pool_id: str, raw: bytes, limits: AdmissionLimits, replicas: int) -> None:
+    async def _push_persisted(
+        self, pool_id: str, raw: bytes, limits: AdmissionLimits, group: GroupConfig
+    ) -> None:
         """A durable group's push: answered once Valkey has it persisted (runtime.valkey.persisted)."""
         if limits.bounded:
             script, (script_keys, args) = _ADMIT_PUSH, admission_args(self.keys, pool_id, raw, limits)
         else:
             script_keys = [self.keys.requests(pool_id), self.keys.wake_list(pool_id)]
             script, args = _PUSH, [raw, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS]
+        replicas = group.persist_replicas
         result, outcome = await self.persistence.push(script, script_keys, args, replicas=replicas)
         if limits.bounded and int(result[0]) != 1:
             raise queue_full(pool_id, limits, result)
         if outcome != PERSISTED:
             self.stats.unpersisted_pushes += 1
+            self._unpersisted[(group.group_id, outcome)] += 1
 
     def stream(
         self,
@@ -697,8 +705,24 @@ class Producer:
                 return
             try:
                 await self._mark_alive()
+                await self._flush_unpersisted()
             except REDIS_ERRORS as exc:
                 log.warning("producer %s could not refresh liveness: %s", self.producer_id, exc)
+
+    async def _flush_unpersisted(self) -> None:
+        """Adds the durable pushes answered without their persistence to their groups' counters
+        (``unpersisted:<outcome>``, shown on the dashboard): with the liveness refresh, off the hot path."""
+        pending, self._unpersisted = self._unpersisted, Counter()
+        if not pending:
+            return
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for (group_id, outcome), count in pending.items():
+                    pipe.hincrby(self.keys.counters(group_id), f"unpersisted:{outcome}", count)
+                await pipe.execute()
+        except REDIS_ERRORS:
+            self._unpersisted.update(pending)  # counted with the next refresh
+            raise
 
     async def _pump_replies(self) -> None:
         # A connection of its own: the pump blocks on it, and a shared one would wait behind it.

@@ -114,7 +114,11 @@ def test_pause_and_resume_go_through_the_pool_service_and_publish(staff_client, 
     assert resumed.pool("backfill").paused is False
     # The version it published: the page holds the row until a snapshot of that version arrives.
     assert response.json() == {
-        "pool_id": "backfill", "paused": False, "published": True, "errors": [], "version": resumed.version
+        "pool_id": "backfill",
+        "paused": False,
+        "published": True,
+        "errors": [],
+        "version": resumed.version,
     }
 
 
@@ -212,3 +216,11 @@ def test_dead_letters_per_pool_with_their_oldest_and_a_link_to_act(
     assert 89 <= oldest <= 120
     pk = fabric.pools.get(pool_id="backfill").pk
     assert f'href="/admin/pools/pool/{pk}/dead-letters/"' in row
+
+
+def test_durable_pushes_answered_without_persistence_are_listed_with_the_counters(
+    staff_client, fabric, sredis, keys
+) -> None:
+    sredis.hset(keys.counters("g"), "unpersisted:waitaof_unsupported", 5)
+    html = staff_client.get("/fabric/g/").content.decode()
+    assert "Not persisted: waitaof_unsupported" in html and "has no WAITAOF" in html

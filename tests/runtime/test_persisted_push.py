@@ -146,3 +146,25 @@ async def test_a_durable_producer_keeps_admission_limits_and_counts_what_was_not
     else:  # Redis 7.0: the admitted push is answered from memory, and counted
         assert producer.persistence.outcomes == {WAITAOF_UNSUPPORTED: 2}
         assert producer.stats.unpersisted_pushes == 1
+
+
+async def test_pushes_answered_without_waitaof_are_counted_in_the_groups_counters(
+    valkey_without_waitaof, keys
+) -> None:
+    client = connect(valkey_without_waitaof)
+    try:
+        await groupconfig.publish(client, keys, durable_group())
+        async with Producer(client, keys=keys) as producer:
+            waiting = [
+                asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=30)) for _ in range(3)
+            ]
+            await wait_until(lambda: producer.persistence.outcomes.total() == 3, what="3 pushes answered")
+            assert producer.stats.unpersisted_pushes == 3
+            for task in waiting:
+                task.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
+        # Flushed with the liveness refresh, and at the latest when the producer closes.
+        counted = await client.hget(keys.counters("g"), "unpersisted:waitaof_unsupported")
+        assert int(counted or 0) == 3
+    finally:
+        await client.aclose()

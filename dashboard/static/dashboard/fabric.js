@@ -272,6 +272,11 @@
       items.push({ key: "failed:" + t, label: "Failed: " + t, title: "Calls that ended with this error type (see History for each one).",
         live: view.failed[t] || 0, total: totals.failed[t] || 0 });
     });
+    Object.keys(totals.unpersisted || {}).sort().forEach(function (o) {
+      items.push({ key: "unpersisted:" + o, label: "Not persisted: " + o,
+        title: "Durable pushes a producer answered without the persistence asked for (" + o + ").",
+        live: 0, total: totals.unpersisted[o] || 0 });
+    });
     return items;
   }
 
