@@ -8,6 +8,7 @@ push is answered once in memory and counted ``waitaof_unsupported``; with the AO
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +22,16 @@ from runtime.producer import Producer
 from runtime.valkey import embedded
 from runtime.valkey.client import connect
 from runtime.valkey.lua import LuaScript
-from runtime.valkey.persisted import AOF_OFF, PERSISTED, WAITAOF_UNSUPPORTED, PersistedPusher
+from runtime.valkey.persisted import (
+    AOF_OFF,
+    NOT_PERSISTED,
+    PERSISTED,
+    WAITAOF_UNSUPPORTED,
+    PersistedPusher,
+)
 from runtime.wire import groupconfig
 from runtime.wire.groupconfig import DURABLE, GroupConfig, PoolConfig
-from tests.waiting import wait_until
+from tests.waiting import wait_until, wait_until_sync
 
 _PUSH = LuaScript(PUSH)
 CALL = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}
@@ -86,22 +93,30 @@ async def test_a_server_with_its_aof_off_answers_and_counts_aof_off(private_valk
     assert pusher.outcomes == {AOF_OFF: 10}
 
 
-@pytest.fixture
-def valkey_without_waitaof(tmp_path: Path) -> Iterator[str]:
-    """A real Valkey whose WAITAOF is renamed away: it answers as a Redis 7.0 does ("unknown command")."""
+@contextlib.contextmanager
+def raw_valkey(data_dir: Path, *extra: str) -> Iterator[str]:
+    """A Valkey server started with ``extra`` arguments (the embedded starter takes none); its URL."""
+    data_dir.mkdir(parents=True, exist_ok=True)
     port = embedded.free_port()
     proc = subprocess.Popen(
         [embedded.valkey_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--dir", str(tmp_path), "--appendonly", "yes", "--rename-command", "WAITAOF", ""],
+         "--dir", str(data_dir), "--appendonly", "yes", *extra],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        asyncio.run(wait_until(lambda: embedded.ping(port), timeout=10, what="valkey up"))
+        wait_until_sync(lambda: embedded.ping(port), timeout=10, what="valkey up")
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         proc.kill()
         proc.wait(5)
+
+
+@pytest.fixture
+def valkey_without_waitaof(tmp_path: Path) -> Iterator[str]:
+    """A real Valkey whose WAITAOF is renamed away: it answers as a Redis 7.0 does ("unknown command")."""
+    with raw_valkey(tmp_path / "no-waitaof", "--rename-command", "WAITAOF", "") as url:
+        yield url
 
 
 async def test_a_server_without_waitaof_is_detected_once_and_counted(valkey_without_waitaof, keys) -> None:
@@ -168,3 +183,46 @@ async def test_pushes_answered_without_waitaof_are_counted_in_the_groups_counter
         assert int(counted or 0) == 3
     finally:
         await client.aclose()
+
+
+def replica_of(primary_url: str, data_dir: Path, *extra: str) -> contextlib.AbstractContextManager[str]:
+    port = primary_url.rsplit(":", 1)[1].split("/")[0]
+    return raw_valkey(data_dir, "--replicaof", "127.0.0.1", port, *extra)
+
+
+def wait_for_replicas(url: str, count: int) -> None:
+    with redis.Redis.from_url(url) as check:
+        wait_until_sync(
+            lambda: (
+                check.info("replication")["connected_slaves"] == count
+                and check.execute_command("WAIT", count, 1000) == count
+            ),
+            timeout=20,
+            what=f"{count} replica(s) in sync",
+        )
+
+
+@pytest.mark.parametrize("waitaof", [True, False], ids=["waitaof", "wait"])
+async def test_a_push_waits_for_the_replicas_the_group_asks_for(tmp_path: Path, keys, waitaof: bool) -> None:
+    no_waitaof = () if waitaof else ("--rename-command", "WAITAOF", "")
+    with raw_valkey(tmp_path / "primary", *no_waitaof) as primary:
+        client = connect(primary)
+        pusher = PersistedPusher(client)  # the default timeout: a replica fsyncs its AOF every second
+        try:
+            with replica_of(primary, tmp_path / "replica"):
+                wait_for_replicas(primary, 1)
+                [(_, outcome)] = await push_to_replicas(pusher, keys, 1)
+                assert outcome == (PERSISTED if waitaof else WAITAOF_UNSUPPORTED)
+                [(_, outcome)] = await push_to_replicas(pusher, keys, 1)  # learnt: WAIT on this server
+                assert outcome == PERSISTED
+            # The replica is gone: the push is queued all the same, and counted short of its replica.
+            [(length, outcome)] = await push_to_replicas(pusher, keys, 1)
+            assert outcome == NOT_PERSISTED and int(length) == 3
+        finally:
+            await pusher.aclose()
+            await client.aclose()
+
+
+async def push_to_replicas(pusher: PersistedPusher, keys, replicas: int) -> list[tuple[object, str]]:
+    args = [b"r", 1, 60_000]
+    return [await pusher.push(_PUSH, [keys.requests("p"), keys.wake_list("p")], args, replicas=replicas)]
