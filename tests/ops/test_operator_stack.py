@@ -4,6 +4,7 @@ and queueing-switch lines. Each test owns a throwaway installation (data dir, SQ
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import subprocess
@@ -129,3 +130,28 @@ async def test_rundispatcher_gateway_id_reaches_history_and_the_queueing_switch_
     detail = queries.execution_detail(client=history, request_id=result.request_id)
     assert detail is not None
     assert (detail["execution"]["gateway"], detail["execution"]["dispatcher"]) == ("gw-test-7", "d-7")
+
+
+@pytest.mark.timeout(600)
+def test_the_demo_brings_a_killed_valkey_back_at_its_address_and_the_snippet_works_again(
+    tmp_path: Path,
+) -> None:
+    data_dir = tmp_path / "var"
+    env = installation_env(data_dir)
+    snippet = tmp_path / "hello.py"
+    snippet.write_text(readme_producer_snippet())
+    demo = start_demo(env)
+    try:
+        before = embedded.running(data_dir)
+        assert before is not None
+        os.kill(before.pid, signal.SIGKILL)
+        demo.wait_for("the embedded Valkey had stopped; restarted it at", 30)
+        after = embedded.running(data_dir)
+        assert after is not None and after.url == before.url
+        run = subprocess.run(
+            [sys.executable, str(snippet)], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert run.returncode == 0, run.stderr
+        assert "queue_wait" in run.stdout, run.stdout
+    finally:
+        assert demo.stop() == 0, demo.output()
