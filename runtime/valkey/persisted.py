@@ -116,6 +116,8 @@ class PersistedPusher:
         outcome = self._outcome(wait, answers[-1], replicas) if wait else self._unwaited()
         self.outcomes[outcome] += len(batch)
         for push, answer in zip(batch, answers, strict=False):
+            if push.future.done():  # its caller was cancelled meanwhile (the push ran all the same)
+                continue
             if isinstance(answer, Exception):
                 push.future.set_exception(answer)
             else:

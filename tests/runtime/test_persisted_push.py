@@ -226,3 +226,26 @@ async def test_a_push_waits_for_the_replicas_the_group_asks_for(tmp_path: Path, 
 async def push_to_replicas(pusher: PersistedPusher, keys, replicas: int) -> list[tuple[object, str]]:
     args = [b"r", 1, 60_000]
     return [await pusher.push(_PUSH, [keys.requests("p"), keys.wake_list("p")], args, replicas=replicas)]
+
+
+async def test_a_caller_cancelled_while_its_push_waits_leaves_the_others_their_answers(
+    private_valkey, keys
+) -> None:
+    client = connect(private_valkey.url)  # appendfsync everysec: each WAITAOF waits ~100 ms
+    pusher = PersistedPusher(client)
+    args = [1, 60_000]
+    try:
+        pushes = [
+            asyncio.create_task(
+                pusher.push(_PUSH, [keys.requests("p"), keys.wake_list("p")], [f"r{i}", *args], replicas=0)
+            )
+            for i in range(5)
+        ]
+        await asyncio.sleep(0)  # the scenario: the batch is written, its WAITAOF waits for the fsync
+        pushes[0].cancel()
+        outcomes = await asyncio.gather(*pushes, return_exceptions=True)
+    finally:
+        await pusher.aclose()
+        await client.aclose()
+    assert isinstance(outcomes[0], asyncio.CancelledError)
+    assert [outcome for _, outcome in outcomes[1:]] == [PERSISTED] * 4  # type: ignore[misc]
