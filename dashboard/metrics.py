@@ -59,6 +59,11 @@ class _Families:
             f"{PREFIX}_config_rejected", "Published configurations a dispatcher refused", labels=GR
         )
         self.completions = c(f"{PREFIX}_completions", "Completed calls", labels=GR)
+        self.unpersisted = c(
+            f"{PREFIX}_unpersisted_pushes",
+            "Durable pushes answered without the persistence asked for, by outcome",
+            labels=[*GR, "outcome"],
+        )
         self.failures = c(f"{PREFIX}_failures", "Failed calls by error type", labels=[*GR, "error_type"])
         self.drops = c(f"{PREFIX}_drops", "Dropped requests or replies by reason", labels=[*GR, "reason"])
         self.running = g(f"{PREFIX}_dispatchers_running", "Dispatchers with a live snapshot", labels=GR)
@@ -128,10 +133,10 @@ class _Families:
         self.completions.add_metric([group], int(totals["completed"]))
         self.internal_errors.add_metric([group], int(totals.get("internal_error", 0)))
         self.config_rejected.add_metric([group], int(totals.get("config_rejected", 0)))
-        for error_type, count in totals["failed"].items():
-            self.failures.add_metric([group, error_type], count)
-        for reason, count in totals["dropped"].items():
-            self.drops.add_metric([group, reason], count)
+        by_detail = ((self.failures, "failed"), (self.drops, "dropped"), (self.unpersisted, "unpersisted"))
+        for family, kind in by_detail:
+            for detail, count in totals.get(kind, {}).items():  # error type, drop reason, outcome
+                family.add_metric([group, detail], count)
         for dispatcher in view.get("dispatchers", []):
             for backend, breaker in dispatcher.get("breakers", {}).items():
                 mode = str(breaker.get("mode", ""))

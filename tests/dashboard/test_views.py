@@ -137,8 +137,12 @@ def test_metrics_parse_and_queue_depth_is_the_live_llen(client, fabric, sredis, 
     store_snapshot(sredis, keys)  # says interactive has 3 queued ...
     sredis.rpush(keys.requests("interactive"), *[b"x"] * 7)  # ... but the list really holds 7
     sredis.hset(
-        keys.counters("g"), mapping={"completed": 40, "dropped:expired": 2, "failed:backend_timeout": 1}
-    )
+        keys.counters("g"),
+        mapping={
+            "completed": 40, "dropped:expired": 2, "failed:backend_timeout": 1,
+            "unpersisted:waitaof_unsupported": 3,
+        },
+    )  # fmt: skip
     response = client.get("/metrics")
     assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
     families = {f.name: f for f in text_string_to_metric_families(response.content.decode())}
@@ -161,6 +165,7 @@ def test_metrics_parse_and_queue_depth_is_the_live_llen(client, fabric, sredis, 
     assert value("llm_dispatch_completions", fabric_group="g") == 40
     assert value("llm_dispatch_drops", fabric_group="g", reason="expired") == 2
     assert value("llm_dispatch_failures", fabric_group="g", error_type="backend_timeout") == 1
+    assert value("llm_dispatch_unpersisted_pushes", fabric_group="g", outcome="waitaof_unsupported") == 3
     assert value("llm_dispatch_pool_paused", fabric_group="g", pool="backfill") == 1
     assert value("llm_dispatch_valkey_up") == 1
     assert value("llm_dispatch_breaker_open", backend="http://gpu-1:8000/v1", dispatcher="d1") == 1
