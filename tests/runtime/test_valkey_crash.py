@@ -81,7 +81,9 @@ async def test_durable_work_survives_a_valkey_kill_and_each_request_is_answered_
                     what="4 in flight and 8 queued",
                 )
             kill_valkey(private_valkey)
-            await asyncio.sleep(0.5)  # the scenario: Valkey stays down while calls are running
+            # The scenario: Valkey stays down until the running calls (1 s) have finished: their replies
+            # wait for it (or their leases, restored from the AOF, expire and run them again).
+            await asyncio.sleep(2.0)
             restarted = embedded.start(private_valkey.data_dir)
             assert restarted.port == private_valkey.port  # everyone reconnects to the URL they have
             results = await asyncio.gather(*calls)
