@@ -15,9 +15,8 @@ from dataclasses import dataclass
 
 import redis
 
-from pools import services
+from pools import selectors, services
 from pools.connections import VALKEY_ERRORS, key_space, sync_client
-from pools.models import FabricGroup, Pool
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +41,9 @@ def configuration_missing(*, client: redis.Redis, group_id: str) -> bool:
         registry, config = pipe.execute()
     if registry and config:
         return False
-    if not config and FabricGroup.objects.filter(group_id=group_id).exists():
+    if not config and selectors.group_exists(group_id=group_id):
         return True
-    return not registry and Pool.objects.filter(enabled=True).exists()
+    return not registry and selectors.enabled_pool_exists()
 
 
 def configuration_restore(*, by: str) -> list[services.PublishResult]:

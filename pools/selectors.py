@@ -24,6 +24,15 @@ def group_get(*, group_id: str) -> FabricGroup:
     return FabricGroup.objects.get(group_id=group_id)
 
 
+def group_exists(*, group_id: str) -> bool:
+    return FabricGroup.objects.filter(group_id=group_id).exists()
+
+
+def enabled_pool_exists() -> bool:
+    """True when some group has an enabled pool (so the pool registry should not be empty)."""
+    return Pool.objects.filter(enabled=True).exists()
+
+
 def group_list() -> QuerySet[FabricGroup]:
     return FabricGroup.objects.order_by("group_id")
 
