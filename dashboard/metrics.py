@@ -73,6 +73,11 @@ class _Families:
             "dead-lettered",
             labels=[*GR, "outcome"],
         )
+        self.unpersisted = c(
+            f"{PREFIX}_unpersisted_pushes",
+            "Durable pushes answered without the persistence asked for, by outcome",
+            labels=[*GR, "outcome"],
+        )
         self.failures = c(f"{PREFIX}_failures", "Failed calls by error type", labels=[*GR, "error_type"])
         self.drops = c(f"{PREFIX}_drops", "Dropped requests or replies by reason", labels=[*GR, "reason"])
         self.running = g(f"{PREFIX}_dispatchers_running", "Dispatchers with a live snapshot", labels=GR)
@@ -163,6 +168,8 @@ class _Families:
             self.failures.add_metric([group, error_type], count)
         for reason, count in totals["dropped"].items():
             self.drops.add_metric([group, reason], count)
+        for outcome, count in totals.get("unpersisted", {}).items():
+            self.unpersisted.add_metric([group, outcome], count)
 
     def add_dead_letters(self, group: str, summaries: dict[str, dict[str, Any]], *, now: float) -> None:
         """Every configured pool's dead-letter count (0 included, so an alert sees it appear)."""

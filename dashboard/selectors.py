@@ -18,6 +18,7 @@ import orjson
 import redis
 
 from pools.connections import VALKEY_ERRORS, key_space, sync_client
+from pools.restore import restored_read
 from runtime.backends.status import READS, queue_reads, status_from_replies
 from runtime.dispatch import deadletters
 from runtime.dispatch.stats import (
@@ -213,12 +214,14 @@ PLAIN_COUNTERS = ("completed", "valkey_outages", "internal_error", "config_rejec
 
 def counter_totals(raw: Mapping[Any, Any]) -> dict[str, Any]:
     """The group's cumulative counter hash (``completed``, ``failed:<type>``, ``dropped:<reason>``)."""
-    totals: dict[str, Any] = {"completed": 0, "failed": {}, "dropped": {}, "valkey_outages": 0}
+    totals: dict[str, Any] = {
+        "completed": 0, "failed": {}, "dropped": {}, "unpersisted": {}, "valkey_outages": 0
+    }  # fmt: skip
     for key, value in raw.items():
         name = key.decode() if isinstance(key, bytes) else str(key)
         count = int(value)
         kind, _, detail = name.partition(":")
-        if kind in ("failed", "dropped") and detail:
+        if kind in ("failed", "dropped", "unpersisted") and detail:
             totals[kind][detail] = count
         elif kind in PLAIN_COUNTERS:
             totals[kind] = count
@@ -410,7 +413,29 @@ def counter_rows(view: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "total": totals["failed"].get(error_type, 0),
             }
         )
+    for outcome, count in sorted(totals.get("unpersisted", {}).items()):
+        rows.append(
+            {
+                "reason": outcome,
+                "label": f"Not persisted: {outcome}",
+                "explanation": UNPERSISTED_TEXT.get(outcome, UNPERSISTED_TEXT[""]),
+                "live": 0,
+                "total": count,
+            }
+        )
     return rows
+
+
+# Durable pushes a producer answered without the persistence asked for, by outcome (producers count
+# them in the group's counters; runtime.valkey.persisted).
+UNPERSISTED_TEXT = {
+    "waitaof_unsupported": "Durable pushes answered once in memory: the Valkey/Redis server has no WAITAOF "
+    "(Redis older than 7.2).",
+    "aof_off": "Durable pushes not persisted locally: the server runs with its append-only file off.",
+    "not_persisted": "Durable pushes whose WAITAOF/WAIT timed out short of the fsync or the replicas asked "
+    "for (persist replicas).",
+    "": "Durable pushes answered without the persistence asked for.",
+}
 
 
 # --- Valkey reads ----------------------------------------------------------------------------------
@@ -550,7 +575,17 @@ def finish_view(
     view["live_queue_depth"] = dict(queue_lengths)
     view["dead_letters"] = dead_letter_rows(totals.get("dead_letters", {}), configured, now=time.time())
     view["dead_letters_total"] = sum(row["count"] for row in view["dead_letters"])
+    view["config_restored"] = totals.get("config_restored")
     return view
+
+
+def config_restored_read(*, client: redis.Redis) -> dict[str, Any] | None:
+    """When the configuration was last republished to a Valkey that had lost it, and by whom."""
+    restored = restored_read(client=client)
+    if restored is None:
+        return None
+    at_text = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(restored.at))
+    return {"at": restored.at, "at_text": at_text, "by": restored.by, "groups": restored.groups}
 
 
 def dead_letter_rows(
@@ -600,6 +635,7 @@ def fabric_read(*, group_id: str, pool_ids: list[str], now: float | None = None)
         backends, rejections = backends_read(
             group_id=group_id, client=client, now=time.time() if now is None else now
         )
+        totals["config_restored"] = config_restored_read(client=client)
     finally:
         client.close()
     return FabricRead(

@@ -44,6 +44,9 @@ SILENCED_SYSTEM_CHECKS = env.list("DJANGO_SILENCED_SYSTEM_CHECKS", default=[])
 
 # Empty means: start (or reuse) the embedded Valkey server under DISPATCH_DATA_DIR.
 VALKEY_URL = env.str("VALKEY_URL", default="")
+# How often the embedded Valkey fsyncs its append-only file: always, everysec (a crash loses at most
+# about a second of writes; durable pushes wait for the fsync) or no (the kernel decides).
+DISPATCH_VALKEY_APPENDFSYNC = env.str("DISPATCH_VALKEY_APPENDFSYNC", default="everysec")
 DISPATCH_KEY_PREFIX = env.str("DISPATCH_KEY_PREFIX", default="")
 CLICKHOUSE_URL = env.str("CLICKHOUSE_URL", default=f"chdb://{DISPATCH_DATA_DIR / 'clickhouse'}")
 HISTORY_RETENTION_DAYS = env.int("HISTORY_RETENTION_DAYS", default=30)

@@ -31,7 +31,7 @@ VALKEY_ERRORS: tuple[type[Exception], ...] = (
 def valkey_url() -> str:
     if settings.VALKEY_URL:
         return str(settings.VALKEY_URL)
-    return embedded.ensure(settings.DISPATCH_DATA_DIR).url
+    return embedded.ensure(settings.DISPATCH_DATA_DIR, appendfsync=settings.DISPATCH_VALKEY_APPENDFSYNC).url
 
 
 def key_space() -> KeySpace:

@@ -183,6 +183,11 @@ class FabricGroup(models.Model):
         "request goes back to the head of its pool. A backend may then see it twice; its producer gets "
         "one reply.",
     )
+    persist_replicas = models.PositiveSmallIntegerField(
+        default=0,
+        help_text="durable: replicas that must hold a request (Valkey WAIT/WAITAOF) before its producer "
+        "is answered, on top of the primary's own fsync. 0 without replicas.",
+    )
     total_concurrency = models.PositiveIntegerField(
         default=16,
         validators=[MinValueValidator(1, "Total concurrency must be at least 1.")],

@@ -27,6 +27,15 @@ def group_get(*, group_id: str) -> FabricGroup:
     return FabricGroup.objects.get(group_id=group_id)
 
 
+def group_exists(*, group_id: str) -> bool:
+    return FabricGroup.objects.filter(group_id=group_id).exists()
+
+
+def enabled_pool_exists() -> bool:
+    """True when some group has an enabled pool (so the pool registry should not be empty)."""
+    return Pool.objects.filter(enabled=True).exists()
+
+
 def group_list() -> QuerySet[FabricGroup]:
     return FabricGroup.objects.order_by("group_id")
 
@@ -135,6 +144,7 @@ def group_config(*, group: FabricGroup, version: int = 0) -> GroupConfig:
         api_key_env=group.backend.api_key_env if group.backend else "",
         queueing_enabled=group.queueing_enabled,
         delivery=group.delivery,
+        persist_replicas=group.persist_replicas,
         name=group.name,
         pools=pools,
         version=version,

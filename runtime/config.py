@@ -30,6 +30,9 @@ class ProducerSettings:
     # A Valkey that leaves a command unanswered this long (stopped, partitioned away) is lost: the
     # caller gets the usual connection error and the connection is rebuilt (runtime.valkey.client).
     valkey_health_s: float = DEFAULT_HEALTH_S
+    # How long a durable push waits for Valkey's fsync (WAITAOF) and its replicas (WAIT) before it is
+    # answered anyway, counted not_persisted (runtime.valkey.persisted).
+    persist_timeout_s: float = 2.0
 
     def __post_init__(self) -> None:
         if self.alive_ttl_s <= 0 or self.alive_refresh_s <= 0:

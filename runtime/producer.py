@@ -33,7 +33,14 @@ from runtime import eventloop
 from runtime.backends.adapter import BackendPool, OpenAIBackend
 from runtime.backoff import Backoff
 from runtime.config import ProducerSettings
-from runtime.dispatch.admission import ADMIT_PUSH, KeyLease, KeyLeases, admit_and_push
+from runtime.dispatch.admission import (
+    ADMIT_PUSH,
+    KeyLease,
+    KeyLeases,
+    admission_args,
+    admit_and_push,
+    queue_full,
+)
 from runtime.dispatch.queue import lease_member
 from runtime.dispatch.wakeup import PUSH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
 from runtime.errors import (
@@ -51,6 +58,7 @@ from runtime.policy.admission import REASON_KEY_IN_FLIGHT, AdmissionLimits, KeyL
 from runtime.telemetry import semconv
 from runtime.valkey.client import REDIS_ERRORS, connect, dedicated_connection
 from runtime.valkey.lua import LuaScript
+from runtime.valkey.persisted import PERSISTED, PersistedPusher
 from runtime.wire.contract import (
     ChatCall,
     Envelope,
@@ -157,6 +165,11 @@ class ProducerStats:
     duplicate_replies: int = 0  # a second reply for a request already answered (discarded)
     malformed_replies: int = 0
     pump_reconnects: int = 0
+    # Durable pushes answered without the persistence asked for (the reason is in ``persistence``).
+    unpersisted_pushes: int = 0
+    # Registry reads that found the published configuration missing (Valkey lost it): the producer
+    # then keeps checking with its last known configuration (``Producer.configuration``).
+    config_missing_reads: int = 0
 
 
 @dataclass(slots=True)
@@ -174,6 +187,9 @@ class _PoolRegistry:
     read_at: float = float("-inf")
     # Each pool's admission limits, worked out once per read instead of once per submit.
     limits: dict[str, AdmissionLimits] = field(default_factory=dict)
+    # Where it came from: "published" (as read), "last_known" (Valkey lost some or all of it and this
+    # is what the producer read before), "none" (nothing was ever read: the checks are skipped).
+    source: str = "none"
 
 
 class Producer:
@@ -224,6 +240,9 @@ class Producer:
         self._key_leases = KeyLeases(client, keys, self.settings.alive_ttl_s)
         # Direct calls never reach Valkey: a key's most-in-flight is counted per process there.
         self._direct_open: Counter[str] = Counter()
+        self.persistence = PersistedPusher(client, timeout_s=self.settings.persist_timeout_s)
+        # (group, reason) of durable pushes answered without their persistence, not yet in Valkey.
+        self._unpersisted: Counter[tuple[str, str]] = Counter()
 
     def __repr__(self) -> str:
         mode = "direct" if self.direct_backend else "queued"
@@ -269,6 +288,8 @@ class Producer:
             inbox.put_nowait(closed_reply)
         if self.direct_backend is None:
             with contextlib.suppress(*REDIS_ERRORS):
+                await self._flush_unpersisted()
+            with contextlib.suppress(*REDIS_ERRORS):
                 await self.client.delete(
                     self._alive_key,
                     self.keys.replies_taken(self.producer_id),
@@ -276,6 +297,7 @@ class Producer:
                 )
         if self._backends is not None:
             await self._backends.aclose()
+        await self.persistence.aclose()
 
     async def _stop_tasks(self) -> None:
         # A BLPOP cancelled mid-wait can leave redis-py's connection hanging, so the pump is woken
@@ -426,7 +448,13 @@ class Producer:
         """Queues the envelope; QueueFull (nothing queued) when the pool's admission limits, or those of
         the ingress key holding ``lease``, refuse it."""
         limits = self._admission_limits(pool_id)
+        group = self._registry.groups.get(self._registry.pools.get(pool_id, ""))
         try:
+            if group is not None and group.durable:
+                await self._push_persisted(pool_id, raw, limits, group, lease)
+                if lease is not None:
+                    self._key_leases.hold(lease, timeout_s)
+                return
             if limits.bounded or lease is not None:
                 # The limits are checked and the request pushed (and counted against its key) in one
                 # script: racing producers never take the queue past max_queued, nor a key past its own.
@@ -441,6 +469,29 @@ class Producer:
             )
         except REDIS_ERRORS as exc:
             raise QueueUnavailable(f"could not enqueue request {request_id}: {exc}") from exc
+
+    async def _push_persisted(
+        self,
+        pool_id: str,
+        raw: bytes,
+        limits: AdmissionLimits,
+        group: GroupConfig,
+        lease: KeyLease | None = None,
+    ) -> None:
+        """A durable group's push: answered once Valkey has it persisted (runtime.valkey.persisted)."""
+        admitted = limits.bounded or lease is not None
+        if admitted:
+            script, (script_keys, args) = _ADMIT_PUSH, admission_args(self.keys, pool_id, raw, limits, lease)
+        else:
+            script_keys = [self.keys.requests(pool_id), self.keys.wake_list(pool_id)]
+            script, args = _PUSH, [raw, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS]
+        replicas = group.persist_replicas
+        result, outcome = await self.persistence.push(script, script_keys, args, replicas=replicas)
+        if admitted and int(result[0]) != 1:
+            raise queue_full(pool_id, limits, result, lease.limits if lease is not None else None)
+        if outcome != PERSISTED:
+            self.stats.unpersisted_pushes += 1
+            self._unpersisted[(group.group_id, outcome)] += 1
 
     def stream(
         self,
@@ -709,13 +760,47 @@ class Producer:
             with contextlib.suppress(MalformedEnvelope):
                 if config:
                     groups[group_id] = GroupConfig.decode(config)
+        pools, groups, source = self._with_last_known(pools, groups)
         limits = {}
         for pool_id, group_id in pools.items():
             pool = groups[group_id].pool(pool_id) if group_id in groups else None
             if pool is not None:
                 limits[pool_id] = pool.admission_limits(groups[group_id].backend_for(pool_id))
-        self._registry = _PoolRegistry(pools=pools, groups=groups, read_at=time.monotonic(), limits=limits)
+        self._registry = _PoolRegistry(
+            pools=pools, groups=groups, read_at=time.monotonic(), limits=limits, source=source
+        )
         return self._registry
+
+    def _with_last_known(
+        self, pools: dict[str, str], groups: dict[str, GroupConfig]
+    ) -> tuple[dict[str, str], dict[str, GroupConfig], str]:
+        """What was read, with what Valkey lost filled in from the last read: a Valkey restarted empty
+        must not switch admission limits and the unknown-pool check off until the configuration is
+        republished (dispatchers do so from the database within seconds)."""
+        previous = self._registry
+        if not previous.pools:
+            return pools, groups, "published" if pools else "none"
+        if not pools:
+            pools, groups = previous.pools, previous.groups
+        lost = {g for g in pools.values() if g not in groups and g in previous.groups}
+        if not lost and pools is not previous.pools:
+            if previous.source == "last_known":
+                log.warning("producer %s: the published configuration is back", self.producer_id)
+            return pools, groups, "published"
+        groups = {**groups, **{g: previous.groups[g] for g in lost}}
+        self.stats.config_missing_reads += 1
+        if previous.source != "last_known":
+            log.warning(
+                "producer %s: Valkey has lost the published configuration; submits are checked against "
+                "the last known one until it is republished",
+                self.producer_id,
+            )
+        return pools, groups, "last_known"
+
+    @property
+    def configuration(self) -> str:
+        """Which configuration submits are checked against: published, last_known or none."""
+        return self._registry.source
 
     async def _mark_alive(self) -> None:
         ttl_ms = int(self.settings.alive_ttl_s * 1000)
@@ -730,8 +815,24 @@ class Producer:
             try:
                 await self._mark_alive()
                 await self._key_leases.renew()
+                await self._flush_unpersisted()
             except REDIS_ERRORS as exc:
                 log.warning("producer %s could not refresh liveness: %s", self.producer_id, exc)
+
+    async def _flush_unpersisted(self) -> None:
+        """Adds the durable pushes answered without their persistence to their groups' counters
+        (``unpersisted:<outcome>``, shown on the dashboard): with the liveness refresh, off the hot path."""
+        pending, self._unpersisted = self._unpersisted, Counter()
+        if not pending:
+            return
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for (group_id, outcome), count in pending.items():
+                    pipe.hincrby(self.keys.counters(group_id), f"unpersisted:{outcome}", count)
+                await pipe.execute()
+        except REDIS_ERRORS:
+            self._unpersisted.update(pending)  # counted with the next refresh
+            raise
 
     async def _pump_replies(self) -> None:
         # A connection of its own: the pump blocks on it, and a shared one would wait behind it.

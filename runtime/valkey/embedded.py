@@ -4,6 +4,11 @@ Used when no ``VALKEY_URL`` is set. The server listens on loopback only, keeps i
 project data directory, and records its port in ``valkey.json`` there, so the web process,
 dispatchers, producers and the history ingester of one installation all find the same server.
 Start-up is serialized with a file lock so two processes never start two servers.
+
+What it holds survives a stop or a crash: it writes an append-only file under ``valkey/`` of the data
+directory (``appendfsync`` ``everysec`` by default: a kill -9 loses at most about the last second of
+writes, which a durable push waits out with ``WAITAOF``). A stop keeps the port in the record, so a
+restart comes back at the same address and running processes reconnect to the URL they already have.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 STATE_FILE = "valkey.json"
+APPENDFSYNC = ("always", "everysec", "no")  # Valkey's own choices for how often the AOF is fsynced
+DEFAULT_APPENDFSYNC = "everysec"
 
 
 class EmbeddedValkeyError(RuntimeError):
@@ -90,11 +97,46 @@ def running(data_dir: Path) -> EmbeddedValkey | None:
     return None
 
 
-def start(data_dir: Path, *, port: int | None = None, timeout_s: float = 10.0) -> EmbeddedValkey:
-    """Starts a fresh server (detached, so it outlives the caller) and records it."""
+def recorded_port(data_dir: Path) -> int | None:
+    """The port the installation's server last listened on (kept after a stop), if any."""
+    try:
+        return int(json.loads((data_dir / STATE_FILE).read_text())["port"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def port_free(port: int) -> bool:
+    """True when nothing listens on the loopback port (so a server may bind it)."""
+    with socket.socket() as sock:
+        # As servers bind (Valkey included): the connections of a killed server linger in TIME_WAIT on
+        # its port for a minute, and without this its restart would be refused the same address.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def start(
+    data_dir: Path,
+    *,
+    port: int | None = None,
+    timeout_s: float = 10.0,
+    appendfsync: str = DEFAULT_APPENDFSYNC,
+) -> EmbeddedValkey:
+    """Starts a server (detached, so it outlives the caller) on the data directory's files; records it.
+
+    Without ``port``, the recorded one when it is free (the same address as before a stop or crash),
+    else a free one.
+    """
+    if appendfsync not in APPENDFSYNC:
+        raise EmbeddedValkeyError(f"appendfsync must be one of {', '.join(APPENDFSYNC)}, not {appendfsync!r}")
     valkey_dir = data_dir / "valkey"
     valkey_dir.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
+    if port is None:
+        previous = recorded_port(data_dir)
+        port = previous if previous is not None and port_free(previous) else free_port()
     args = [
         valkey_binary(),
         "--port",
@@ -103,10 +145,13 @@ def start(data_dir: Path, *, port: int | None = None, timeout_s: float = 10.0) -
         "127.0.0.1",
         "--dir",
         str(valkey_dir),
+        # The AOF alone (its base file in RDB format) is the persistence: no periodic RDB snapshots.
         "--save",
         "",
         "--appendonly",
-        "no",
+        "yes",
+        "--appendfsync",
+        appendfsync,
         "--protected-mode",
         "yes",
         "--daemonize",
@@ -137,15 +182,15 @@ def start(data_dir: Path, *, port: int | None = None, timeout_s: float = 10.0) -
     return server
 
 
-def ensure(data_dir: Path) -> EmbeddedValkey:
-    """The installation's embedded server, started if it is not running."""
+def ensure(data_dir: Path, *, appendfsync: str = DEFAULT_APPENDFSYNC) -> EmbeddedValkey:
+    """The installation's embedded server, started (at its recorded address) if it is not running."""
     data_dir.mkdir(parents=True, exist_ok=True)
     existing = running(data_dir)
     if existing:
         return existing
     with open(data_dir / "valkey.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return running(data_dir) or start(data_dir)
+        return running(data_dir) or start(data_dir, appendfsync=appendfsync)
 
 
 def stop(data_dir: Path, *, timeout_s: float = 5.0) -> bool:
@@ -159,5 +204,6 @@ def stop(data_dir: Path, *, timeout_s: float = 5.0) -> bool:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(server.pid, os.WNOHANG)
         time.sleep(0.02)
-    (data_dir / STATE_FILE).unlink(missing_ok=True)
+    # The port stays recorded (without a pid: nothing runs): the next start comes back at this address.
+    (data_dir / STATE_FILE).write_text(json.dumps({"port": server.port}))
     return True

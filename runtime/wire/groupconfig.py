@@ -104,6 +104,8 @@ class GroupConfig:
     version: int = 0
     backend_id: str = ""
     backends: tuple[BackendConfig, ...] = field(default_factory=tuple)
+    # Durable delivery: replicas that must hold a push (WAIT/WAITAOF) before the producer is answered.
+    persist_replicas: int = 0
 
     @cached_property
     def enabled_pools(self) -> tuple[PoolConfig, ...]:

@@ -123,6 +123,11 @@ class KeySpace:
         """Hash pool_id -> group_id of every enabled pool, checked by producers at submit."""
         return f"{self.prefix}hash:llm:pools"
 
+    def config_restored(self) -> str:
+        """Hash of the last republication of the configuration to a Valkey that had lost it
+        (``at``, ``by``, ``groups``), shown on the dashboard."""
+        return f"{self.prefix}hash:llm:config:restored"
+
     def counters(self, group_id: str) -> str:
         """Hash of the group's cumulative counters (drops by reason, completions, failures)."""
         return f"{self.prefix}hash:llm:counters:{group_id}"

@@ -114,7 +114,11 @@ def test_pause_and_resume_go_through_the_pool_service_and_publish(staff_client, 
     assert resumed.pool("backfill").paused is False
     # The version it published: the page holds the row until a snapshot of that version arrives.
     assert response.json() == {
-        "pool_id": "backfill", "paused": False, "published": True, "errors": [], "version": resumed.version
+        "pool_id": "backfill",
+        "paused": False,
+        "published": True,
+        "errors": [],
+        "version": resumed.version,
     }
 
 
@@ -133,8 +137,12 @@ def test_metrics_parse_and_queue_depth_is_the_live_llen(client, fabric, sredis, 
     store_snapshot(sredis, keys)  # says interactive has 3 queued ...
     sredis.rpush(keys.requests("interactive"), *[b"x"] * 7)  # ... but the list really holds 7
     sredis.hset(
-        keys.counters("g"), mapping={"completed": 40, "dropped:expired": 2, "failed:backend_timeout": 1}
-    )
+        keys.counters("g"),
+        mapping={
+            "completed": 40, "dropped:expired": 2, "failed:backend_timeout": 1,
+            "unpersisted:waitaof_unsupported": 3,
+        },
+    )  # fmt: skip
     response = client.get("/metrics")
     assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
     families = {f.name: f for f in text_string_to_metric_families(response.content.decode())}
@@ -157,6 +165,7 @@ def test_metrics_parse_and_queue_depth_is_the_live_llen(client, fabric, sredis, 
     assert value("llm_dispatch_completions", fabric_group="g") == 40
     assert value("llm_dispatch_drops", fabric_group="g", reason="expired") == 2
     assert value("llm_dispatch_failures", fabric_group="g", error_type="backend_timeout") == 1
+    assert value("llm_dispatch_unpersisted_pushes", fabric_group="g", outcome="waitaof_unsupported") == 3
     assert value("llm_dispatch_pool_paused", fabric_group="g", pool="backfill") == 1
     assert value("llm_dispatch_valkey_up") == 1
     assert value("llm_dispatch_breaker_open", backend="http://gpu-1:8000/v1", dispatcher="d1") == 1
@@ -212,3 +221,11 @@ def test_dead_letters_per_pool_with_their_oldest_and_a_link_to_act(
     assert 89 <= oldest <= 120
     pk = fabric.pools.get(pool_id="backfill").pk
     assert f'href="/admin/pools/pool/{pk}/dead-letters/"' in row
+
+
+def test_durable_pushes_answered_without_persistence_are_listed_with_the_counters(
+    staff_client, fabric, sredis, keys
+) -> None:
+    sredis.hset(keys.counters("g"), "unpersisted:waitaof_unsupported", 5)
+    html = staff_client.get("/fabric/g/").content.decode()
+    assert "Not persisted: waitaof_unsupported" in html and "has no WAITAOF" in html

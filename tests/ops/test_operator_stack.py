@@ -4,6 +4,7 @@ and queueing-switch lines. Each test owns a throwaway installation (data dir, SQ
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import subprocess
@@ -41,6 +42,20 @@ def readme_producer_snippet() -> str:
     return blocks[0]
 
 
+def snippet_installation(tmp_path: Path) -> tuple[Path, dict[str, str], Path]:
+    """A fresh installation's data dir and environment, and the README's producer example beside it."""
+    snippet = tmp_path / "hello.py"
+    snippet.write_text(readme_producer_snippet())
+    return tmp_path / "var", installation_env(tmp_path / "var"), snippet
+
+
+def run_snippet(snippet: Path, env: dict[str, str]) -> None:
+    """Runs the README's producer example as a reader would; it must print a completion."""
+    run = subprocess.run([sys.executable, str(snippet)], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "queue_wait" in run.stdout and run.stdout.strip(), run.stdout
+
+
 def start_demo(env: dict[str, str], *extra: str) -> Running:
     ports = [str(embedded.free_port()) for _ in range(2)]
     demo = Running([*MANAGE, "demo", "--no-load", "--port", ports[0], "--sim-port", ports[1], *extra], env)
@@ -63,18 +78,11 @@ def published_backfill_weight(env: dict[str, str]) -> int:
 
 @pytest.mark.timeout(600)
 def test_demo_serves_the_readme_snippet_and_keeps_admin_edits_until_reset(tmp_path: Path) -> None:
-    data_dir = tmp_path / "var"
-    env = installation_env(data_dir)
-    snippet = tmp_path / "hello.py"
-    snippet.write_text(readme_producer_snippet())
+    data_dir, env, snippet = snippet_installation(tmp_path)
 
     demo = start_demo(env)
     try:
-        run = subprocess.run(
-            [sys.executable, str(snippet)], env=env, capture_output=True, text=True, timeout=60
-        )
-        assert run.returncode == 0, run.stderr
-        assert "queue_wait" in run.stdout and run.stdout.strip(), run.stdout
+        run_snippet(snippet, env)
         sql(data_dir, "UPDATE pools_pool SET quantum = 7 WHERE pool_id = 'backfill'")  # an admin edit
     finally:
         assert demo.stop() == 0, demo.output()
@@ -129,3 +137,21 @@ async def test_rundispatcher_gateway_id_reaches_history_and_the_queueing_switch_
     detail = queries.execution_detail(client=history, request_id=result.request_id)
     assert detail is not None
     assert (detail["execution"]["gateway"], detail["execution"]["dispatcher"]) == ("gw-test-7", "d-7")
+
+
+@pytest.mark.timeout(600)
+def test_the_demo_brings_a_killed_valkey_back_at_its_address_and_the_snippet_works_again(
+    tmp_path: Path,
+) -> None:
+    data_dir, env, snippet = snippet_installation(tmp_path)
+    demo = start_demo(env)
+    try:
+        before = embedded.running(data_dir)
+        assert before is not None
+        os.kill(before.pid, signal.SIGKILL)
+        demo.wait_for("the embedded Valkey had stopped; restarted it at", 30)
+        after = embedded.running(data_dir)
+        assert after is not None and after.url == before.url
+        run_snippet(snippet, env)
+    finally:
+        assert demo.stop() == 0, demo.output()

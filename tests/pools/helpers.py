@@ -41,6 +41,7 @@ def group_form(group: dict[str, Any], pools: list[dict[str, Any]], *, initial: i
         "backend": group.get("backend", ""),
         "total_concurrency": group.get("total_concurrency", 16),
         "delivery": group.get("delivery", "lists"),
+        "persist_replicas": group.get("persist_replicas", 0),
         "pools-TOTAL_FORMS": len(pools),
         "pools-INITIAL_FORMS": initial,
         "pools-MIN_NUM_FORMS": 0,

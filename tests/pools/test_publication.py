@@ -232,3 +232,12 @@ def test_admin_pages_render(superuser_client: Client, group: FabricGroup) -> Non
         assert response.status_code == 200, url
     page = superuser_client.get(f"/admin/pools/pool/{pool.pk}/change/").content.decode()
     assert "Weight" in page and "Relative dispatch credit, not a concurrency limit" in page
+
+
+def test_a_durable_groups_replica_count_is_published(
+    group: FabricGroup, sredis: redis.Redis, keys: KeySpace
+) -> None:
+    group.delivery, group.persist_replicas = "durable", 2
+    services.group_save(group=group)
+    config = published(sredis, keys, "g1")
+    assert config is not None and config.durable and config.persist_replicas == 2

@@ -272,6 +272,11 @@
       items.push({ key: "failed:" + t, label: "Failed: " + t, title: "Calls that ended with this error type (see History for each one).",
         live: view.failed[t] || 0, total: totals.failed[t] || 0 });
     });
+    Object.keys(totals.unpersisted || {}).sort().forEach(function (o) {
+      items.push({ key: "unpersisted:" + o, label: "Not persisted: " + o,
+        title: "Durable pushes a producer answered without the persistence asked for (" + o + ").",
+        live: 0, total: totals.unpersisted[o] || 0 });
+    });
     return items;
   }
 
@@ -360,6 +365,14 @@
       '<td colspan="4" class="muted">No dead letters.</td>');
     updateLegend(view);
     banner(view);
+    restored(view.config_restored);
+  }
+
+  function restored(info) {
+    var el = document.getElementById("config-restored");
+    setAttr(el, "class", "banner warn" + (info ? "" : " hidden"));
+    setHTML(el, info ? "<strong>Configuration restored at " + esc(info.at_text) + "</strong> from the database by " +
+      esc(info.by) + " (" + esc(String(info.groups)) + " group(s)): Valkey had lost it." : "");
   }
 
   function connect() {

@@ -11,6 +11,7 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -20,15 +21,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ops.supervisor import Supervisor
 from pools.connections import valkey_url
 from runtime.valkey import embedded
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+from runtime.valkey.embedded import port_free
 
 
 def wait_for_port(port: int, timeout_s: float) -> bool:
@@ -157,7 +150,7 @@ class Command(BaseCommand):
                 supervisor.start(
                     "loadgen", [*manage, "loadgen", "--scale", str(options["load_scale"])], to_console=True
                 )
-            self._wait(supervisor, stop, options["duration"])
+            self._wait(supervisor, stop, options["duration"], None if had_valkey else data_dir)
         finally:
             self.stdout.write("stopping the demo ...")
             supervisor.stop_all()
@@ -165,11 +158,16 @@ class Command(BaseCommand):
                 embedded.stop(data_dir)
             self.stdout.write("demo stopped.")
 
-    def _wait(self, supervisor: Supervisor, stop: dict[str, bool], duration: float) -> None:
+    def _wait(
+        self, supervisor: Supervisor, stop: dict[str, bool], duration: float, valkey_dir: Path | None
+    ) -> None:
+        """Until Ctrl-C or ``duration``; restarts the embedded Valkey (under ``valkey_dir``) if it dies."""
         started = time.monotonic()
         while not stop["now"]:
             if duration and time.monotonic() - started > duration:
                 return
+            if valkey_dir is not None:
+                self._revive_valkey(valkey_dir)
             crashed = supervisor.failed()
             if crashed is not None:
                 raise CommandError(
@@ -177,3 +175,11 @@ class Command(BaseCommand):
                     f"see {crashed.log_path or 'the output above'}"
                 )
             time.sleep(0.5)
+
+    def _revive_valkey(self, data_dir: Path) -> None:
+        """A crashed embedded Valkey comes back from its append-only file at the same address, where every
+        process of the demo reconnects by itself."""
+        if embedded.running(data_dir) is not None:
+            return
+        server = embedded.ensure(data_dir, appendfsync=settings.DISPATCH_VALKEY_APPENDFSYNC)
+        self.stdout.write(f"the embedded Valkey had stopped; restarted it at {server.url} from its files")

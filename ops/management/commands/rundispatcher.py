@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from ops.config_guard import ConfigGuard
 from ops.queueing import OperatorDispatcher
 from ops.runtime_settings import dispatcher_settings, start_tracing
 from pools.connections import key_space, valkey_url
@@ -52,7 +54,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-publish",
             action="store_true",
-            help="do not republish the group's configuration from the database at start",
+            help="do not republish the configuration from the database, neither at start nor when Valkey "
+            "comes back without it",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -83,9 +86,9 @@ class Command(BaseCommand):
                 log.warning(
                     "could not publish group %s at start (%s); waiting for Valkey", group_id, result.error
                 )
-        eventloop.run(self._run(settings))
+        eventloop.run(self._run(settings, guard=not options["no_publish"]))
 
-    async def _run(self, settings: DispatcherSettings) -> None:
+    async def _run(self, settings: DispatcherSettings, *, guard: bool) -> None:
         client = connect(
             valkey_url(), max_connections=max(16, settings.concurrency + 8), health_s=settings.valkey_health_s
         )
@@ -103,7 +106,15 @@ class Command(BaseCommand):
                 f"dispatcher {settings.dispatcher_id} (gateway {settings.gateway_id}) "
                 f"serving fabric group {settings.group_id} on {eventloop.loop_name()}"
             )
-            await dispatcher.run()
+            stop = asyncio.Event()
+            by = f"dispatcher {settings.dispatcher_id}"
+            watching = asyncio.create_task(ConfigGuard(settings.group_id, by=by).run(stop)) if guard else None
+            try:
+                await dispatcher.run()
+            finally:
+                stop.set()
+                if watching is not None:
+                    await watching
             self.stdout.write(f"dispatcher {settings.dispatcher_id} stopped: {dispatcher!r}")
         finally:
             await client.aclose()
