@@ -460,7 +460,11 @@ class Producer:
             deadline = time.monotonic() + stream.timeout_s
             while True:
                 try:
-                    item = await asyncio.wait_for(inbox.get(), deadline - time.monotonic())
+                    # Not asyncio.wait_for: on Python 3.11 it returns a chunk that arrived in the same loop
+                    # turn as a cancellation and drops the cancellation, so a client that left mid-stream
+                    # kept its backend call running.
+                    async with asyncio.timeout(deadline - time.monotonic()):
+                        item = await inbox.get()
                 except TimeoutError:
                     self.stats.timed_out += 1
                     raise RequestTimeout(
