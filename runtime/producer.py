@@ -342,9 +342,11 @@ class Producer:
                 raise RequestTimeout(
                     f"request {request_id} to pool {pool_id!r} got no reply within {timeout_s:g}s"
                 ) from None
-            except asyncio.CancelledError:
-                await self.withdraw(pool_id, request_id, raw)
-                raise
+        except asyncio.CancelledError:
+            # Cancelled while the push was on its way too: the push was written, so the withdrawal that
+            # follows it on the connection finds the request queued (it was left behind before).
+            await self.withdraw(pool_id, request_id, raw)
+            raise
         finally:
             if timer is not None:
                 timer.cancel()

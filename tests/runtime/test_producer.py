@@ -64,6 +64,24 @@ async def test_cancelling_a_queued_call_withdraws_it_from_its_list(aredis, keys)
     assert await aredis.hget(keys.counters("g"), "dropped:cancelled") == b"1"
 
 
+async def test_a_call_cancelled_while_its_push_is_on_the_way_is_withdrawn_too(aredis, keys) -> None:
+    await groupconfig.publish(aredis, keys, one_pool_group(NO_BACKEND))
+    async with Producer(aredis, keys=keys) as producer:
+        submitted = asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=30))
+        # Turn by turn (no clock): the first turn in which the call waits is the one that sent its push,
+        # whose answer cannot be back before a later turn.
+        for _ in range(10_000):
+            if producer.waiting:
+                break
+            await asyncio.sleep(0)
+        submitted.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await submitted
+        assert producer.stats.cancelled == 1
+    assert await aredis.llen(keys.requests("default")) == 0  # not left behind for a dispatcher to run
+    assert await aredis.hget(keys.counters("g"), "dropped:cancelled") == b"1"
+
+
 async def test_a_stream_cancelled_as_its_next_chunk_arrives_stops_and_is_withdrawn(aredis, keys) -> None:
     """An ingress client that leaves while chunks keep coming: the cancellation must win over the chunk
     that arrived in the same moment (asyncio.wait_for of Python 3.11 returned the chunk instead, and the
@@ -158,7 +176,8 @@ async def test_a_cancelled_submit_does_not_cancel_the_registry_read_others_wait_
     async with Producer(aredis, keys=keys) as producer:
         first = asyncio.create_task(producer.pool_group("default"))
         second = asyncio.create_task(producer.pool_group("default"))
-        await asyncio.sleep(0)  # both wait for the one read
+        await asyncio.sleep(0)  # one loop turn: each task runs its first step (no I/O completes in it)
+        assert producer._registry_read is not None  # the first reads, the second waits for that read
         first.cancel()
         group = await second
         with pytest.raises(asyncio.CancelledError):
