@@ -401,10 +401,12 @@ class Producer:
                 raise RequestTimeout(
                     f"request {request_id} to pool {pool_id!r} got no reply within {timeout_s:g}s"
                 ) from None
-            except asyncio.CancelledError:
-                if await self.withdraw(pool_id, request_id, raw):
-                    _withdrawn_span(span)
-                raise
+        except asyncio.CancelledError:
+            # Cancelled while the push was on its way too: the push was written, so the withdrawal that
+            # follows it on the connection finds the request queued (it was left behind before).
+            if await self.withdraw(pool_id, request_id, raw):
+                _withdrawn_span(span)
+            raise
         finally:
             if timer is not None:
                 timer.cancel()
@@ -580,7 +582,11 @@ class Producer:
             deadline = time.monotonic() + stream.timeout_s
             while True:
                 try:
-                    item = await asyncio.wait_for(inbox.get(), deadline - time.monotonic())
+                    # Not asyncio.wait_for: on Python 3.11 it returns a chunk that arrived in the same loop
+                    # turn as a cancellation and drops the cancellation, so a client that left mid-stream
+                    # kept its backend call running.
+                    async with asyncio.timeout(deadline - time.monotonic()):
+                        item = await inbox.get()
                 except TimeoutError:
                     self.stats.timed_out += 1
                     raise RequestTimeout(

@@ -168,6 +168,44 @@ async def test_pause_and_resume_take_one_plain_click_each_while_the_feed_is_busy
             await asyncio.gather(*calls, return_exceptions=True)
 
 
+BUTTON_BOXES = """() => Array.from(document.querySelectorAll("#pools tr[data-pool] button")).map(b => {
+    const r = b.getBoundingClientRect();
+    return [b.closest("tr").dataset.pool, r.x, r.y, r.width, r.height];
+})"""
+
+
+async def test_the_pool_buttons_stay_put_whatever_the_live_figures_show(stack, aredis, keys) -> None:
+    """Long figures, many held-back reasons, pills and refusals change the rows' text, never where a
+    Pause/Resume button is: a button that moves between mouse-down and mouse-up loses the click."""
+    from tests.dashboard.test_merge import pool, snap
+
+    pool_ids = ("interactive", "document-extract", "backfill", "default")
+    many = {r: 123_456 for r in ("no_credit", "capacity", "group_capacity", "reserved", "breaker_open",
+                                  "backend_saturated", "tenant_quota", "paused")}  # fmt: skip
+    async with live_dashboard(stack["url"]) as page:
+        await page.wait_for_selector('tr[data-pool="default"] button.pause')
+        before = await page.evaluate(BUTTON_BOXES)
+        assert [box[0] for box in before] == list(pool_ids)
+        # A dispatcher whose clock runs ahead: its figures are the freshest, so they are the ones shown.
+        loud = snap(
+            "loud-d2", time.time() + 30,
+            [pool(p, display_name=f"A much longer display name for {p}", enabled=p != "default",
+                  queue_depth=987_654, in_flight=12_345, max_concurrent=99_999, min_concurrent=4_321,
+                  deficit=-98_765, oldest_pending_age_s=98_765.4, head_cost=87_654, skips=many)
+             for p in pool_ids],
+            group_id="demo",
+        )  # fmt: skip
+        await aredis.set(keys.snapshot("demo", "loud-d2"), orjson.dumps(loud), px=60_000)
+        await aredis.hset(keys.rejections(), mapping={f"{p}:queue_full": 76_543 for p in pool_ids})
+        for shown in (
+            page.locator('tr[data-pool="interactive"] .chip[title^="tenant_quota: "]'),
+            page.locator('tr[data-pool="default"] .pill', has_text="disabled"),
+            page.locator('tr[data-pool="backfill"] [data-f="rejected"]', has_text="76543"),
+        ):
+            await shown.wait_for(timeout=10_000)
+        assert await page.evaluate(BUTTON_BOXES) == before
+
+
 async def test_reasons_a_newer_dispatcher_reports_show_up_explained(stack, aredis, keys) -> None:
     """A drop reason and a skip reason the dashboard has no words for yet still show, with a legend entry."""
 

@@ -19,8 +19,15 @@ from runtime.valkey import embedded
 from runtime.valkey.client import connect, dedicated_connection
 from runtime.valkey.lua import LuaScript, run_pipeline
 from runtime.valkey.pipelined import OUTBOX_BATCHES, PipelinedConnection, Target
+from tests.waiting import wait_until
 
 pytest.importorskip("hiredis")
+
+
+def written(conn: PipelinedConnection) -> bool:
+    """The batches sent so far have left for the server (the outbox is flushed once per loop turn)."""
+    return conn.protocol is not None and not conn.protocol.outbox and bool(conn.waiting)
+
 
 ECHO_AFTER_WORK = LuaScript(
     # Busy for about ARGV[2] iterations, then answers ARGV[1]: a slow command to cancel a caller during.
@@ -76,7 +83,7 @@ async def test_a_cancelled_caller_does_not_shift_the_next_callers_answers(aredis
     slow = asyncio.create_task(
         aredis.pipelined.execute([("EVALSHA", ECHO_AFTER_WORK.sha, 0, "slow", 3_000_000)])
     )
-    await asyncio.sleep(0)  # written: the server is now busy with it
+    await wait_until(lambda: written(aredis.pipelined), timeout=5, what="the slow script written")
     slow.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await slow
@@ -113,7 +120,7 @@ async def test_a_lost_server_fails_the_waiting_caller_and_the_next_one_reconnect
         await conn.execute([("SCRIPT", "LOAD", ECHO_AFTER_WORK.source)])
         # A caller waits on a long script while the server is killed under it.
         waiting = asyncio.create_task(conn.execute([("EVALSHA", ECHO_AFTER_WORK.sha, 0, "x", 50_000_000)]))
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: written(conn), timeout=5, what="the long script written")
         os.kill(private_valkey.pid, signal.SIGKILL)  # SIGTERM would wait for the script to end
         with pytest.raises(RedisConnectionError):
             await waiting
@@ -146,9 +153,18 @@ async def test_a_dedicated_connection_blocks_without_holding_the_shared_one(
     own = dedicated_connection(client)
     assert isinstance(own, PipelinedConnection) == (protocol == 2)
     key = keys.prefix + "replies"
+
+    async def blocked_clients() -> int:
+        return int((await client.info("clients"))["blocked_clients"])
+
     try:
+        already = await blocked_clients()
         blocked = asyncio.create_task(own.execute([("BLMPOP", 2, 1, key, "LEFT", "COUNT", 10)]))
-        await asyncio.sleep(0.05)
+
+        async def blocking() -> bool:
+            return await blocked_clients() > already
+
+        await wait_until(blocking, timeout=5, what="the BLMPOP blocking in the server")
         assert await client.ping()  # the client's own commands are not stuck behind the BLMPOP
         await client.rpush(key, b"a", b"b")
         [popped] = await blocked

@@ -11,7 +11,7 @@ import pytest
 from runtime.errors import ProducerClosed, QueueFull, RequestTimeout
 from runtime.producer import Producer
 from runtime.wire import groupconfig
-from runtime.wire.contract import STATUS_OK, Envelope, Reply
+from runtime.wire.contract import STATUS_OK, Envelope, Reply, StreamChunk
 from runtime.wire.groupconfig import PoolConfig
 from tests.runtime.harness import CALL, one_pool_group, wait_until
 
@@ -62,6 +62,59 @@ async def test_cancelling_a_queued_call_withdraws_it_from_its_list(aredis, keys)
         assert producer.waiting == 0 and producer.stats.cancelled == 1 and producer.stats.timed_out == 0
     assert await aredis.llen(keys.requests("default")) == 0
     assert await aredis.hget(keys.counters("g"), "dropped:cancelled") == b"1"
+
+
+async def test_a_call_cancelled_while_its_push_is_on_the_way_is_withdrawn_too(aredis, keys) -> None:
+    await groupconfig.publish(aredis, keys, one_pool_group(NO_BACKEND))
+    async with Producer(aredis, keys=keys) as producer:
+        submitted = asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=30))
+        # Turn by turn (no clock): the first turn in which the call waits is the one that sent its push,
+        # whose answer cannot be back before a later turn.
+        for _ in range(10_000):
+            if producer.waiting:
+                break
+            await asyncio.sleep(0)
+        submitted.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await submitted
+        assert producer.stats.cancelled == 1
+    assert await aredis.llen(keys.requests("default")) == 0  # not left behind for a dispatcher to run
+    assert await aredis.hget(keys.counters("g"), "dropped:cancelled") == b"1"
+
+
+async def test_a_stream_cancelled_as_its_next_chunk_arrives_stops_and_is_withdrawn(aredis, keys) -> None:
+    """An ingress client that leaves while chunks keep coming: the cancellation must win over the chunk
+    that arrived in the same moment (asyncio.wait_for of Python 3.11 returned the chunk instead, and the
+    stream went on for nobody until the web server gave up on it ten seconds later)."""
+    await groupconfig.publish(aredis, keys, one_pool_group(NO_BACKEND))
+    async with Producer(aredis, keys=keys) as producer:
+        received: list[object] = []
+
+        async def read() -> None:
+            async for chunk in producer.stream(CALL, pool_id="default", timeout=30):
+                received.append(chunk)
+
+        reader = asyncio.create_task(read())
+        envelope = await take_request(aredis, keys)  # running now: a withdrawal becomes a cancel notice
+        first = StreamChunk(envelope.request_id, {"choices": [{"delta": {"content": "a"}}]}, queue_wait_s=0.1)
+        await aredis.rpush(keys.replies(producer.producer_id), first.encode())
+        await wait_until(lambda: len(received) == 1, timeout=5)
+        cancels = aredis.pubsub()
+        await cancels.subscribe(keys.cancel_channel("g"))
+        # The race is one loop turn wide: only a delivery in the same step as the cancel pins it down.
+        producer._deliver(StreamChunk(envelope.request_id, {"choices": []}).encode())
+        reader.cancel()
+        done, _ = await asyncio.wait({reader}, timeout=5)
+        assert reader in done and reader.cancelled()
+        assert producer.stats.cancelled == 1
+
+        async def cancel_notice() -> bytes | None:
+            message = await cancels.get_message(ignore_subscribe_messages=True, timeout=0.1)
+            return message["data"] if message else None
+
+        notice = await wait_until(cancel_notice, timeout=5)
+        await cancels.aclose()
+    assert notice == envelope.request_id.encode()  # the dispatcher running it is told to cut it off
 
 
 async def test_a_malformed_reply_is_counted_and_the_pump_keeps_delivering(aredis, keys) -> None:
@@ -123,7 +176,8 @@ async def test_a_cancelled_submit_does_not_cancel_the_registry_read_others_wait_
     async with Producer(aredis, keys=keys) as producer:
         first = asyncio.create_task(producer.pool_group("default"))
         second = asyncio.create_task(producer.pool_group("default"))
-        await asyncio.sleep(0)  # both wait for the one read
+        await asyncio.sleep(0)  # one loop turn: each task runs its first step (no I/O completes in it)
+        assert producer._registry_read is not None  # the first reads, the second waits for that read
         first.cancel()
         group = await second
         with pytest.raises(asyncio.CancelledError):

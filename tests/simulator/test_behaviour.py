@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -66,6 +67,18 @@ def test_timing_puts_the_first_token_after_latency_and_ttft() -> None:
 def test_a_failing_call_generates_no_tokens() -> None:
     plan = behaviour(latency_ms=30).plan(REQUEST, {"status": 500})
     assert plan.timing.tokens == 0 and plan.timing.done_s == pytest.approx(0.03)
+
+
+def test_latency_jitter_is_lognormal_around_the_median() -> None:
+    jittered = behaviour(latency_ms=100, latency_sigma=0.5)
+    draws = sorted(jittered.plan(REQUEST, {}).latency_s for _ in range(4000))
+    assert draws[0] > 0
+    assert draws[2000] == pytest.approx(0.1, rel=0.05)  # the median is latency_ms
+    # exp(N(0, 0.5)): a sixth of the draws lie below exp(-0.5) and a sixth above exp(0.5) times the median.
+    assert draws[int(4000 * 0.1587)] == pytest.approx(0.1 * math.exp(-0.5), rel=0.05)
+    assert draws[int(4000 * 0.8413)] == pytest.approx(0.1 * math.exp(0.5), rel=0.05)
+    fixed = behaviour(latency_ms=100)
+    assert {fixed.plan(REQUEST, {}).latency_s for _ in range(20)} == {0.1}  # sigma 0: no jitter
 
 
 def test_rate_limit_share_follows_the_rate() -> None:

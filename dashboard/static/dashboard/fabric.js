@@ -2,7 +2,9 @@
 // No framework, no build step. The server sends {"type": "fabric.view", "view": {...}} (see
 // dashboard/selectors.py merge_snapshots) several times a second. Rows are keyed and updated in place:
 // only text and attributes change, never the nodes, because a node replaced between a person's
-// mouse-down and mouse-up swallows the click (the Pause/Resume buttons live in these rows).
+// mouse-down and mouse-up swallows the click (the Pause/Resume buttons live in these rows). Nor do
+// the rows move: fabric.css gives the pool rows a fixed height and the columns fixed widths, since a
+// button that moved between mouse-down and mouse-up loses the click just the same.
 (function () {
   "use strict";
   var root = document.getElementById("fabric");
@@ -135,8 +137,8 @@
     var tr = document.createElement("tr");
     tr.dataset.pool = p.pool_id;
     tr.innerHTML =
-      '<td class="name"><strong data-f="name"></strong> <small class="muted" data-f="id"></small> ' +
-      '<span data-f="pills"></span><div class="links" data-f="links"></div></td>' +
+      '<td class="name"><strong data-f="name"></strong> <span data-f="pills"></span> ' +
+      '<small class="muted" data-f="id"></small><div class="links" data-f="links"></div></td>' +
       '<td class="num" data-f="weight"></td>' +
       '<td class="bar-col"><span class="fig" data-f="queue_depth"></span><small class="muted" data-f="max_queued"></small>' +
       '<span class="bar queue"><i data-f="queue_bar"></i></span><small class="refused" data-f="rejected"></small></td>' +
@@ -144,7 +146,7 @@
       '<span class="bar flight" data-f="flight"><i data-f="flight_bar"></i><b data-f="min_mark"></b></span>' +
       '<small class="muted" data-f="min"></small></td>' +
       '<td class="num" data-f="deficit"></td><td class="num" data-f="oldest"></td>' +
-      '<td class="num" data-f="head_cost"></td><td class="skips" data-f="skips"></td>' +
+      '<td class="num" data-f="head_cost"></td><td class="skips"><div class="chips" data-f="skips"></div></td>' +
       '<td class="act"><form method="post" class="pause-form" data-f="form">' +
       '<button type="submit" data-f="button"></button></form></td>';
     return tr;
