@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from dashboard import selectors
+from dashboard import merge, selectors
 
 log = logging.getLogger(__name__)
 PREFIX = "llm_dispatch"
@@ -155,7 +155,7 @@ class _Families:
         """The group's cumulative counters (and its pools' dead letters, read with them)."""
         self.add_dead_letters(group, totals.get("dead_letters", {}), now=time.time())
         self.completions.add_metric([group], int(totals["completed"]))
-        for outcome in selectors.REDELIVERY_COUNTERS:
+        for outcome in merge.REDELIVERY_COUNTERS:
             self.redeliveries.add_metric([group, outcome], int(totals.get(outcome, 0)))
         self.internal_errors.add_metric([group], int(totals.get("internal_error", 0)))
         self.config_rejected.add_metric([group], int(totals.get("config_rejected", 0)))

@@ -6,16 +6,15 @@ from typing import Any
 
 import pytest
 
-from dashboard.publisher import group_name
-from dashboard.selectors import (
+from dashboard.merge import (
     STALE_AFTER_S,
-    counter_rows,
     counter_totals,
-    legend,
     live_snapshots,
     merge_snapshots,
     with_configured_pools,
 )
+from dashboard.publisher import group_name
+from dashboard.reasons import counter_rows, legend
 from runtime.dispatch.stats import DROP_REASONS
 from runtime.wire.keys import SNAPSHOT_TTL_S
 
