@@ -157,7 +157,7 @@ class FabricConsumer(AsyncJsonWebsocketConsumer):
                 fresh[dispatcher_id] = snap
         self.snapshots = fresh
 
-    def view(self, *, now: float | None = None) -> dict[str, Any]:
+    def view(self, *, now: float | None = None) -> merge.FabricView:
         now = time.time() if now is None else now
         self.snapshots = merge.live_snapshots(self.snapshots.values(), now=now)
         view = merge.merge_snapshots(self.snapshots.values(), now=now)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from runtime.dispatch.snapshot import DispatcherSnapshot
 from runtime.wire.keys import SNAPSHOT_TTL_S
@@ -34,6 +34,40 @@ class ConfiguredPool(TypedDict):
     max_queued: int | None
     admin_url: str
     dead_letters_url: str
+
+
+class FabricView(TypedDict):
+    """The merged live view of one fabric group: what the page, the websocket and ``/metrics`` show.
+
+    Pools, dispatcher rows and active requests stay open dicts: the page adds its own display fields.
+    """
+
+    schema: int
+    group_id: str | None
+    now: float
+    at: float | None
+    age_s: float | None
+    stale: bool
+    dispatchers_running: int
+    policy: str | None
+    config_version: int | None
+    total_concurrency: int | None
+    group_in_flight: int
+    in_flight: int
+    queued: int
+    completed: int
+    failed: dict[str, int]
+    dropped: dict[str, int]
+    pools: list[dict[str, Any]]
+    dispatchers: list[dict[str, Any]]
+    active: list[dict[str, Any]]
+    # What snapshots do not carry, added by finish_view (and fabric_view's valkey_error).
+    valkey_error: NotRequired[str]
+    backends: NotRequired[list[dict[str, Any]]]
+    totals: NotRequired[dict[str, Any]]
+    live_queue_depth: NotRequired[dict[str, int]]
+    dead_letters: NotRequired[list[dict[str, Any]]]
+    dead_letters_total: NotRequired[int]
 
 
 def live_snapshots(
@@ -124,7 +158,7 @@ def _dispatcher_row(snap: DispatcherSnapshot, now: float) -> dict[str, Any]:
 
 def merge_snapshots(
     snapshots: Iterable[DispatcherSnapshot], *, now: float, stale_after_s: float = STALE_AFTER_S
-) -> dict[str, Any]:
+) -> FabricView:
     """One view of a fabric group from the snapshots of its dispatchers (expired ones are ignored)."""
     live = live_snapshots(snapshots, now=now)
     ordered = sorted(live.values(), key=lambda s: float(s.get("at", 0)), reverse=True)
@@ -166,8 +200,8 @@ def merge_snapshots(
 
 
 def with_configured_pools(
-    view: dict[str, Any], *, pools: list[ConfiguredPool], queue_lengths: Mapping[str, int]
-) -> dict[str, Any]:
+    view: FabricView, *, pools: list[ConfiguredPool], queue_lengths: Mapping[str, int]
+) -> FabricView:
     """Adds configured pools no live snapshot reports (no dispatcher running, disabled pools).
 
     Their queue depth is the live LLEN; in-flight and credit are unknown without a dispatcher.
@@ -198,7 +232,10 @@ def with_configured_pools(
     merged = [*view["pools"], *extra]
     order = {p["pool_id"]: i for i, p in enumerate(pools)}
     merged.sort(key=lambda p: order.get(p["pool_id"], len(order)))
-    return {**view, "pools": merged, "queued": sum(int(p.get("queue_depth") or 0) for p in merged)}
+    result = view.copy()
+    result["pools"] = merged
+    result["queued"] = sum(int(p.get("queue_depth") or 0) for p in merged)
+    return result
 
 
 # Counters without a detail part; those past the first two appear only once a dispatcher counted one.
@@ -237,7 +274,7 @@ def rejections_by_pool(raw: Mapping[Any, Any]) -> dict[str, dict[str, int]]:
 
 
 def finish_view(
-    view: dict[str, Any],
+    view: FabricView,
     *,
     group_id: str,
     configured: list[ConfiguredPool],
@@ -246,7 +283,7 @@ def finish_view(
     backends: list[dict[str, Any]] | None = None,
     rejections: Mapping[str, Mapping[str, int]] | None = None,
     now: float,
-) -> dict[str, Any]:
+) -> FabricView:
     """Adds what snapshots do not carry: unobserved pools, links, the group's cumulative counters,
     the backends' live status and the submits refused per pool."""
     view = with_configured_pools(view, pools=configured, queue_lengths=queue_lengths)

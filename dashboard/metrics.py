@@ -118,7 +118,7 @@ class _Families:
     def all(self) -> list[Metric]:
         return [v for v in vars(self).values() if isinstance(v, Metric)]
 
-    def add_group(self, view: dict[str, Any]) -> None:
+    def add_group(self, view: merge.FabricView) -> None:
         group = str(view["group_id"])
         for pool in view["pools"]:
             labels = [group, pool["pool_id"]]
@@ -222,7 +222,7 @@ class FabricCollector:
         yield from families.all()
 
 
-def _with_live_depth(pool: dict[str, Any], view: dict[str, Any]) -> dict[str, Any]:
+def _with_live_depth(pool: dict[str, Any], view: merge.FabricView) -> dict[str, Any]:
     depth = view.get("live_queue_depth", {}).get(pool["pool_id"])
     return pool if depth is None else {**pool, "queue_depth": depth}
 

@@ -16,7 +16,14 @@ import orjson
 import redis
 from django.urls import reverse
 
-from dashboard.merge import ConfiguredPool, counter_totals, finish_view, merge_snapshots, rejections_by_pool
+from dashboard.merge import (
+    ConfiguredPool,
+    FabricView,
+    counter_totals,
+    finish_view,
+    merge_snapshots,
+    rejections_by_pool,
+)
 from pools import selectors as pool_selectors
 from pools.connections import VALKEY_ERRORS, key_space, valkey_client
 from runtime.backends.status import queue_reads, status_from_replies
@@ -137,7 +144,7 @@ def fabric_read(*, group_id: str, pool_ids: list[str], now: float | None = None)
 
 def fabric_view(
     *, group_id: str, configured: list[ConfiguredPool] | None = None, now: float | None = None
-) -> dict[str, Any]:
+) -> FabricView:
     """The merged live view of a group, plus cumulative counters and unobserved configured pools.
 
     Never raises for Valkey trouble: the view then carries ``valkey_error`` and no dispatchers.
