@@ -21,7 +21,8 @@ from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from dashboard import publisher, selectors
+from dashboard import merge, publisher, selectors
+from runtime.dispatch.snapshot import DispatcherSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class FabricConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self) -> None:
         user = self.scope.get("user")
-        self.snapshots: dict[str, dict[str, Any]] = {}
+        self.snapshots: dict[str, DispatcherSnapshot] = {}
         self.sent = 0
         self._task: asyncio.Task[None] | None = None
         # Accept, then close with a code: a refused handshake would reach the browser only as 1006.
@@ -59,6 +60,7 @@ class FabricConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         self.group_id = self.scope["url_route"]["kwargs"]["group_id"]
+        self.configured: list[merge.ConfiguredPool] = []
         try:
             self.configured = await database_sync_to_async(selectors.configured_pools)(group_id=self.group_id)
         except Exception:  # FabricGroup.DoesNotExist, or the database is gone
@@ -67,7 +69,7 @@ class FabricConsumer(AsyncJsonWebsocketConsumer):
             return
         self.layer_group = ""  # set once joined
         self.lengths: dict[str, int] = {}
-        self.totals: dict[str, Any] = selectors.counter_totals({})
+        self.totals: dict[str, Any] = merge.counter_totals({})
         self.backends: list[dict[str, Any]] = []
         self.rejections: dict[str, dict[str, int]] = {}
         self.valkey_error = ""
@@ -96,8 +98,8 @@ class FabricConsumer(AsyncJsonWebsocketConsumer):
             self._refresh_due = True  # re-read the configuration now, not at the next REFRESH_S
             self._dirty.set()
 
-    async def fabric_snapshot(self, event: dict[str, Any]) -> None:
-        snap = event.get("snapshot")
+    async def fabric_snapshot(self, event: publisher.SnapshotEvent) -> None:
+        snap = event.get("snapshot")  # checked: the layer is shared, the sender may be another version
         if not isinstance(snap, dict) or "dispatcher_id" not in snap:
             return
         known = self.snapshots.get(snap["dispatcher_id"])
@@ -155,14 +157,14 @@ class FabricConsumer(AsyncJsonWebsocketConsumer):
                 fresh[dispatcher_id] = snap
         self.snapshots = fresh
 
-    def view(self, *, now: float | None = None) -> dict[str, Any]:
+    def view(self, *, now: float | None = None) -> merge.FabricView:
         now = time.time() if now is None else now
-        self.snapshots = selectors.live_snapshots(self.snapshots.values(), now=now)
-        view = selectors.merge_snapshots(self.snapshots.values(), now=now)
+        self.snapshots = merge.live_snapshots(self.snapshots.values(), now=now)
+        view = merge.merge_snapshots(self.snapshots.values(), now=now)
         view["valkey_error"] = self.valkey_error
-        return selectors.finish_view(
+        return merge.finish_view(
             view, group_id=self.group_id, configured=self.configured, queue_lengths=self.lengths,
-            totals=self.totals, backends=self.backends, rejections=self.rejections,
+            totals=self.totals, backends=self.backends, rejections=self.rejections, now=now,
         )  # fmt: skip
 
     async def _send_view(self) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from dashboard import selectors
+from dashboard import merge, selectors
 
 log = logging.getLogger(__name__)
 PREFIX = "llm_dispatch"
@@ -123,7 +123,7 @@ class _Families:
     def all(self) -> list[Metric]:
         return [v for v in vars(self).values() if isinstance(v, Metric)]
 
-    def add_group(self, view: dict[str, Any]) -> None:
+    def add_group(self, view: merge.FabricView) -> None:
         group = str(view["group_id"])
         for pool in view["pools"]:
             labels = [group, pool["pool_id"]]
@@ -160,7 +160,7 @@ class _Families:
         """The group's cumulative counters (and its pools' dead letters, read with them)."""
         self.add_dead_letters(group, totals.get("dead_letters", {}), now=time.time())
         self.completions.add_metric([group], int(totals["completed"]))
-        for outcome in selectors.REDELIVERY_COUNTERS:
+        for outcome in merge.REDELIVERY_COUNTERS:
             self.redeliveries.add_metric([group, outcome], int(totals.get(outcome, 0)))
         self.internal_errors.add_metric([group], int(totals.get("internal_error", 0)))
         self.config_rejected.add_metric([group], int(totals.get("config_rejected", 0)))
@@ -229,7 +229,7 @@ class FabricCollector:
         yield from families.all()
 
 
-def _with_live_depth(pool: dict[str, Any], view: dict[str, Any]) -> dict[str, Any]:
+def _with_live_depth(pool: dict[str, Any], view: merge.FabricView) -> dict[str, Any]:
     depth = view.get("live_queue_depth", {}).get(pool["pool_id"])
     return pool if depth is None else {**pool, "queue_depth": depth}
 

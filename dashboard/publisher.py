@@ -14,7 +14,7 @@ import hashlib
 import logging
 import re
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 from runtime.dispatch.snapshot import DispatcherSnapshot, SnapshotSink
 
@@ -26,6 +26,14 @@ WARN_EVERY_S = 30.0
 _GROUP_PREFIX = "fabric."
 _INVALID = re.compile(r"[^a-zA-Z0-9\-_.]")
 _MAX_GROUP_NAME = 99  # channels refuses names of 100 characters or more
+
+
+class SnapshotEvent(TypedDict):
+    """The channel-layer event a dispatcher's snapshot travels in (handled by ``fabric_snapshot``)."""
+
+    type: str
+    snapshot: DispatcherSnapshot
+
 
 def group_name(group_id: str) -> str:
     """The channel-layer group of a fabric group: ``fabric.<group_id>``, sanitized to what channels accepts.
@@ -58,7 +66,7 @@ class ChannelLayerSink:
             return
         try:
             group = group_name(str(snapshot["group_id"]))
-            event = {"type": EVENT_TYPE, "snapshot": snapshot}
+            event = SnapshotEvent(type=EVENT_TYPE, snapshot=snapshot)
             await asyncio.wait_for(self.layer.group_send(group, event), self.timeout_s)
         except Exception as exc:  # the live feed must never stop dispatch
             self.failed += 1

@@ -18,7 +18,7 @@ from django.urls import NoReverseMatch, reverse
 from django.views.decorators.http import require_POST
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from dashboard import metrics, selectors
+from dashboard import metrics, reasons, selectors
 from pools import selectors as pool_selectors
 from pools import services as pool_services
 from pools.models import FabricGroup, Pool
@@ -63,19 +63,19 @@ def fabric(request: HttpRequest, group_id: str) -> HttpResponse:
     view = selectors.fabric_view(group_id=group_id, configured=configured, now=time.time())
     for row in view["dispatchers"]:
         row["up_since_dt"] = datetime.fromtimestamp(float(row["up_since"] or 0), tz=UTC)
-        row["breaker_pills"] = selectors.breaker_pills(row["breakers"])
+        row["breaker_pills"] = reasons.breaker_pills(row["breakers"])
     for pool in view["pools"]:
-        pool["skip_chips"] = selectors.skip_chips(pool["skips"])
+        pool["skip_chips"] = reasons.skip_chips(pool["skips"])
     context: dict[str, Any] = {
         "group": group,
         "groups": list(pool_selectors.group_list()),
         "view": view,
         "links": _links(),
         "ws_path": f"/ws/fabric/{group_id}/",
-        "counter_rows": selectors.counter_rows(view),
-        "texts": selectors.reason_texts(),
-        "legend": selectors.legend(view),
-        "drop_reasons": " ".join(selectors.known_drop_reasons({})),
+        "counter_rows": reasons.counter_rows(view),
+        "texts": reasons.reason_texts(),
+        "legend": reasons.legend(view),
+        "drop_reasons": " ".join(reasons.known_drop_reasons({})),
         "max_queue": max([int(p.get("queue_depth") or 0) for p in view["pools"]] + [1]),
         "rejected_total": sum(sum(p.get("rejected", {}).values()) for p in view["pools"]),
     }

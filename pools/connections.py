@@ -55,6 +55,14 @@ def sync_client() -> redis.Redis:
     return _client_for(valkey_url(), float(settings.DISPATCH_VALKEY_HEALTH_S))
 
 
+def valkey_client(client: redis.Redis | None = None) -> redis.Redis:
+    """The client a read runs on: the caller's, so several reads share one connection, else the
+    process's shared one. Nothing to close either way (closing the shared client only returns its
+    connection to the pool); the caller maps :data:`VALKEY_ERRORS` once, where it reports them.
+    """
+    return sync_client() if client is None else client
+
+
 @functools.cache
 def _client_for(url: str, health_s: float) -> redis.Redis:
     # A Valkey that stops answering (stopped, partitioned away) fails a read after health_s: a view or

@@ -8,10 +8,11 @@ import os
 import time
 from collections.abc import Iterable
 
+import redis
 from asgiref.sync import async_to_sync
 from django.db.models import QuerySet
 
-from pools.connections import VALKEY_ERRORS, key_space, sync_client
+from pools.connections import VALKEY_ERRORS, key_space, sync_client, valkey_client
 from pools.models import Backend, FabricGroup, Pool
 from runtime.backends.probe import ProbeResult, probe
 from runtime.backends.status import READS, BackendStatus, queue_reads, status_from_replies
@@ -162,16 +163,21 @@ def group_published_config(*, group_id: str) -> GroupConfig | None:
     return GroupConfig.decode(raw) if raw else None
 
 
-def pool_queue_lengths(*, pool_ids: list[str]) -> dict[str, int]:
-    """Pending requests per pool (LLEN of each lane); empty when Valkey cannot be reached."""
+def queue_lengths_read(*, pool_ids: list[str], client: redis.Redis | None = None) -> dict[str, int]:
+    """Pending requests per pool (LLEN of each lane) in one round trip; raises VALKEY_ERRORS."""
     if not pool_ids:
         return {}
     keys = key_space()
+    pipe = valkey_client(client).pipeline(transaction=False)
+    for pool_id in pool_ids:
+        pipe.llen(keys.requests(pool_id))
+    return dict(zip(pool_ids, (int(n) for n in pipe.execute()), strict=True))
+
+
+def pool_queue_lengths(*, pool_ids: list[str]) -> dict[str, int]:
+    """Pending requests per pool (LLEN of each lane); empty when Valkey cannot be reached."""
     try:
-        pipe = sync_client().pipeline(transaction=False)
-        for pool_id in pool_ids:
-            pipe.llen(keys.requests(pool_id))
-        return dict(zip(pool_ids, (int(n) for n in pipe.execute()), strict=True))
+        return queue_lengths_read(pool_ids=pool_ids)
     except VALKEY_ERRORS as exc:
         log.warning("could not read queue lengths from Valkey: %s", exc)
         return {}

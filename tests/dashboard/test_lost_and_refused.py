@@ -8,14 +8,14 @@ import time
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from dashboard import selectors
+from dashboard import merge, reasons
 from tests.dashboard.test_merge import pool, snap
 from tests.pools.helpers import dead_letter
 
 
 def test_lost_in_flight_is_summed_per_pool_over_dispatchers() -> None:
     now = time.time()
-    view = selectors.merge_snapshots(
+    view = merge.merge_snapshots(
         [
             snap("d1", now, [pool("a", lost_in_flight=2), pool("b")], dropped={"lost_in_flight": 2}),
             snap("d2", now - 1, [pool("a", lost_in_flight=1)], dropped={"lost_in_flight": 1},
@@ -27,7 +27,7 @@ def test_lost_in_flight_is_summed_per_pool_over_dispatchers() -> None:
     assert view["dropped"] == {"lost_in_flight": 3}
     rows = {r["dispatcher_id"]: r for r in view["dispatchers"]}
     assert (rows["d2"]["config_rejected"], rows["d2"]["internal_errors"]) == (1, 4)
-    labels = [r["label"] for r in selectors.counter_rows(view)]
+    labels = [r["label"] for r in reasons.counter_rows(view)]
     assert "Dropped: Lost in flight" in labels
     assert "Dropped: Duplicate of a running request" in labels
 
@@ -51,7 +51,7 @@ def test_metrics_show_lost_calls_refused_configs_and_internal_errors(client, fab
     assert samples[("llm_dispatch_drops_total", "")] == 2
     assert samples[("llm_dispatch_config_rejected_total", "")] == 1
     assert samples[("llm_dispatch_internal_errors_total", "")] == 3
-    assert selectors.counter_totals(sredis.hgetall(keys.counters("g")))["config_rejected"] == 1
+    assert merge.counter_totals(sredis.hgetall(keys.counters("g")))["config_rejected"] == 1
 
 
 def test_metrics_show_each_pools_dead_letters(client, fabric, sredis, keys) -> None:

@@ -6,16 +6,15 @@ from typing import Any
 
 import pytest
 
-from dashboard.publisher import group_name
-from dashboard.selectors import (
+from dashboard.merge import (
     STALE_AFTER_S,
-    counter_rows,
     counter_totals,
-    legend,
     live_snapshots,
     merge_snapshots,
     with_configured_pools,
 )
+from dashboard.publisher import group_name
+from dashboard.reasons import counter_rows, legend
 from runtime.dispatch.stats import DROP_REASONS
 from runtime.wire.keys import SNAPSHOT_TTL_S
 
@@ -170,8 +169,8 @@ def test_counter_hash_and_rows() -> None:
         }
     )
     assert totals == {
-        "completed": 12, "failed": {"backend_timeout": 2}, "dropped": {"expired": 3}, "valkey_outages": 1,
-        "failed_total": 2, "dropped_total": 3,
+        "completed": 12, "failed": {"backend_timeout": 2}, "dropped": {"expired": 3}, "unpersisted": {},
+        "valkey_outages": 1, "failed_total": 2, "dropped_total": 3,
     }  # fmt: skip
     view = merge_snapshots([snap("d", NOW, [], dropped={"expired": 1})], now=NOW)
     view["totals"] = totals

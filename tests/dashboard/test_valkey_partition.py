@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from dashboard.selectors import STALE_AFTER_S, merge_snapshots
+from dashboard.merge import STALE_AFTER_S, merge_snapshots
 from pools import connections
 from tests.dashboard.conftest import point_dashboard_at
 from tests.dashboard.test_consumer import communicator, view_where

@@ -9,6 +9,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from history import derived as derived_tables
 from history import schema
 from history.client import HistoryClient, HistoryUnavailable
 from history.ingester import GROUP, Ingester, IngesterCrash
@@ -244,7 +245,7 @@ def test_migrate_is_idempotent_and_applies_retention(history: HistoryClient) -> 
     ]
     assert "toIntervalDay(7)" in engine and engine.startswith("MergeTree")
     assert f"non_replicated_deduplication_window = {schema.DEDUP_WINDOW}" in engine
-    for derived in schema.DERIVED:
+    for derived in derived_tables.DERIVED:
         row = history.query(
             "SELECT engine_full FROM system.tables WHERE database = {db:String} AND name = {t:String}",
             {"db": history.database, "t": derived.name},
