@@ -31,8 +31,8 @@ from runtime.dispatch.stats import (
     DROP_REPLY_UNDELIVERED,
 )
 from runtime.errors import DispatchError
+from runtime.queue.keys import SNAPSHOT_TTL_S
 from runtime.wire.groupconfig import GroupConfig
-from runtime.wire.keys import SNAPSHOT_TTL_S
 
 log = logging.getLogger(__name__)
 

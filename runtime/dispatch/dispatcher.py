@@ -9,7 +9,7 @@ Nothing is popped that cannot launch (a half-open breaker is offered only its pr
 refused work stays visibly queued.
 
 A fleet of dispatchers in one group behaves as one: a round runs only in the group's scheduling turn
-(:mod:`runtime.dispatch.turn`, taken in the observe pipeline and given back in the claim pipeline),
+(:mod:`runtime.queue.turn`, taken in the observe pipeline and given back in the claim pipeline),
 each dispatcher keeps to its share of the group's slots, the claim checks the protected slots owed
 to the group's other pools, and idle dispatchers wait for wake tokens (:mod:`runtime.dispatch.wakeup`).
 
@@ -41,13 +41,11 @@ from runtime.backends.gate import SKIP_BACKEND_CAP, SKIP_BACKEND_SATURATED
 from runtime.backends.health import EndpointBreakers
 from runtime.backoff import Backoff
 from runtime.config import DispatcherSettings
-from runtime.dispatch import redelivery, scripts
+from runtime.dispatch import redelivery
 from runtime.dispatch.drops import DropRecorder
 from runtime.dispatch.execution import Executor, Running
-from runtime.dispatch.leases import LeaseRecord
 from runtime.dispatch.listener import ChangeListener
 from runtime.dispatch.peek import PeekCache, PeekedItem, usable_heads
-from runtime.dispatch.queue import ClaimRequest, QueueOps, QueueView, TurnEnd, lease_member
 from runtime.dispatch.snapshot import DispatcherSnapshot, SnapshotSink, SnapshotStore, build_snapshot
 from runtime.dispatch.stats import (
     DROP_DUPLICATE,
@@ -58,11 +56,14 @@ from runtime.dispatch.wakeup import WakeWaiter
 from runtime.errors import DispatchError
 from runtime.policy import scheduler
 from runtime.policy.reads import plan_reads, unread_skip
+from runtime.queue import scripts
+from runtime.queue.dispatching import ClaimRequest, QueueOps, QueueView, TurnEnd, lease_member
+from runtime.queue.keys import DEFAULT_KEYS, KeySpace
+from runtime.queue.leases import LeaseRecord
 from runtime.telemetry.spans import Identity
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire.contract import Envelope
 from runtime.wire.groupconfig import GroupConfig
-from runtime.wire.keys import DEFAULT_KEYS, KeySpace
 
 log = logging.getLogger(__name__)
 # The refusals that come from a pool's backend: the scheduler sees the pool blocked for that reason.
@@ -357,7 +358,7 @@ class Dispatcher:
         That is: a request left a queue without running (dropped), or requests were claimed and this
         round may have left launchable work behind. The round runs only in the group's scheduling
         turn; every path that took the turn gives it back in a claim pipeline (a round that fails
-        midway leaves it to lapse after :data:`runtime.dispatch.turn.TURN_LEASE_MS`).
+        midway leaves it to lapse after :data:`runtime.queue.turn.TURN_LEASE_MS`).
         """
         assert self._policy is not None and self.config is not None
         self.stats.rounds += 1

@@ -17,7 +17,7 @@ from dashboard.selectors import (
     with_configured_pools,
 )
 from runtime.dispatch.stats import DROP_REASONS
-from runtime.wire.keys import SNAPSHOT_TTL_S
+from runtime.queue.keys import SNAPSHOT_TTL_S
 
 NOW = 1_700_000_000.0
 

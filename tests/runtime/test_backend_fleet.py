@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from runtime.backends.breaker import BreakerPolicy
 from runtime.backends.fleet import BackendFleet
 from runtime.backends.health import EndpointBreakers
 from runtime.errors import BackendConnectError
-from runtime.wire.backendconfig import BackendConfig
-from runtime.wire.keys import KeySpace
+from runtime.queue.keys import KeySpace
+from runtime.wire.backendconfig import BackendConfig, BreakerPolicy
 
 POLICY = BreakerPolicy(failure_threshold=2, open_s=5.0, half_open_probes=1)
 URL = "http://bare:1/v1"
