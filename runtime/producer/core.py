@@ -248,16 +248,19 @@ class Producer:
         span: trace.Span,
         lease: KeyLease | None = None,
     ) -> CompletionResult:
-        raw = self._envelope(chat, request_id, pool_id, metadata, timeout_s, span)
         loop = asyncio.get_running_loop()
+        # Counted from before the envelope's deadline is set, not from the end of the push: the caller
+        # gives up no later than the deadline the dispatcher bounds the call by, so a dispatcher that runs
+        # into it answers after this timer (a late reply), never first (it did by the push's duration).
+        expires_at = loop.time() + timeout_s
+        raw = self._envelope(chat, request_id, pool_id, metadata, timeout_s, span)
         future: asyncio.Future[Reply] = loop.create_future()
         self._waiters[request_id] = Waiter(future, pool_id)
-        timer: asyncio.TimerHandle | None = None
+        # A timer on the reply's own future rather than asyncio.wait_for, which adds a second future,
+        # done callbacks and its own timer to every submit.
+        timer = loop.call_at(expires_at, _expire, future)
         try:
             await self._push(pool_id, request_id, raw, lease, timeout_s)
-            # A timer on the reply's own future rather than asyncio.wait_for, which adds a second future,
-            # done callbacks and its own timer to every submit.
-            timer = loop.call_at(loop.time() + timeout_s, _expire, future)
             try:
                 reply = await future
             except TimeoutError:
@@ -270,8 +273,7 @@ class Producer:
                     withdrawn_span(span)
                 raise
         finally:
-            if timer is not None:
-                timer.cancel()
+            timer.cancel()
             self._waiters.pop(request_id, None)
             if lease is not None:
                 await self._key_leases.release(lease)
