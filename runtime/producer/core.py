@@ -33,7 +33,6 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from runtime.backends.adapter import OpenAIBackend
 from runtime.config import ProducerSettings
 from runtime.errors import (
-    Cancelled,
     DispatchError,
     ProducerClosed,
     QueueFull,
@@ -48,16 +47,16 @@ from runtime.producer.outcomes import (
     fail_span,
     refused_span,
     reply_error,
+    submit_span,
     withdrawn_span,
 )
 from runtime.producer.pools import PoolRegistry
 from runtime.producer.pump import WAKE_SENTINEL, ReplyPump, Waiter
-from runtime.producer.streams import ChatStream
-from runtime.queue import registry
-from runtime.queue.admission import KeyLease, KeyLeases, admit_and_push
-from runtime.queue.keys import DEFAULT_KEYS, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
+from runtime.producer.streams import ChatStream, stream_call
+from runtime.queue.admission import KeyLease, KeyLeases
+from runtime.queue.keys import DEFAULT_KEYS, KeySpace
 from runtime.queue.leases import lease_member
-from runtime.telemetry import semconv
+from runtime.queue.producing import ProducerOps
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire.contract import (
     ChatCall,
@@ -65,16 +64,12 @@ from runtime.wire.contract import (
     Metadata,
     Reply,
     StreamOptions,
-    envelope_prefix,
 )
 from runtime.wire.groupconfig import GroupConfig
 
 __all__ = ["Producer"]
 
 log = logging.getLogger(__name__)
-_PUSH = registry.script("push")
-_WITHDRAW = registry.script("withdraw")
-_ADMIT_PUSH = registry.script("admit_push")
 _propagator = TraceContextTextMapPropagator()
 
 
@@ -113,11 +108,7 @@ class Producer:
         self._closing = asyncio.Event()
         self._alive_key = keys.producer_alive(self.producer_id)
         self._reply_key = keys.replies(self.producer_id)
-        # The request and a wake token for one idle dispatcher, in one script run by SHA over the
-        # client's pipelined connection (a direct-mode producer may have no Valkey client at all).
-        self._push_script = _PUSH.bind(client)
-        self._admit_script = _ADMIT_PUSH.bind(client)
-        self._withdraw_script = _WITHDRAW.bind(client)
+        self._queue = ProducerOps(client, keys)
         self._key_leases = KeyLeases(client, keys, self.settings.alive_ttl_s)
 
     def __repr__(self) -> str:
@@ -313,22 +304,12 @@ class Producer:
     ) -> None:
         """Queues the envelope; QueueFull (nothing queued) when the pool's admission limits, or those of
         the ingress key holding ``lease``, refuse it."""
-        limits = self._pools.limits(pool_id)
         try:
-            if limits.bounded or lease is not None:
-                # The limits are checked and the request pushed (and counted against its key) in one
-                # script: racing producers never take the queue past max_queued, nor a key past its own.
-                await admit_and_push(self._admit_script, self.keys, pool_id, raw, limits, lease)
-                if lease is not None:
-                    self._key_leases.hold(lease, timeout_s)
-                return
-            # One script: the push, and a wake-up token only when the list was empty (wake one, not all).
-            await self._push_script(
-                keys=[self.keys.requests(pool_id), self.keys.wake_list(pool_id)],
-                args=[raw, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
-            )
+            await self._queue.push(pool_id, raw, self._pools.limits(pool_id), lease)
         except REDIS_ERRORS as exc:
             raise QueueUnavailable(f"could not enqueue request {request_id}: {exc}") from exc
+        if lease is not None:
+            self._key_leases.hold(lease, timeout_s)
 
     def stream(
         self,
@@ -355,14 +336,7 @@ class Producer:
             raise ProducerClosed(
                 f"producer {self.producer_id} is {'closed' if self._closed else 'not started'}"
             )
-        if not isinstance(call, ChatCall):
-            if include_usage is None:
-                options = call.get("stream_options")
-                include_usage = isinstance(options, Mapping) and options.get("include_usage") is True
-            # This method is the stream switch: the body's own OpenAI streaming fields are not needed.
-            call = ChatCall.from_openai(
-                {k: v for k, v in call.items() if k not in ("stream", "stream_options")}
-            )
+        call, include_usage = stream_call(call, include_usage)
         return ChatStream(
             self,
             call,
@@ -382,38 +356,17 @@ class Producer:
         self.stats.cancelled += 1
         group_id = self._pools.group_of(pool_id)
         try:
-            # Taken out and counted in one script: nobody sees the queue without it and the count not yet.
-            counters = [self.keys.counters(group_id)] if group_id else []
-            removed = await self._withdraw_script(
-                keys=[self.keys.requests(pool_id), self.keys.delayed(pool_id), *counters],
-                args=[raw, f"dropped:{Cancelled.error_type}", envelope_prefix(request_id, self.producer_id)],
-            )
-            if group_id and not removed:
-                await self.client.publish(self.keys.cancel_channel(group_id), request_id.encode())
+            removed = await self._queue.withdraw(pool_id, request_id, self.producer_id, raw, group_id)
         except REDIS_ERRORS as exc:
             log.warning("producer %s could not withdraw request %s: %s", self.producer_id, request_id, exc)
             return False
         if removed:
             self.stats.withdrawn_queued += 1
-        return bool(removed)
+        return removed
 
     def _submit_span(self, request_id: str, pool_id: str, model: str, metadata: Metadata) -> trace.Span:
-        """The producer's span of one request: its history row when no dispatcher writes one (refused at
-        submit, withdrawn while queued); the parent of the dispatcher's span otherwise."""
         group_id = self._pools.group_of(pool_id) or ""
-        attributes = {
-            semconv.REQUEST_ID: request_id,
-            semconv.PRODUCER_ID: self.producer_id,
-            semconv.POOL_ID: pool_id,
-            semconv.GEN_AI_REQUEST_MODEL: model,
-            semconv.SPAN_KIND_ROLE: "producer",
-            **{f"{semconv.LABEL_PREFIX}{label}": value for label, value in metadata.labels.items()},
-        }
-        if group_id:
-            attributes[semconv.GROUP_ID] = group_id
-        return self._tracer.start_span(
-            semconv.SPAN_NAME_SUBMIT, kind=trace.SpanKind.PRODUCER, attributes=attributes
-        )
+        return submit_span(self._tracer, self.producer_id, group_id, request_id, pool_id, model, metadata)
 
     def _lease(
         self, key: KeyLimits | None, pool_id: str, request_id: str, timeout_s: float

@@ -10,9 +10,17 @@ from opentelemetry import trace
 
 from runtime.errors import Cancelled, DispatchError, QueueFull, error_from_type
 from runtime.telemetry import semconv
-from runtime.wire.contract import Reply, Timing
+from runtime.wire.contract import Metadata, Reply, Timing
 
-__all__ = ["CompletionResult", "ProducerStats", "fail_span", "refused_span", "reply_error", "withdrawn_span"]
+__all__ = [
+    "CompletionResult",
+    "ProducerStats",
+    "fail_span",
+    "refused_span",
+    "reply_error",
+    "submit_span",
+    "withdrawn_span",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +61,30 @@ def reply_error(reply: Reply) -> DispatchError:
         retry_after_s=backend.retry_after_s,
         backend_message=backend.message,
     )
+
+
+def submit_span(
+    tracer: trace.Tracer,
+    producer_id: str,
+    group_id: str,
+    request_id: str,
+    pool_id: str,
+    model: str,
+    metadata: Metadata,
+) -> trace.Span:
+    """The producer's span of one request: its history row when no dispatcher writes one (refused at
+    submit, withdrawn while queued); the parent of the dispatcher's span otherwise."""
+    attributes = {
+        semconv.REQUEST_ID: request_id,
+        semconv.PRODUCER_ID: producer_id,
+        semconv.POOL_ID: pool_id,
+        semconv.GEN_AI_REQUEST_MODEL: model,
+        semconv.SPAN_KIND_ROLE: "producer",
+        **{f"{semconv.LABEL_PREFIX}{label}": value for label, value in metadata.labels.items()},
+    }
+    if group_id:
+        attributes[semconv.GROUP_ID] = group_id
+    return tracer.start_span(semconv.SPAN_NAME_SUBMIT, kind=trace.SpanKind.PRODUCER, attributes=attributes)
 
 
 def refused_span(span: trace.Span, exc: QueueFull) -> None:

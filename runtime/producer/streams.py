@@ -22,7 +22,7 @@ from runtime.wire.contract import ChatCall, Metadata, Reply, StreamChunk, Stream
 if TYPE_CHECKING:
     from runtime.producer.core import Producer
 
-__all__ = ["ChatStream", "stream_events"]
+__all__ = ["ChatStream", "stream_call", "stream_events"]
 
 
 @dataclass(slots=True)
@@ -43,6 +43,20 @@ class ChatStream:
 
     def __aiter__(self) -> AsyncIterator[Mapping[str, Any]]:
         return stream_events(self.producer, self)
+
+
+def stream_call(call: ChatCall | Mapping[str, Any], include_usage: bool | None) -> tuple[ChatCall, bool]:
+    """The call to stream, and whether the client asked for the usage chunk: ``call`` may be the SDK's
+    streaming params as they are (their ``stream_options.include_usage`` counts unless
+    ``include_usage`` says otherwise)."""
+    if isinstance(call, ChatCall):
+        return call, bool(include_usage)
+    if include_usage is None:
+        options = call.get("stream_options")
+        include_usage = isinstance(options, Mapping) and options.get("include_usage") is True
+    # ``stream`` is the switch: the body's own OpenAI streaming fields are not needed.
+    body = {k: v for k, v in call.items() if k not in ("stream", "stream_options")}
+    return ChatCall.from_openai(body), bool(include_usage)
 
 
 async def stream_events(producer: Producer, stream: ChatStream) -> AsyncIterator[Mapping[str, Any]]:
