@@ -29,12 +29,12 @@ if str(ROOT) not in sys.path:
 
 import redis.asyncio as aioredis  # noqa: E402
 
+from runtime.queue import groups  # noqa: E402
+from runtime.queue.keys import KeySpace  # noqa: E402
 from runtime.valkey import embedded  # noqa: E402
 from runtime.valkey.client import connect  # noqa: E402
-from runtime.wire import groupconfig  # noqa: E402
 from runtime.wire.contract import ChatCall, Envelope, Metadata  # noqa: E402
 from runtime.wire.groupconfig import GroupConfig, PoolConfig  # noqa: E402
-from runtime.wire.keys import KeySpace  # noqa: E402
 
 CALL = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -237,7 +237,7 @@ async def client(url: str) -> AsyncIterator[aioredis.Redis]:
 
 
 async def publish(conn: aioredis.Redis, keys: KeySpace, config: GroupConfig) -> None:
-    await groupconfig.publish(conn, keys, config)
+    await groups.publish(conn, keys, config)
 
 
 async def preload(

@@ -19,8 +19,8 @@ import orjson
 from runtime import eventloop
 from runtime.config import DispatcherSettings
 from runtime.dispatch.dispatcher import Dispatcher
+from runtime.queue.keys import KeySpace
 from runtime.valkey.client import connect
-from runtime.wire.keys import KeySpace
 
 
 async def main(url: str, prefix: str, group_id: str, concurrency: int, dispatcher_id: str) -> None:

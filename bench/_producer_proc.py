@@ -16,8 +16,8 @@ import orjson
 
 from bench._common import closed_loop
 from runtime.producer import Producer
+from runtime.queue.keys import KeySpace
 from runtime.valkey.client import connect
-from runtime.wire.keys import KeySpace
 
 WARM_UP_CALLS = 512
 

@@ -52,20 +52,20 @@ from bench._common import (
     table,
 )
 from bench.bench_fairness import jain
-from runtime.dispatch.wakeup import PUSH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, wake_lua
 from runtime.producer import Producer
-from runtime.valkey.lua import LuaScript, run_pipeline
+from runtime.queue import registry
+from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
+from runtime.valkey.lua import run_pipeline
 from runtime.wire.contract import ChatCall, Envelope, Metadata
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
-from runtime.wire.keys import KeySpace
 
 SCENARIOS = {"4:1": (4, 1), "1:1:2:4": (1, 1, 2, 4)}
 FLEETS = (1, 2, 3)
 GROUP_TOTAL = 8
 LIVE_RATE = 500.0  # pushes per second with live wake-ups
 SAMPLE_S = 0.01
-WAKE = LuaScript(wake_lua("KEYS[1]", "ARGV[1]", "ARGV[2]"))
-PUSH_SCRIPT = LuaScript(PUSH)
+WAKE = registry.script("wake")
+PUSH_SCRIPT = registry.script("push")
 
 
 @contextlib.contextmanager

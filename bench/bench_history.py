@@ -278,7 +278,7 @@ def bench_ingest(spans: int, runs: int) -> dict[str, float]:
     from history import schema
     from history.client import client_for, close_all
     from history.ingester import DEFAULT_BATCH_SIZE, Ingester
-    from runtime.wire.keys import KeySpace
+    from runtime.queue.keys import KeySpace
     from tests.history.factories import execution_doc
 
     rates, cpus = [], []

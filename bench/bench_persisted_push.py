@@ -21,16 +21,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import machine, median, new_keys, pct, run_benchmark, scratch, table
-from runtime.dispatch.wakeup import PUSH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
+from runtime.queue import registry
+from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
 from runtime.valkey import embedded
 from runtime.valkey.client import connect
-from runtime.valkey.lua import LuaScript
 from runtime.valkey.persisted import PersistedPusher
 
 CONCURRENCY = 64
 SECONDS = 3.0
 MODES = ("memory", "waitaof everysec", "waitaof always")
-_PUSH = LuaScript(PUSH)
+_PUSH = registry.script("push")
 ENVELOPE = b"x" * 600  # about a small chat call's envelope
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal, NotRequired, TypedDict
 
 from runtime.dispatch.snapshot import DispatcherSnapshot
-from runtime.wire.keys import SNAPSHOT_TTL_S
+from runtime.queue.keys import SNAPSHOT_TTL_S
 
 # The dispatcher publishes at least every 2 s; older than this and the feed is shown as stale.
 STALE_AFTER_S = 5.0

@@ -32,8 +32,9 @@ import redis
 from history import schema
 from history.client import HistoryClient, HistoryUnavailable
 from runtime.backoff import Backoff
+from runtime.queue.keys import KeySpace
+from runtime.queue.scripts import SPANS_TRIM_ACKED
 from runtime.telemetry.tracing import scrub_text, scrub_value
-from runtime.wire.keys import KeySpace
 
 log = logging.getLogger(__name__)
 
@@ -42,32 +43,6 @@ DEFAULT_CONSUMER = "history-ingester"
 # Each INSERT has a fixed cost (a part and a deduplication log entry per table and day); when the
 # ingester keeps up, rounds read what arrived meanwhile, so big batches only form under backlog.
 DEFAULT_BATCH_SIZE = 10_000
-
-# Trim everything the group has acknowledged: up to the oldest pending entry, or past the last delivered.
-_TRIM_ACKED = """
-local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', KEYS[1])
-if not ok then return 0 end
-local last = nil
-for _, g in ipairs(groups) do
-  local name, lastid = nil, nil
-  for i = 1, #g, 2 do
-    if g[i] == 'name' then name = g[i + 1] end
-    if g[i] == 'last-delivered-id' then lastid = g[i + 1] end
-  end
-  if name == ARGV[1] then last = lastid end
-end
-if not last then return 0 end
-local pending = redis.call('XPENDING', KEYS[1], ARGV[1])
-local minid
-if tonumber(pending[1]) > 0 then
-  minid = pending[2]
-else
-  local ms, seq = string.match(last, '(%d+)-(%d+)')
-  minid = ms .. '-' .. tostring(tonumber(seq) + 1)
-end
-return redis.call('XTRIM', KEYS[1], 'MINID', minid)
-"""
-
 
 class IngesterCrash(Exception):
     """Raised by test hooks to simulate a process dying between two steps."""
@@ -164,7 +139,7 @@ class Ingester:
         self.max_backoff_s = max_backoff_s
         self.after_insert = after_insert  # test hook: runs between INSERT and XACK
         self.stats = IngesterStats()
-        self._trim = redis_client.register_script(_TRIM_ACKED)
+        self._trim = redis_client.register_script(SPANS_TRIM_ACKED)
         self._migrated = False
         self._backlog_done = False
         self._backoff = Backoff(0.2, max_backoff_s)

@@ -13,8 +13,8 @@ import redis
 from django.conf import settings
 
 from runtime.errors import DispatchError
+from runtime.queue.keys import KeySpace
 from runtime.valkey import embedded
-from runtime.wire.keys import KeySpace
 
 # Valkey-side failures a view, admin action or command reports instead of crashing: redis-py's own
 # errors, sockets that fail before redis-py wraps them, an embedded server that cannot start, and a

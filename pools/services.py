@@ -1,7 +1,7 @@
 """Writes to fabric groups and pools, and their publication to running dispatchers.
 
 Every write that changes what dispatchers should run is followed by a publication of the group: one
-atomic script (runtime.wire.groupconfig.PUBLISH_SCRIPT) stores the group's config JSON, rewrites the
+atomic script (runtime/queue/lua/group_publish.lua) stores the group's config JSON, rewrites the
 group's entries in the pool registry producers check at submit, and notifies the group's config channel.
 Writes publish through :func:`publish_on_commit`: inside a database transaction (the admin runs every
 change in one) dispatchers see the configuration only once it is committed, and never one that was
@@ -26,13 +26,8 @@ from pools.models import Backend, FabricGroup, Pool
 from pools.validation import group_problems, pool_values
 from runtime.dispatch import deadletters
 from runtime.errors import DispatchError
-from runtime.wire.groupconfig import (
-    PUBLISH_SCRIPT,
-    UNPUBLISH_SCRIPT,
-    GroupConfig,
-    publish_args,
-    unpublish_args,
-)
+from runtime.queue.groups import PUBLISH_SCRIPT, UNPUBLISH_SCRIPT, publish_args, unpublish_args
+from runtime.wire.groupconfig import GroupConfig
 
 log = logging.getLogger(__name__)
 

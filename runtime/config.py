@@ -10,10 +10,10 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from runtime.backends.breaker import BreakerPolicy
 from runtime.policy.cost import CostModel
+from runtime.queue import keys
 from runtime.valkey.pipelined import DEFAULT_HEALTH_S
-from runtime.wire import keys
+from runtime.wire.backendconfig import BreakerPolicy
 from runtime.wire.contract import DEFAULT_MAX_ENVELOPE_BYTES
 
 

@@ -16,9 +16,9 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from runtime.queue.keys import KeySpace
 from runtime.valkey import embedded
 from runtime.valkey.client import connect
-from runtime.wire.keys import KeySpace
 
 
 @pytest.fixture(scope="session")

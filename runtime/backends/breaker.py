@@ -30,32 +30,14 @@ from dataclasses import asdict, dataclass, replace
 
 import orjson
 
+from runtime.wire.backendconfig import BreakerPolicy
+
 __all__ = ["BLOCKED_REASON", "CLOSED", "HALF_OPEN", "OPEN", "Breaker", "BreakerPolicy", "BreakerState"]
 
 CLOSED = "closed"
 OPEN = "open"
 HALF_OPEN = "half_open"
 BLOCKED_REASON = "breaker_open"  # the PoolObservation.blocked / skip reason while the breaker refuses
-
-
-@dataclass(frozen=True, slots=True)
-class BreakerPolicy:
-    """When to open, how long to stay open, how many probes to try half-open."""
-
-    failure_threshold: int = 5
-    window_s: float = 30.0
-    open_s: float = 10.0
-    half_open_probes: int = 1
-
-    def __post_init__(self) -> None:
-        if self.failure_threshold < 1:
-            raise ValueError(f"BreakerPolicy.failure_threshold must be >= 1, got {self.failure_threshold}")
-        if self.window_s <= 0:
-            raise ValueError(f"BreakerPolicy.window_s must be > 0, got {self.window_s}")
-        if self.open_s < 0:
-            raise ValueError(f"BreakerPolicy.open_s must be >= 0, got {self.open_s}")
-        if self.half_open_probes < 1:
-            raise ValueError(f"BreakerPolicy.half_open_probes must be >= 1, got {self.half_open_probes}")
 
 
 @dataclass(frozen=True, slots=True)

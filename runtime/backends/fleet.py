@@ -27,9 +27,9 @@ from runtime.backends.scraper import SCRAPE_INTERVAL_S, BackendScraper
 from runtime.backends.shared_breaker import SharedBreakers
 from runtime.backends.status import READS, BackendStatus, queue_reads, status_from_replies
 from runtime.errors import BackendHTTPError, DispatchError
+from runtime.queue.keys import KeySpace
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire.backendconfig import BackendConfig
-from runtime.wire.keys import KeySpace
 
 log = logging.getLogger(__name__)
 

@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass
 
 from runtime.backends.metrics import BackendLoad, load_problem
+from runtime.wire.backendconfig import GateSettings
 
 __all__ = [
     "METRICS_FRESH",
@@ -64,27 +65,6 @@ METRICS_STALE = "stale"
 METRICS_UNREACHABLE = "unreachable"
 METRICS_REFUSED = "refused"  # the backend answered with metrics that cannot be used (the load says why)
 METRICS_NONE = "none"  # kind "openai": the backend exports no load metrics
-
-
-@dataclass(frozen=True, slots=True)
-class GateSettings:
-    """A backend's gating settings, from its admin row."""
-
-    max_in_flight: int
-    max_waiting: int = 5
-    max_kv_cache_usage: float = 0.8
-    metrics_max_age_s: float = 1.0
-    has_metrics: bool = True
-
-    def __post_init__(self) -> None:
-        if self.max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be at least 1, got {self.max_in_flight}")
-        if self.max_waiting < 0:
-            raise ValueError(f"max_waiting must not be negative, got {self.max_waiting}")
-        if not 0 < self.max_kv_cache_usage <= 1:
-            raise ValueError(f"max_kv_cache_usage must be in (0, 1], got {self.max_kv_cache_usage}")
-        if self.metrics_max_age_s <= 0:
-            raise ValueError(f"metrics_max_age_s must be positive, got {self.metrics_max_age_s}")
 
 
 @dataclass(frozen=True, slots=True)

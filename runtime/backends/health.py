@@ -10,9 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from runtime.backends.breaker import Breaker, BreakerPolicy, BreakerState
+from runtime.backends.breaker import Breaker, BreakerState
 from runtime.backends.redact import redact_url
 from runtime.errors import DeadlineExceeded, DispatchError
+from runtime.wire.backendconfig import BreakerPolicy
 
 # The state of a URL with no history; frozen, so one instance serves every lookup.
 NO_HISTORY = BreakerState()

@@ -1,11 +1,11 @@
 """One scraper per backend across the fleet: read its ``/metrics`` every ~250 ms, share the load.
 
 Every dispatcher runs a :class:`BackendScraper` for the backends of its group, but only the holder of
-a backend's lease (``SET NX PX`` on :meth:`~runtime.wire.keys.KeySpace.backend_scrape_lease`,
+a backend's lease (``SET NX PX`` on :meth:`~runtime.queue.keys.KeySpace.backend_scrape_lease`,
 renewed by each scrape) fetches it; the others only try to take the lease, so a backend is scraped
 once per interval however many dispatchers and groups use it, and a killed scraper is replaced
 within one lease. The result is shared as a :class:`~runtime.backends.metrics.BackendLoad` under
-:meth:`~runtime.wire.keys.KeySpace.backend_load`, which the dispatchers' gate reads.
+:meth:`~runtime.queue.keys.KeySpace.backend_load`, which the dispatchers' gate reads.
 
 The fleet's in-flight count to the backend is read *before* the metrics are fetched: a call
 launched in between is then counted twice (in the backend's queue and as launched since the
@@ -37,9 +37,10 @@ import redis.asyncio as aioredis
 
 from runtime.backends.metrics import BackendLoad, MetricsRefused, SampleLines, load_from_lines
 from runtime.backends.redact import redact_url
+from runtime.queue.keys import BACKEND_LOAD_TTL_S, SCRAPE_LEASE_MS, KeySpace
+from runtime.queue.scripts import SCRAPE_LEASE, SCRAPE_RELEASE
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire.backendconfig import BackendConfig
-from runtime.wire.keys import BACKEND_LOAD_TTL_S, SCRAPE_LEASE_MS, KeySpace
 
 log = logging.getLogger(__name__)
 SCRAPE_INTERVAL_S = 0.25
@@ -47,25 +48,6 @@ SCRAPE_INTERVAL_S = 0.25
 CLOSE_WAIT_S = 2.0
 
 __all__ = ["SCRAPE_INTERVAL_S", "BackendScraper", "ScraperStats", "failure_words", "read_bounded"]
-
-# KEYS: lease key; ARGV: owner id, lease ms. 1 when the caller holds the lease (taken or renewed).
-LEASE = """
-local owner = redis.call('GET', KEYS[1])
-if owner == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if owner then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
-
-# KEYS: lease key; ARGV: owner id. Gives the lease up only if still ours (a stopping scraper).
-RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
 
 @dataclass(slots=True)
 class ScraperStats:
@@ -98,8 +80,8 @@ class BackendScraper:
         self.stats = ScraperStats()
         # Every request carries its backend's timeouts; the whole scrape is bounded by its budget.
         self._http = http or httpx.AsyncClient(follow_redirects=False)
-        self._lease = client.register_script(LEASE)
-        self._release = client.register_script(RELEASE)
+        self._lease = client.register_script(SCRAPE_LEASE)
+        self._release = client.register_script(SCRAPE_RELEASE)
         self._backends: dict[str, BackendConfig] = {}
         self._scrapes: dict[str, asyncio.Task[None]] = {}
         self._on_error: Callable[[BaseException], None] = lambda exc: None

@@ -24,9 +24,10 @@ from typing import TypeVar
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
-from runtime.backends.breaker import Breaker, BreakerPolicy, BreakerState, decode_state, encode_state
+from runtime.backends.breaker import Breaker, BreakerState, decode_state, encode_state
 from runtime.errors import DispatchError
-from runtime.wire.keys import BREAKER_TTL_S, KeySpace
+from runtime.queue.keys import BREAKER_TTL_S, KeySpace
+from runtime.wire.backendconfig import BreakerPolicy
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

@@ -15,8 +15,8 @@ from runtime.backends.breaker import CLOSED, HALF_OPEN, Breaker, BreakerState, d
 from runtime.backends.gate import METRICS_FRESH, METRICS_NONE, METRICS_REFUSED, METRICS_STALE, gate
 from runtime.backends.metrics import METRIC_NAMES, BackendLoad, load_problem
 from runtime.errors import MalformedEnvelope
+from runtime.queue.keys import KeySpace
 from runtime.wire.backendconfig import BackendConfig
-from runtime.wire.keys import KeySpace
 
 __all__ = [
     "BREAKER_WORDS",

@@ -18,10 +18,11 @@ from typing import Any
 import orjson
 import redis
 
-from runtime.dispatch.queue import item_digest
 from runtime.errors import MalformedEnvelope
+from runtime.queue.keys import KeySpace
+from runtime.queue.leases import item_digest
+from runtime.queue.scripts import DEAD_LETTER_TAKE
 from runtime.wire.contract import Envelope
-from runtime.wire.keys import KeySpace
 
 # An operator acts on letters the admin listed; letters past this many are reached after the first go.
 FIND_LIMIT = 10_000
@@ -104,15 +105,6 @@ def replayed_envelope(letter: DeadLetter) -> bytes:
     return dataclasses.replace(envelope, attempt=1, requeues=0, deadline=None).encode()
 
 
-# KEYS: dead-letter list, requests list; ARGV: stored dead letter bytes, envelope to queue ('' = discard)
-# Returns 1 when the letter was there (and was replayed or discarded), 0 when someone else took it.
-TAKE = """
-if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
-if ARGV[2] ~= '' then redis.call('RPUSH', KEYS[2], ARGV[2]) end
-return 1
-"""
-
-
 def dead_letters(
     client: redis.Redis, keys: KeySpace, pool_id: str, *, limit: int = 200
 ) -> list[StoredLetter]:
@@ -168,11 +160,15 @@ def replay(client: redis.Redis, keys: KeySpace, pool_id: str, stored: StoredLett
     if stored.letter is None:
         raise MalformedEnvelope("an unreadable dead letter cannot be replayed, only discarded")
     queued = replayed_envelope(stored.letter)
-    taken = client.eval(TAKE, 2, keys.dead_letters(pool_id), keys.requests(pool_id), stored.raw, queued)
-    return bool(int(taken))
+    return _take(client, keys, pool_id, stored.raw, queued)
 
 
 def discard(client: redis.Redis, keys: KeySpace, pool_id: str, stored: StoredLetter) -> bool:
     """Removes the letter for good; False if it was no longer there."""
-    taken = client.eval(TAKE, 2, keys.dead_letters(pool_id), keys.requests(pool_id), stored.raw, "")
+    return _take(client, keys, pool_id, stored.raw, b"")
+
+
+def _take(client: redis.Redis, keys: KeySpace, pool_id: str, raw: bytes, queued: bytes) -> bool:
+    """Runs ``lua/dead_letter_take.lua``: the exact stored letter out, ``queued`` (if any) in its pool."""
+    taken = client.eval(DEAD_LETTER_TAKE, 2, keys.dead_letters(pool_id), keys.requests(pool_id), raw, queued)
     return bool(int(taken))

@@ -14,7 +14,6 @@ from collections.abc import Iterable
 
 from opentelemetry import trace
 
-from runtime.dispatch.leases import LeaseRecord
 from runtime.dispatch.stats import (
     DROP_DUPLICATE,
     DROP_EXPIRED,
@@ -24,6 +23,7 @@ from runtime.dispatch.stats import (
     DispatcherStats,
 )
 from runtime.errors import RequestExpired
+from runtime.queue.leases import LeaseRecord
 from runtime.telemetry.spans import Identity, Outcome, record_span
 from runtime.wire.contract import Envelope
 

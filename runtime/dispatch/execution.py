@@ -26,9 +26,7 @@ from runtime.backends.fleet import BackendFleet
 from runtime.backends.redact import redact_url
 from runtime.backoff import Backoff
 from runtime.config import DispatcherSettings
-from runtime.dispatch import redelivery, scripts
-from runtime.dispatch.leases import LeaseRecord
-from runtime.dispatch.queue import QueueOps
+from runtime.dispatch import redelivery
 from runtime.dispatch.stats import (
     DROP_REPLY_PRODUCER_GONE,
     DROP_REPLY_UNDELIVERED,
@@ -47,6 +45,9 @@ from runtime.errors import (
     RequestExpired,
     StreamInterrupted,
 )
+from runtime.queue import scripts
+from runtime.queue.dispatching import QueueOps
+from runtime.queue.leases import LeaseRecord
 from runtime.telemetry.spans import Identity, Outcome, content_attributes, record_span
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire.contract import STATUS_ERROR, STATUS_OK, BackendAnswer, Envelope, Reply, Timing

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from opentelemetry import trace
 
 from runtime.dispatch.deadletters import ATTEMPTS_EXHAUSTED, REQUEUES_EXHAUSTED, DeadLetter
-from runtime.dispatch.leases import LeaseRecord
-from runtime.dispatch.queue import QueueOps
-from runtime.dispatch.scripts import SETTLE_DEAD, SETTLE_RETRY
 from runtime.dispatch.stats import DROP_REPLY_PRODUCER_GONE, DispatcherStats
 from runtime.errors import DeadLettered, DispatchError, StreamInterrupted
 from runtime.policy import retry
+from runtime.queue.dispatching import QueueOps
+from runtime.queue.leases import LeaseRecord
+from runtime.queue.scripts import SETTLE_DEAD, SETTLE_RETRY
 from runtime.telemetry.spans import Identity, Outcome, record_span
 from runtime.wire.contract import STATUS_ERROR, Envelope, Reply, Timing
 from runtime.wire.groupconfig import GroupConfig

@@ -20,12 +20,12 @@ from runtime.backends.redact import redact_url
 from runtime.config import DispatcherSettings
 from runtime.dispatch.execution import Running
 from runtime.dispatch.peek import PeekedItem
-from runtime.dispatch.queue import QueueView
 from runtime.dispatch.stats import DispatcherStats
+from runtime.queue.dispatching import QueueView
+from runtime.queue.keys import KeySpace
 from runtime.telemetry.spans import Identity
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire.groupconfig import GroupConfig
-from runtime.wire.keys import KeySpace
 
 log = logging.getLogger(__name__)
 SNAPSHOT_SCHEMA = 1

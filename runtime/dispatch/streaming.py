@@ -25,27 +25,10 @@ import redis.asyncio as aioredis
 
 from runtime.backends.adapter import Completion, OpenAIBackend, parse_usage
 from runtime.errors import BackendTimeout, Cancelled
-from runtime.valkey.lua import LuaScript
+from runtime.queue import registry
+from runtime.queue.keys import KeySpace
+from runtime.queue.scripts import RELAY_STALE
 from runtime.wire.contract import Envelope, StreamChunk
-from runtime.wire.keys import KeySpace
-
-# KEYS: producer alive key, replies list, fencing tokens hash, lease records hash, durable envelopes hash
-# ARGV: chunk bytes, reply list TTL ms, lease member, fencing token ('' unfenced: lists mode), the
-#       lease record marked streamed ('' but on a durable call's first chunk)
-# Returns 1 when the chunk was queued for the producer, 0 when the producer is gone, -1 when the lease
-# is no longer this attempt's (it expired: the request was requeued or answered), and nothing is sent.
-RELAY = """
-if ARGV[4] ~= '' and redis.call('HGET', KEYS[3], ARGV[3]) ~= ARGV[4] then return -1 end
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-if ARGV[5] ~= '' then
-  redis.call('HDEL', KEYS[5], ARGV[3])
-  redis.call('HSET', KEYS[4], ARGV[3], ARGV[5])
-end
-redis.call('RPUSH', KEYS[2], ARGV[1])
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
-return 1
-"""
-RELAY_STALE = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,12 +112,12 @@ def for_client(chunk: Mapping[str, Any], include_usage: bool) -> Mapping[str, An
 
 
 class StreamRelay:
-    """Streams calls for one dispatcher; the Lua relay script is registered once."""
+    """Streams calls for one dispatcher, relaying each chunk with ``lua/relay.lua``."""
 
     def __init__(self, client: aioredis.Redis, keys: KeySpace, *, reply_ttl_s: float, group_id: str) -> None:
         self.keys = keys
         self.reply_ttl_ms = int(reply_ttl_s * 1000)
-        self._relay = LuaScript(RELAY).bind(client)
+        self._relay = registry.script("relay").bind(client)
         self._claims = [
             keys.lease_tokens(group_id),
             keys.lease_records(group_id),

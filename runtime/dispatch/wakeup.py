@@ -9,14 +9,17 @@ finished a call last.
 A token says "a round now could launch something", and only then is one pushed, since every token
 costs a round somewhere and two near-simultaneous rounds race for the same head:
 
-* the producer's :data:`PUSH` wakes a dispatcher only when its request made the pool's list
-  non-empty; behind a backlog, a new request changes nothing a round could act on (the backlog is
-  served as slots free);
+* the producer's push (``runtime/queue/lua/push.lua``) wakes a dispatcher only when its request made
+  the pool's list non-empty; behind a backlog, a new request changes nothing a round could act on
+  (the backlog is served as slots free);
 * the FINISH script (a slot freed) wakes one only while some pool of the group has backlog.
 
-A list holds at most :data:`WAKE_TOKEN_CAP` tokens, so nobody waiting costs nothing but one short key.
+A list holds at most :data:`~runtime.queue.keys.WAKE_TOKEN_CAP` tokens, so nobody waiting costs
+nothing but one short key.
 A dispatcher that gets no token still polls every ``idle_poll_s`` (deadlines, expired leases and
 breakers wake nobody).
+
+The token push is one fragment (``runtime/queue/lua/_wake.lua``) that every waking script includes.
 """
 
 from __future__ import annotations
@@ -31,34 +34,8 @@ import redis.asyncio as aioredis
 from runtime.backoff import Backoff
 from runtime.valkey.client import REDIS_ERRORS, dedicated_connection
 
-# One pending token per pool is enough: the dispatcher it wakes takes every launch it can, and a
-# dispatcher waiting at the time of the push takes the token at once, leaving room for the next.
-WAKE_TOKEN_CAP = 1
-# A token nobody takes (no dispatcher running) lapses instead of lingering.
-WAKE_TOKEN_TTL_MS = 5_000
 # How long one BLPOP blocks; short, so a finished dispatcher's waiter returns soon.
 WAKE_BLOCK_S = 0.5
-
-# Lua: add a token to KEYS[w] unless it already holds WAKE_TOKEN_CAP (ARGV cap, ttl ms).
-_WAKE_LUA = """
-if redis.call('LLEN', {key}) < tonumber({cap}) then
-  redis.call('RPUSH', {key}, '1')
-  redis.call('PEXPIRE', {key}, {ttl})
-end
-"""
-
-
-def wake_lua(key: str, cap: str, ttl: str) -> str:
-    """The token push as a Lua fragment, for scripts that wake a dispatcher as part of their step."""
-    return _WAKE_LUA.format(key=key, cap=cap, ttl=ttl)
-
-
-# KEYS: requests list, wake list; ARGV: envelope bytes, token cap, token ttl ms. Returns the new length.
-PUSH = (
-    "local n = redis.call('RPUSH', KEYS[1], ARGV[1])\nif n == 1 then\n"
-    + wake_lua("KEYS[2]", "ARGV[2]", "ARGV[3]")
-    + "end\nreturn n\n"
-)
 
 
 class WakeWaiter:

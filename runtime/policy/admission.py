@@ -3,7 +3,7 @@
 Pure: :func:`decide` takes the pool's queue depth, its limits and its recent drain rate (requests
 per second that left the queue over the last :data:`DRAIN_WINDOW_S` seconds) and returns ``None``
 (admit) or a :class:`Refusal`. The producer's admission-and-push script
-(:mod:`runtime.dispatch.admission`) applies the same rule inside Valkey, atomically with the push;
+(:mod:`runtime.queue.admission`) applies the same rule inside Valkey, atomically with the push;
 this module is the rule's reference and builds the refusal's details (limit, retry-after hint).
 
     depth >= max_queued                        -> refused, reason "max_queued"

@@ -46,7 +46,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from runtime.backends.redact import redact_url, url_has_credentials
-from runtime.wire.keys import SPAN_STREAM_MAXLEN, KeySpace
+from runtime.queue.keys import SPAN_STREAM_MAXLEN, KeySpace
+from runtime.queue.scripts import SPANS_ADD
 
 log = logging.getLogger(__name__)
 _propagator = TraceContextTextMapPropagator()
@@ -69,18 +70,6 @@ _STATUS_NAMES = {
     trace.StatusCode.OK: "Ok",
     trace.StatusCode.ERROR: "Error",
 }
-
-# XADD every span, then cap the stream; what the cap deletes was never ingested (see module doc).
-_XADD_TRIM = """
-for i = 1, #ARGV - 1 do
-  redis.call('XADD', KEYS[1], '*', 'span', ARGV[i])
-end
-local deleted = redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', ARGV[#ARGV])
-if deleted > 0 then
-  redis.call('INCRBY', KEYS[2], deleted)
-end
-return deleted
-"""
 
 _URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
 
@@ -170,7 +159,7 @@ class ValkeyStreamSpanExporter(SpanExporter):
         self.exported = 0
         self.failed = 0
         self.trimmed = 0
-        self._script = client.register_script(_XADD_TRIM)
+        self._script = client.register_script(SPANS_ADD)
         self._log_every_s = log_every_s
         self._last_log = float("-inf")
         self._shutdown = False

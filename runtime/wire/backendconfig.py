@@ -10,12 +10,51 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from runtime.backends.breaker import BreakerPolicy
-from runtime.backends.gate import GateSettings
-
 # Each kind but openai names its load gauges in runtime.backends.metrics.METRIC_NAMES; openai: any
 # OpenAI-compatible server without load metrics (Ollama, a hosted API), gated on max_in_flight and 429s.
 KINDS = ("vllm", "sglang", "llamacpp", "tgi", "openai")
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerPolicy:
+    """When a backend's breaker opens, how long it stays open, how many probes it tries half-open
+    (configuration: :mod:`runtime.backends.breaker` applies it)."""
+
+    failure_threshold: int = 5
+    window_s: float = 30.0
+    open_s: float = 10.0
+    half_open_probes: int = 1
+
+    def __post_init__(self) -> None:
+        if self.failure_threshold < 1:
+            raise ValueError(f"BreakerPolicy.failure_threshold must be >= 1, got {self.failure_threshold}")
+        if self.window_s <= 0:
+            raise ValueError(f"BreakerPolicy.window_s must be > 0, got {self.window_s}")
+        if self.open_s < 0:
+            raise ValueError(f"BreakerPolicy.open_s must be >= 0, got {self.open_s}")
+        if self.half_open_probes < 1:
+            raise ValueError(f"BreakerPolicy.half_open_probes must be >= 1, got {self.half_open_probes}")
+
+
+@dataclass(frozen=True, slots=True)
+class GateSettings:
+    """A backend's gating settings, from its admin row (:mod:`runtime.backends.gate` applies them)."""
+
+    max_in_flight: int
+    max_waiting: int = 5
+    max_kv_cache_usage: float = 0.8
+    metrics_max_age_s: float = 1.0
+    has_metrics: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {self.max_in_flight}")
+        if self.max_waiting < 0:
+            raise ValueError(f"max_waiting must not be negative, got {self.max_waiting}")
+        if not 0 < self.max_kv_cache_usage <= 1:
+            raise ValueError(f"max_kv_cache_usage must be in (0, 1], got {self.max_kv_cache_usage}")
+        if self.metrics_max_age_s <= 0:
+            raise ValueError(f"metrics_max_age_s must be positive, got {self.metrics_max_age_s}")
 
 
 @dataclass(frozen=True, slots=True)

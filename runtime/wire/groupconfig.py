@@ -20,7 +20,6 @@ from runtime.policy.admission import AdmissionLimits
 from runtime.policy.retry import RetryPolicy
 from runtime.policy.scheduler import GroupPolicy, PoolPolicy
 from runtime.wire.backendconfig import BackendConfig
-from runtime.wire.keys import KeySpace
 
 POLICIES = ("fifo", "drr")
 LISTS = "lists"
@@ -194,54 +193,3 @@ class GroupConfig:
         except ValueError as exc:
             raise MalformedEnvelope(f"group {config.group_id}: {exc}") from exc
         return config
-
-
-# KEYS: config key, pool registry hash, config channel
-# ARGV: config JSON, group id, then the ids of the group's enabled pools
-PUBLISH_SCRIPT = """
-local registry = redis.call('HGETALL', KEYS[2])
-for i = 1, #registry, 2 do
-  if registry[i + 1] == ARGV[2] then redis.call('HDEL', KEYS[2], registry[i]) end
-end
-for i = 3, #ARGV do redis.call('HSET', KEYS[2], ARGV[i], ARGV[2]) end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('PUBLISH', KEYS[3], ARGV[1])
-return #ARGV - 2
-"""
-
-# KEYS: config key, pool registry hash, config channel; ARGV: group id
-UNPUBLISH_SCRIPT = """
-local registry = redis.call('HGETALL', KEYS[2])
-for i = 1, #registry, 2 do
-  if registry[i + 1] == ARGV[1] then redis.call('HDEL', KEYS[2], registry[i]) end
-end
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', KEYS[3], '')
-return 1
-"""
-
-
-def publish_args(keys: KeySpace, config: GroupConfig) -> tuple[list[str], list[str | bytes]]:
-    """KEYS and ARGV for PUBLISH_SCRIPT; run with a sync or an async client's ``eval``."""
-    script_keys = [
-        keys.group_config(config.group_id),
-        keys.pool_registry(),
-        keys.config_channel(config.group_id),
-    ]
-    args: list[str | bytes] = [config.encode(), config.group_id, *(p.pool_id for p in config.enabled_pools)]
-    return script_keys, args
-
-
-def unpublish_args(keys: KeySpace, group_id: str) -> tuple[list[str], list[str | bytes]]:
-    return [keys.group_config(group_id), keys.pool_registry(), keys.config_channel(group_id)], [group_id]
-
-
-async def publish(client: Any, keys: KeySpace, config: GroupConfig) -> None:
-    """Publishes with an async client (runtime tests, benchmarks)."""
-    script_keys, args = publish_args(keys, config)
-    await client.eval(PUBLISH_SCRIPT, len(script_keys), *script_keys, *args)
-
-
-async def load(client: Any, keys: KeySpace, group_id: str) -> GroupConfig | None:
-    raw = await client.get(keys.group_config(group_id))
-    return GroupConfig.decode(raw) if raw else None

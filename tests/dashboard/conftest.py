@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 
 from pools import connections
 from pools.models import Backend, FabricGroup, Pool
-from runtime.wire.keys import KeySpace
+from runtime.queue.keys import KeySpace
 from tests.dashboard.browser import stack  # noqa: F401 - the browser tests' fixture
 
 

@@ -8,8 +8,8 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from runtime.dispatch.dispatcher import Dispatcher
+from runtime.queue.keys import KeySpace
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
-from runtime.wire.keys import KeySpace
 from tests.runtime.harness import running_dispatcher
 
 

@@ -16,10 +16,10 @@ from pools import services
 from pools.models import Backend, FabricGroup, Pool
 from runtime.backends.breaker import BreakerState, encode_state
 from runtime.backends.metrics import BackendLoad
-from runtime.dispatch.admission import ADMIT_PUSH, admit_and_push
 from runtime.errors import QueueFull
+from runtime.queue.admission import ADMIT_PUSH, admit_and_push
+from runtime.queue.keys import KeySpace
 from runtime.valkey.client import connect
-from runtime.wire.keys import KeySpace
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ from pools import connections
 from runtime.config import ProducerSettings
 from runtime.errors import QueueFull, UnknownPool
 from runtime.producer import Producer
+from runtime.queue.keys import KeySpace
 from runtime.valkey.client import connect
-from runtime.wire.keys import KeySpace
 from tests.dashboard.conftest import point_dashboard_at
 from tests.ops.stack import MANAGE, Running, installation_env, manage, sql
 from tests.waiting import wait_until

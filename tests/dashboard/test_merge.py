@@ -16,7 +16,7 @@ from dashboard.merge import (
 from dashboard.publisher import group_name
 from dashboard.reasons import counter_rows, legend
 from runtime.dispatch.stats import DROP_REASONS
-from runtime.wire.keys import SNAPSHOT_TTL_S
+from runtime.queue.keys import SNAPSHOT_TTL_S
 
 NOW = 1_700_000_000.0
 

@@ -12,8 +12,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from history import schema
 from history.client import HistoryClient, client_for, close_all
 from history.ingester import Ingester
+from runtime.queue.keys import KeySpace
 from runtime.telemetry.tracing import configure_tracing, shutdown_tracing
-from runtime.wire.keys import KeySpace
 
 
 @pytest.fixture

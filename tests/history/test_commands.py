@@ -17,7 +17,7 @@ from history import ingester as ingester_mod
 from history import schema
 from history.client import client_for, close_all
 from history.ingester import GROUP
-from runtime.wire.keys import KeySpace
+from runtime.queue.keys import KeySpace
 from tests.waiting import wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,9 +17,9 @@ from history.ingester import Ingester
 from runtime.config import DispatcherSettings
 from runtime.dispatch.dispatcher import Dispatcher
 from runtime.producer import Producer
+from runtime.queue import groups
+from runtime.queue.keys import KeySpace
 from runtime.telemetry.tracing import configure_tracing, shutdown_tracing
-from runtime.wire import groupconfig
-from runtime.wire.keys import KeySpace
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.history.conftest import drain
 from tests.runtime.harness import CALL, one_pool_group, wait_until
@@ -49,7 +49,7 @@ async def test_dispatch_to_clickhouse(
     async with SimulatorServer(SimulatorConfig()) as sim:
         backend = sim.url.replace("://", "://operator:sup3rsecret@", 1)
         config = one_pool_group(backend, group_id="g-e2e", pool_id="interactive")
-        await groupconfig.publish(aredis, keys, config)
+        await groups.publish(aredis, keys, config)
         settings = DispatcherSettings(group_id="g-e2e", shutdown_grace_s=10.0)
         dispatcher = Dispatcher(
             aredis, settings, keys=keys, tracer=provider.get_tracer("llm_dispatch.dispatcher")

@@ -14,9 +14,9 @@ from history import schema
 from history.client import HistoryClient, HistoryUnavailable
 from history.ingester import GROUP, Ingester, IngesterCrash
 from runtime.backends.redact import redact_url
+from runtime.queue.keys import KeySpace
 from runtime.telemetry import semconv
 from runtime.telemetry.tracing import span_from_context
-from runtime.wire.keys import KeySpace
 from tests.history.conftest import drain
 
 SECRET_URL = "https://alice:s3cr3t-pw@llm.example:8443/v1?api_key=k-123"

@@ -11,9 +11,9 @@ from history.ingester import Ingester
 from history.queries import ExecutionFilter, executions_recent
 from runtime.errors import QueueFull
 from runtime.producer import Producer
-from runtime.wire import groupconfig
+from runtime.queue import groups
+from runtime.queue.keys import KeySpace
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
-from runtime.wire.keys import KeySpace
 from tests.history.conftest import drain
 
 CALL = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}
@@ -24,7 +24,7 @@ async def test_refused_submit_raises_queues_nothing_and_is_stored_as_rejected(
     ingester: Ingester, history,
 ) -> None:  # fmt: skip
     config = GroupConfig("g", pools=(PoolConfig("backfill", max_queued=2), PoolConfig("open")), version=1)
-    await groupconfig.publish(aredis, keys, config)
+    await groups.publish(aredis, keys, config)
     await aredis.rpush(keys.requests("backfill"), b"queued-1", b"queued-2")
     async with Producer(aredis, keys=keys, tracer=provider.get_tracer("test")) as producer:
         with pytest.raises(QueueFull) as caught:

@@ -10,8 +10,8 @@ from history import queries
 from history.client import HistoryClient
 from history.ingester import Ingester
 from runtime.producer import Producer
+from runtime.queue.keys import KeySpace
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
-from runtime.wire.keys import KeySpace
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.history.conftest import drain
 from tests.runtime.harness import running_dispatcher

@@ -16,6 +16,7 @@ from opentelemetry.sdk.environment_variables import OTEL_PYTHON_SDK_INTERNAL_MET
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from runtime.queue.keys import KeySpace
 from runtime.telemetry import tracing
 from runtime.telemetry.tracing import (
     CountingBatchSpanProcessor,
@@ -25,7 +26,6 @@ from runtime.telemetry.tracing import (
     shutdown_tracing,
     span_from_context,
 )
-from runtime.wire.keys import KeySpace
 
 
 def _entries(sredis: redis.Redis, keys: KeySpace) -> list[dict]:

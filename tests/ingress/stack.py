@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import redis
 
+from runtime.queue.keys import KeySpace
 from runtime.valkey.embedded import free_port
-from runtime.wire.keys import KeySpace
 from tests.waiting import port_open, wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ import sys
 
 from runtime.config import ProducerSettings
 from runtime.producer import Producer
+from runtime.queue.keys import KeySpace
 from runtime.valkey.client import connect
-from runtime.wire.keys import KeySpace
 
 
 async def main(url: str, prefix: str, pool_id: str, ttl: float) -> None:

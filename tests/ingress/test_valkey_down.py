@@ -16,9 +16,9 @@ from ingress.grants import GrantCache
 from ingress.models_list import ModelLister
 from ingress.selectors import KeyGrant
 from runtime.producer import Producer
+from runtime.queue.keys import KeySpace
 from runtime.valkey import embedded
 from runtime.valkey.client import connect
-from runtime.wire.keys import KeySpace
 
 GRANT = KeyGrant(1, "alice", frozenset({"gold"}), "gold", None, None)
 HELLO = [{"role": "user", "content": "Hello"}]

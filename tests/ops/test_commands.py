@@ -32,10 +32,10 @@ ROOT = Path(__file__).resolve().parents[2]
 async def test_sigterm_lets_in_flight_calls_finish_and_reply_then_exits_zero(
     aredis, keys, valkey_url
 ) -> None:
-    from runtime.wire import groupconfig
+    from runtime.queue import groups
 
     async with SimulatorServer(SimulatorConfig()) as sim:
-        await groupconfig.publish(aredis, keys, one_pool_group(sim.url, group_id="term"))
+        await groups.publish(aredis, keys, one_pool_group(sim.url, group_id="term"))
         proc = start_dispatcher(valkey_url, keys.prefix, "term", "d-term")
         async with Producer(aredis, keys=keys) as producer:
             calls = [

@@ -20,11 +20,11 @@ from history import queries
 from history.client import HistoryClient
 from history.ingester import Ingester
 from runtime.producer import Producer
+from runtime.queue import groups
+from runtime.queue.keys import KeySpace
 from runtime.valkey import embedded
 from runtime.valkey.locate import installation_url
-from runtime.wire import groupconfig
 from runtime.wire.groupconfig import GroupConfig
-from runtime.wire.keys import KeySpace
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.history.conftest import drain
 from tests.ops.stack import MANAGE, ROOT, Running, installation_env, manage, sql
@@ -121,10 +121,10 @@ async def test_rundispatcher_gateway_id_reaches_history_and_the_queueing_switch_
         dispatcher = Running([*MANAGE, "rundispatcher", "--group", "demo", *identity], env)
         try:
             await asyncio.to_thread(dispatcher.wait_for, "fabric group demo has queueing disabled", 90)
-            config = await groupconfig.load(aredis, keys, "demo")
+            config = await groups.load(aredis, keys, "demo")
             assert config is not None and not config.queueing_enabled  # published from the DB at start
             switched_on = replace(config, queueing_enabled=True, version=config.version + 1)
-            await groupconfig.publish(aredis, keys, switched_on)
+            await groups.publish(aredis, keys, switched_on)
             await asyncio.to_thread(dispatcher.wait_for, "queueing re-enabled for fabric group demo", 30)
             async with Producer(aredis, keys=keys) as producer:
                 result = await producer.submit(CALL, pool_id="interactive", timeout=30)

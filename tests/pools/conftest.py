@@ -11,9 +11,9 @@ from django.test import Client
 
 from pools import connections
 from pools.models import Backend, FabricGroup, Pool
+from runtime.queue.keys import KeySpace
 from runtime.valkey import embedded
 from runtime.wire.groupconfig import GroupConfig
-from runtime.wire.keys import KeySpace
 
 
 @pytest.fixture(autouse=True)

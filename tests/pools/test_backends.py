@@ -18,7 +18,7 @@ from pools import services
 from pools.models import Backend, FabricGroup
 from runtime.backends.breaker import BreakerState, encode_state
 from runtime.backends.metrics import BackendLoad
-from runtime.wire.keys import KeySpace
+from runtime.queue.keys import KeySpace
 from tests.pools.conftest import published
 from tests.pools.test_admin_validation import errors_of
 

@@ -15,8 +15,8 @@ from pools import selectors, services
 from pools.models import Backend, FabricGroup, Pool
 from runtime.errors import DeadLettered
 from runtime.producer import SyncProducer
+from runtime.queue.keys import KeySpace
 from runtime.valkey.embedded import free_port
-from runtime.wire.keys import KeySpace
 from tests.runtime.dispatcher_proc import start_dispatcher, stop_dispatcher
 from tests.waiting import port_open, wait_until_sync
 

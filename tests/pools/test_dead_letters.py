@@ -10,8 +10,8 @@ from django.urls import reverse
 
 from pools import selectors
 from pools.models import FabricGroup, Pool
+from runtime.queue.keys import KeySpace
 from runtime.wire.contract import Envelope
-from runtime.wire.keys import KeySpace
 from tests.pools.helpers import dead_letter
 
 

@@ -17,8 +17,8 @@ from django.test import Client
 from pools import services
 from pools.models import Backend, FabricGroup, Pool
 from runtime.producer import SyncProducer
+from runtime.queue.keys import KeySpace
 from runtime.valkey.embedded import free_port
-from runtime.wire.keys import KeySpace
 from tests.pools.helpers import changelist_form
 from tests.waiting import wait_until_sync
 

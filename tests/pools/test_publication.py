@@ -12,7 +12,7 @@ from django.test import Client
 
 from pools import selectors, services
 from pools.models import Backend, FabricGroup, Pool
-from runtime.wire.keys import KeySpace
+from runtime.queue.keys import KeySpace
 from tests.pools.conftest import published, registry
 from tests.pools.helpers import changelist_form, existing_rows, group_form
 

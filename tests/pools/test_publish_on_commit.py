@@ -9,7 +9,7 @@ from django.test import Client
 
 from pools import services
 from pools.models import FabricGroup, Pool
-from runtime.wire.keys import KeySpace
+from runtime.queue.keys import KeySpace
 from tests.pools.conftest import published, registry
 from tests.pools.helpers import group_form
 

@@ -17,8 +17,8 @@ import orjson
 
 from runtime.config import DispatcherSettings
 from runtime.dispatch.dispatcher import Dispatcher
+from runtime.queue.keys import KeySpace
 from runtime.valkey.client import connect
-from runtime.wire.keys import KeySpace
 from tests.waiting import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

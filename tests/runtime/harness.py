@@ -14,9 +14,9 @@ from runtime.config import DispatcherSettings
 from runtime.dispatch.dispatcher import Dispatcher
 from runtime.errors import BackendHTTPError
 from runtime.producer import Producer
-from runtime.wire import groupconfig
+from runtime.queue import groups
+from runtime.queue.keys import KeySpace
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
-from runtime.wire.keys import KeySpace
 from tests.waiting import wait_until
 
 __all__ = ["CALL", "fail_calls", "one_pool_group", "running_dispatcher", "slow_call", "wait_until"]
@@ -67,7 +67,7 @@ async def running_dispatcher(
     **overrides: Any,
 ) -> AsyncIterator[Dispatcher]:
     """Publishes ``config`` and runs a dispatcher in this event loop; ``overrides`` are its settings."""
-    await groupconfig.publish(client, keys, config)
+    await groups.publish(client, keys, config)
     settings = DispatcherSettings(group_id=config.group_id, **{"shutdown_grace_s": 10.0, **overrides})
     dispatcher = Dispatcher(
         client, settings, keys=keys, tracer=tracer, snapshot_sink=snapshot_sink, store_content=store_content,

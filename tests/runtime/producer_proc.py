@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 
 from runtime.config import ProducerSettings
 from runtime.producer import Producer
-from runtime.wire.keys import KeySpace
+from runtime.queue.keys import KeySpace
 from tests.waiting import wait_until
 
 

@@ -10,12 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.backends.breaker import OPEN, BreakerState, encode_state
-from runtime.dispatch.admission import ADMIT_PUSH, DRAIN_RING, KeyLease, KeyLeases, admit_and_push, drain_lua
-from runtime.dispatch.queue import lease_member
 from runtime.errors import QueueFull, Rejected
 from runtime.policy.admission import DRAIN_WINDOW_S, AdmissionLimits, KeyLimits, decide, decide_key
+from runtime.queue import scripts
+from runtime.queue.admission import ADMIT_PUSH, DRAIN_RING, KeyLease, KeyLeases, admit_and_push
+from runtime.queue.dispatching import lease_member
+from runtime.queue.keys import KeySpace
 from runtime.valkey.client import connect
-from runtime.wire.keys import KeySpace
 
 
 async def seed_drain_rate(client: aioredis.Redis, keys: KeySpace, pool_id: str, per_second: int) -> float:
@@ -71,7 +72,7 @@ async def test_drain_counts_land_in_the_current_seconds_bucket(
     aredis: aioredis.Redis, keys: KeySpace
 ) -> None:
     key = keys.pool_drain("p")
-    record = aredis.register_script(drain_lua("KEYS[1]", "ARGV[1]"))
+    record = aredis.register_script(scripts.DRAIN)
     for _ in range(3):
         await record(keys=[key], args=[2])
     fields = {k.decode(): v for k, v in (await aredis.hgetall(key)).items()}

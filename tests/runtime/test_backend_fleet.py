@@ -6,13 +6,12 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
-from runtime.backends.breaker import BreakerPolicy
 from runtime.backends.fleet import BackendFleet
 from runtime.backends.gate import RETRY_AFTER_HOLD_MAX_S, SKIP_BACKEND_RETRY_AFTER
 from runtime.backends.health import EndpointBreakers
 from runtime.errors import BackendConnectError, BackendHTTPError
-from runtime.wire.backendconfig import BackendConfig
-from runtime.wire.keys import KeySpace
+from runtime.queue.keys import KeySpace
+from runtime.wire.backendconfig import BackendConfig, BreakerPolicy
 from tests.waiting import wait_until_equal
 
 POLICY = BreakerPolicy(failure_threshold=2, open_s=5.0, half_open_probes=1)

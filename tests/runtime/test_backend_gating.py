@@ -17,11 +17,11 @@ from runtime.backends.breaker import decode_state
 from runtime.backends.status import BackendStatus, queue_reads, status_from_replies
 from runtime.errors import DispatchError
 from runtime.producer import Producer
+from runtime.queue import groups
+from runtime.queue.keys import KeySpace
 from runtime.valkey import embedded
-from runtime.wire import groupconfig
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
-from runtime.wire.keys import KeySpace
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.harness import CALL
 from tests.runtime.test_fair_pools import start_dispatcher, stop
@@ -69,7 +69,7 @@ async def test_gating_keeps_the_backends_queue_at_its_threshold(
         # Metrics stay usable for 3 s: on a loaded machine a scrape of this loop's simulator can be
         # slow, and stale metrics would (rightly) fall back to max_in_flight alone.
         backend = BackendConfig("sim", sim.url, max_in_flight=32, max_waiting=3, metrics_max_age_s=3.0)
-        await groupconfig.publish(aredis, keys, two_pools(backend))
+        await groups.publish(aredis, keys, two_pools(backend))
         procs = [start_dispatcher(valkey_url, keys.prefix, "g", f"d{i}", concurrency=32) for i in range(2)]
         done = asyncio.Event()
         watcher = asyncio.create_task(sample(sim, done))
@@ -102,7 +102,7 @@ async def test_max_in_flight_holds_across_two_dispatchers_and_two_pools(
 ) -> None:
     async with SimulatorServer(SimulatorConfig(latency_ms=40)) as sim:
         backend = BackendConfig("sim", sim.url, kind="openai", load_gating=False, max_in_flight=3)
-        await groupconfig.publish(aredis, keys, two_pools(backend, total=16))
+        await groups.publish(aredis, keys, two_pools(backend, total=16))
         procs = [start_dispatcher(valkey_url, keys.prefix, "g", f"d{i}", concurrency=16) for i in range(2)]
         done = asyncio.Event()
         watcher = asyncio.create_task(sample(sim, done, every_s=0.005))
@@ -125,7 +125,7 @@ async def test_unreachable_metrics_fall_back_to_max_in_flight(
     async with SimulatorServer(SimulatorConfig(max_running=8, latency_ms=30)) as sim:
         dead = f"http://127.0.0.1:{embedded.free_port()}/metrics"
         backend = BackendConfig("sim", sim.url, max_in_flight=2, metrics_url=dead)
-        await groupconfig.publish(aredis, keys, two_pools(backend, total=16))
+        await groups.publish(aredis, keys, two_pools(backend, total=16))
         procs = [start_dispatcher(valkey_url, keys.prefix, "g", "d0", concurrency=16)]
         done = asyncio.Event()
         watcher = asyncio.create_task(sample(sim, done, every_s=0.005))
@@ -149,7 +149,7 @@ async def test_breaker_is_shared_by_two_processes_and_survives_a_restart(
         backend = BackendConfig("sim", sim.url, kind="openai", load_gating=False, breaker_failures=3,
                                 breaker_open_s=30.0)  # fmt: skip
         config = two_pools(backend, total=8)
-        await groupconfig.publish(aredis, keys, config)
+        await groups.publish(aredis, keys, config)
         procs = [start_dispatcher(valkey_url, keys.prefix, "g", f"d{i}", concurrency=1) for i in range(2)]
         failing = {**CALL, "sim": {"status": 503, "message": "overloaded"}}
         async with Producer(aredis, keys=keys) as producer:
@@ -168,7 +168,7 @@ async def test_breaker_is_shared_by_two_processes_and_survives_a_restart(
             assert snapshot_seen, await aredis.get(keys.snapshot("g", "d9"))
             assert sim.requests_by_path.get("/v1/chat/completions", 0) == served
             # The operator shortens the open time: the next round probes, the probe succeeds.
-            await groupconfig.publish(
+            await groups.publish(
                 aredis, keys, replace(config, version=2, backends=(replace(backend, breaker_open_s=0.2),))
             )
             result = await waiting
@@ -204,7 +204,7 @@ async def test_a_429_retry_after_holds_the_pools_work_in_our_queue_across_the_fl
     snapshots and the backend's status say why, and it all runs once the time has passed."""
     async with SimulatorServer(SimulatorConfig(kind="openai")) as sim:
         backend = BackendConfig("sim", sim.url, kind="openai", load_gating=False, max_in_flight=8)
-        await groupconfig.publish(aredis, keys, two_pools(backend, total=8))
+        await groups.publish(aredis, keys, two_pools(backend, total=8))
         procs = [start_dispatcher(valkey_url, keys.prefix, "g", f"d{i}", concurrency=4) for i in range(2)]
         try:
             async with Producer(aredis, keys=keys) as producer:

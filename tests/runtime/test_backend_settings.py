@@ -18,10 +18,10 @@ from aiohttp import web
 
 from runtime.errors import BackendConnectError
 from runtime.producer import Producer
-from runtime.wire import groupconfig
+from runtime.queue import groups
+from runtime.queue.keys import KeySpace
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
-from runtime.wire.keys import KeySpace
 from tests.runtime.harness import CALL, running_dispatcher
 
 SECRETS = {"KEY_A": "sk-group-default", "KEY_B": "sk-pool-own"}
@@ -106,13 +106,13 @@ async def test_direct_mode_uses_the_pools_backend_key_and_connect_timeout(
     recorder = KeyRecorder()
     async with recorder.running():
         with never_accepting() as dead:
-            await groupconfig.publish(aredis, keys, two_backends(dead, recorder.url, queueing=False))
+            await groups.publish(aredis, keys, two_backends(dead, recorder.url, queueing=False))
             async with Producer(aredis, keys=keys, secrets=SECRETS) as producer:
                 await producer.submit(CALL, pool_id="p", timeout=10)
                 assert recorder.keys == ["Bearer sk-pool-own"]
             # Now the pool's backend cannot be reached: its own connect timeout (0.3 s) applies.
             config = two_backends(recorder.url, dead, queueing=False, connect_timeout_s=0.3)
-            await groupconfig.publish(aredis, keys, config)
+            await groups.publish(aredis, keys, config)
             async with Producer(aredis, keys=keys, secrets=SECRETS) as producer:
                 started = time.monotonic()
                 with pytest.raises(BackendConnectError, match=r"no connection within 0\.3s"):
@@ -140,7 +140,7 @@ async def test_models_list_uses_the_pools_backend_key(aredis: aioredis.Redis, ke
 
     recorder = KeyRecorder()
     async with recorder.running():
-        await groupconfig.publish(aredis, keys, two_backends("http://127.0.0.1:9/v1", recorder.url))
+        await groups.publish(aredis, keys, two_backends("http://127.0.0.1:9/v1", recorder.url))
         async with Producer(aredis, keys=keys) as producer:
             listed = await ModelLister(secrets=SECRETS).list(producer, "p")
     assert listed == {"object": "list", "data": []}

@@ -10,8 +10,8 @@ import redis.asyncio as aioredis
 from runtime.backends.adapter import OpenAIBackend
 from runtime.errors import Cancelled
 from runtime.producer import Producer
+from runtime.queue.keys import KeySpace
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
-from runtime.wire.keys import KeySpace
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.harness import running_dispatcher
 

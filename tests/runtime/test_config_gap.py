@@ -10,7 +10,7 @@ import pytest
 from runtime.config import ProducerSettings
 from runtime.errors import QueueFull, UnknownPool
 from runtime.producer import Producer
-from runtime.wire import groupconfig
+from runtime.queue import groups
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from tests.waiting import wait_until
 
@@ -42,7 +42,7 @@ async def queue_one(producer: Producer, sredis, keys) -> asyncio.Task:
 
 
 async def test_limits_and_unknown_pools_hold_while_the_configuration_is_missing(aredis, sredis, keys) -> None:
-    await groupconfig.publish(aredis, keys, limited_group(max_queued=1))
+    await groups.publish(aredis, keys, limited_group(max_queued=1))
     async with Producer(aredis, keys=keys, settings=SETTINGS) as producer:
         queued = await queue_one(producer, sredis, keys)
         assert producer.configuration == "published"
@@ -56,7 +56,7 @@ async def test_limits_and_unknown_pools_hold_while_the_configuration_is_missing(
         assert producer.configuration == "last_known" and producer.stats.config_missing_reads >= 1
         assert sredis.llen(keys.requests("default")) == 1
 
-        await groupconfig.publish(aredis, keys, limited_group(max_queued=2))  # republished, and changed
+        await groups.publish(aredis, keys, limited_group(max_queued=2))  # republished, and changed
         await read_again(producer)
         second = asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=30))
         await wait_until(lambda: sredis.llen(keys.requests("default")) == 2, what="second request queued")
@@ -67,7 +67,7 @@ async def test_limits_and_unknown_pools_hold_while_the_configuration_is_missing(
 
 
 async def test_a_lost_group_configuration_alone_is_filled_in_from_the_last_read(aredis, sredis, keys) -> None:
-    await groupconfig.publish(aredis, keys, limited_group(max_queued=1))
+    await groups.publish(aredis, keys, limited_group(max_queued=1))
     async with Producer(aredis, keys=keys, settings=SETTINGS) as producer:
         queued = await queue_one(producer, sredis, keys)
         sredis.delete(keys.group_config("g"))  # the registry survived, the group's limits did not

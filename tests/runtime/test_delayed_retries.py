@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from runtime.producer import Producer
-from runtime.wire import groupconfig
+from runtime.queue import groups
 from runtime.wire.contract import ChatCall, Envelope, envelope_prefix
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.harness import running_dispatcher, wait_until
@@ -52,7 +52,7 @@ async def test_a_retry_still_runs_after_max_attempts_was_lowered_to_one(aredis, 
         await wait_until(lambda: dispatcher.stats.retried == 1, timeout=10, what="a delayed retry")
         assert await aredis.zcard(keys.delayed("default")) == 1
         lowered = dataclasses.replace(config.pools[0], max_attempts=1)
-        await groupconfig.publish(aredis, keys, dataclasses.replace(config, pools=(lowered,), version=2))
+        await groups.publish(aredis, keys, dataclasses.replace(config, pools=(lowered,), version=2))
         await wait_until(lambda: dispatcher.config is not None and dispatcher.config.version == 2, timeout=10)
         result = await call
     assert result.completion["choices"] and backend.calls_by_key == {"low": 2}

@@ -257,7 +257,7 @@ async def test_dispatcher_survives_a_valkey_restart(private_valkey, keys, sim) -
 
 
 async def test_open_breaker_keeps_work_queued_until_a_probe_succeeds(aredis, keys, sim) -> None:
-    from runtime.backends.breaker import BreakerPolicy
+    from runtime.wire.backendconfig import BreakerPolicy
 
     policy = BreakerPolicy(failure_threshold=3, window_s=30, open_s=1.0)
     async with (
@@ -278,7 +278,7 @@ async def test_open_breaker_keeps_work_queued_until_a_probe_succeeds(aredis, key
 
 
 async def test_client_errors_do_not_open_the_breaker(aredis, keys, sim) -> None:
-    from runtime.backends.breaker import BreakerPolicy
+    from runtime.wire.backendconfig import BreakerPolicy
 
     policy = BreakerPolicy(failure_threshold=2, open_s=30)
     async with (
@@ -293,14 +293,14 @@ async def test_client_errors_do_not_open_the_breaker(aredis, keys, sim) -> None:
 async def test_group_with_queueing_disabled_is_called_directly(aredis, keys, sim) -> None:
     from dataclasses import replace
 
-    from runtime.wire import groupconfig
+    from runtime.queue import groups
 
-    await groupconfig.publish(aredis, keys, replace(one_pool_group(sim.url), queueing_enabled=False))
+    await groups.publish(aredis, keys, replace(one_pool_group(sim.url), queueing_enabled=False))
     async with Producer(aredis, keys=keys) as producer:  # no dispatcher is running at all
         result = await producer.submit(CALL, pool_id="default", timeout=5)
         with pytest.raises(UnknownPool):
             await producer.submit(CALL, pool_id="elsewhere", timeout=5)
-        await groupconfig.publish(aredis, keys, replace(one_pool_group(sim.url), version=2))
+        await groups.publish(aredis, keys, replace(one_pool_group(sim.url), version=2))
 
         async def producer_sees_queueing_on() -> bool:  # after its cached pool registry refreshes
             group = await producer.pool_group("default")

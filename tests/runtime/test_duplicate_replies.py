@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 
 from runtime.producer import Producer
-from runtime.wire import groupconfig
+from runtime.queue import groups
 from runtime.wire.contract import STATUS_ERROR, STATUS_OK, Envelope, Reply
 from tests.runtime.harness import CALL, one_pool_group, wait_until
 
 
 async def test_a_second_reply_for_an_answered_request_is_counted_and_discarded(aredis, keys) -> None:
-    await groupconfig.publish(aredis, keys, one_pool_group("http://127.0.0.1:9/v1"))
+    await groups.publish(aredis, keys, one_pool_group("http://127.0.0.1:9/v1"))
     async with Producer(aredis, keys=keys) as producer:
         submitted = asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=10))
         # No dispatcher runs: the test plays one that answers the same request twice.

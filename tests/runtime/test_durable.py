@@ -15,7 +15,7 @@ import pytest
 
 from runtime.errors import BackendHTTPError, DeadLettered, DeadlineExceeded, RequestTimeout
 from runtime.producer import Producer
-from runtime.wire import groupconfig
+from runtime.queue import groups
 from runtime.wire.groupconfig import DURABLE, LISTS, GroupConfig, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.dispatcher_proc import start_dispatcher, stop_dispatcher
@@ -57,7 +57,7 @@ def counted(sredis, keys, name: str) -> int:
 async def test_sigkill_in_durable_mode_every_producer_gets_exactly_one_reply(
     aredis, sredis, keys, valkey_url, backend
 ) -> None:
-    await groupconfig.publish(aredis, keys, group(backend.url))
+    await groups.publish(aredis, keys, group(backend.url))
     doomed = start_dispatcher(valkey_url, keys.prefix, "g", "doomed", concurrency=32, lease_s=LEASE_S)
     survivor = None
     try:
@@ -96,7 +96,7 @@ async def test_sigkill_in_durable_mode_every_producer_gets_exactly_one_reply(
 async def test_a_dispatcher_frozen_past_its_lease_cannot_reply_and_its_attempts_are_counted(
     aredis, sredis, keys, valkey_url, backend
 ) -> None:
-    await groupconfig.publish(aredis, keys, group(backend.url))
+    await groups.publish(aredis, keys, group(backend.url))
     frozen = start_dispatcher(valkey_url, keys.prefix, "g", "frozen", concurrency=8, lease_s=LEASE_S)
     finisher = None
     try:
@@ -138,7 +138,7 @@ async def test_a_dispatcher_frozen_past_its_lease_cannot_reply_and_its_attempts_
 async def test_sigkill_in_lists_mode_loses_the_calls_counts_them_and_runs_nothing_again(
     aredis, sredis, keys, valkey_url, backend
 ) -> None:
-    await groupconfig.publish(aredis, keys, group(backend.url, delivery=LISTS))
+    await groups.publish(aredis, keys, group(backend.url, delivery=LISTS))
     doomed = start_dispatcher(valkey_url, keys.prefix, "g", "doomed", concurrency=32, lease_s=LEASE_S)
     survivor = None
     try:

@@ -15,8 +15,8 @@ import pytest
 
 from runtime.errors import StreamInterrupted
 from runtime.producer import Producer
+from runtime.queue import groups
 from runtime.telemetry import semconv
-from runtime.wire import groupconfig
 from runtime.wire.contract import Envelope
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.dispatcher_proc import start_dispatcher, stop_dispatcher
@@ -57,7 +57,7 @@ class Fleet:
 
 @pytest.fixture
 async def fleet(aredis, keys, valkey_url, backend) -> AsyncIterator[Fleet]:
-    await groupconfig.publish(aredis, keys, group(backend.url))
+    await groups.publish(aredis, keys, group(backend.url))
     started = Fleet(valkey_url, keys.prefix)
     try:
         yield started

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from runtime.producer import Producer
-from runtime.wire import groupconfig
+from runtime.queue import groups
 from runtime.wire.contract import Metadata
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
@@ -80,7 +80,7 @@ async def sim():
 @pytest.mark.slow
 async def test_four_to_one_backlog_dispatches_about_four_to_one(aredis, keys, sim) -> None:
     config = two_pools(sim.url)
-    await groupconfig.publish(aredis, keys, config)
+    await groups.publish(aredis, keys, config)
     async with Producer(aredis, keys=keys) as producer:
         tasks = await fill(producer, "interactive", 400) + await fill(producer, "backfill", 400)
         await wait_queued(aredis, keys, "backfill", 400)
@@ -96,7 +96,7 @@ async def test_four_to_one_backlog_dispatches_about_four_to_one(aredis, keys, si
 async def test_costs_are_charged_against_weight(aredis, keys, sim) -> None:
     # Equal weights, but every backfill request costs 4 units: interactive should get ~4x the requests.
     config = two_pools(sim.url, interactive=4, backfill=4)
-    await groupconfig.publish(aredis, keys, config)
+    await groups.publish(aredis, keys, config)
     async with Producer(aredis, keys=keys) as producer:
         tasks = await fill(producer, "interactive", 300) + await fill(producer, "backfill", 300, cost=4)
         await wait_queued(aredis, keys, "backfill", 300)
@@ -113,7 +113,7 @@ async def test_costs_are_charged_against_weight(aredis, keys, sim) -> None:
 
 async def test_paused_pool_keeps_its_queue_until_resumed(aredis, keys, sim) -> None:
     config = two_pools(sim.url, paused=True)
-    await groupconfig.publish(aredis, keys, config)
+    await groups.publish(aredis, keys, config)
     async with Producer(aredis, keys=keys) as producer:
         backfill = await fill(producer, "backfill", 20)
         await wait_queued(aredis, keys, "backfill", 20)
@@ -127,7 +127,7 @@ async def test_paused_pool_keeps_its_queue_until_resumed(aredis, keys, sim) -> N
             assert await aredis.llen(keys.requests("backfill")) == 20
             assert dispatcher.stats.skips[("backfill", "paused")] > 0
             assert dispatcher.snapshot()["pools"][1]["paused"] is True
-            await groupconfig.publish(
+            await groups.publish(
                 aredis,
                 keys,
                 replace(config, version=2, pools=(config.pools[0], replace(config.pools[1], paused=False))),
@@ -139,7 +139,7 @@ async def test_paused_pool_keeps_its_queue_until_resumed(aredis, keys, sim) -> N
 @pytest.mark.slow
 async def test_weight_change_reaches_a_running_dispatcher_and_changes_the_ratio(aredis, keys, sim) -> None:
     config = two_pools(sim.url, interactive=1, backfill=1)
-    await groupconfig.publish(aredis, keys, config)
+    await groups.publish(aredis, keys, config)
     async with Producer(aredis, keys=keys) as producer:
         tasks = await fill(producer, "interactive", 600) + await fill(producer, "backfill", 600)
         await wait_queued(aredis, keys, "backfill", 600)
@@ -149,7 +149,7 @@ async def test_weight_change_reaches_a_running_dispatcher_and_changes_the_ratio(
             before = dict(launched)
             even = before["interactive"] / before["backfill"]
             published_at = time.monotonic()
-            await groupconfig.publish(aredis, keys, two_pools(sim.url, interactive=4, backfill=1, version=2))
+            await groups.publish(aredis, keys, two_pools(sim.url, interactive=4, backfill=1, version=2))
             await wait_until(lambda: dispatcher.config.version == 2, timeout=2)
             assert time.monotonic() - published_at < 2.0
             start = dict(launched)
@@ -189,7 +189,7 @@ async def test_several_dispatcher_processes_share_caps_and_never_run_a_request_t
         ),
     )
     async with SimulatorServer(SimulatorConfig()) as sim:
-        await groupconfig.publish(aredis, keys, replace(config, default_endpoint_url=sim.url))
+        await groups.publish(aredis, keys, replace(config, default_endpoint_url=sim.url))
         procs = [start_dispatcher(valkey_url, keys.prefix, "multi", f"d{i}") for i in range(processes)]
         try:
             async with Producer(aredis, keys=keys) as producer:
@@ -221,7 +221,7 @@ async def test_killed_dispatcher_frees_its_slots_after_its_lease(aredis, keys, v
             version=1,
             pools=(PoolConfig("default", max_concurrent=2),),
         )
-        await groupconfig.publish(aredis, keys, config)
+        await groups.publish(aredis, keys, config)
         victim = start_dispatcher(valkey_url, keys.prefix, "lease", "victim", lease_s=lease_s)
         async with Producer(aredis, keys=keys) as producer:
             held = await fill(producer, "default", 2, latency_ms=30_000)

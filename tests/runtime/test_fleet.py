@@ -11,16 +11,15 @@ from dataclasses import replace
 import orjson
 import pytest
 
-from runtime.dispatch import scripts
-from runtime.dispatch.leases import LeaseRecord
-from runtime.dispatch.queue import ClaimRequest, QueueOps, lease_member
 from runtime.policy.reads import PoolRead
 from runtime.producer import Producer
+from runtime.queue import groups, scripts
+from runtime.queue.dispatching import ClaimRequest, QueueOps, lease_member
+from runtime.queue.keys import KeySpace
+from runtime.queue.leases import LeaseRecord
 from runtime.valkey.client import connect
-from runtime.wire import groupconfig
 from runtime.wire.contract import ChatCall, Envelope
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
-from runtime.wire.keys import KeySpace
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.test_fair_pools import call, fill, start_dispatcher, stop, wait_queued
 
@@ -47,7 +46,7 @@ async def test_live_wake_ups_reach_one_dispatcher_and_spread_the_work(aredis, ke
         pools=(PoolConfig("a", quantum=1, max_concurrent=3), PoolConfig("b", quantum=1, max_concurrent=3)),
     )
     async with SimulatorServer(SimulatorConfig()) as sim:
-        await groupconfig.publish(aredis, keys, replace(config, default_endpoint_url=sim.url))
+        await groups.publish(aredis, keys, replace(config, default_endpoint_url=sim.url))
         procs = [start_dispatcher(valkey_url, keys.prefix, "herd", f"d{i}", concurrency=3) for i in range(3)]
         try:
             async with Producer(aredis, keys=keys) as producer:
@@ -87,7 +86,7 @@ async def test_protected_slots_hold_fleet_wide_in_every_sample(aredis, keys, val
     )
     violations, samples = [], 0
     async with SimulatorServer(SimulatorConfig()) as sim:
-        await groupconfig.publish(aredis, keys, replace(config, default_endpoint_url=sim.url))
+        await groups.publish(aredis, keys, replace(config, default_endpoint_url=sim.url))
         async with Producer(aredis, keys=keys) as producer:
             # Short protected calls free their slots often; long bulk calls hold a stolen slot long
             # enough for the 10 ms samples to see it.

@@ -15,7 +15,6 @@ import orjson
 import pytest
 from opentelemetry import trace
 
-from runtime.backends.breaker import BreakerPolicy
 from runtime.dispatch.stats import (
     DROP_DUPLICATE,
     DROP_EXPIRED,
@@ -25,8 +24,9 @@ from runtime.dispatch.stats import (
 )
 from runtime.errors import DeadlineExceeded, RequestTimeout
 from runtime.producer import Producer
+from runtime.queue import groups
 from runtime.telemetry import semconv
-from runtime.wire import groupconfig
+from runtime.wire.backendconfig import BreakerPolicy
 from runtime.wire.contract import ChatCall, Envelope
 from tests.runtime.dispatcher_proc import start_dispatcher
 from tests.runtime.harness import CALL, fail_calls, one_pool_group, running_dispatcher, slow_call, wait_until
@@ -279,7 +279,7 @@ async def test_refused_configuration_is_logged_counted_and_in_the_snapshot(aredi
         assert dispatcher.stats.config_rejected == 3
         assert dispatcher.snapshot()["config_rejected"] == 3
         assert dispatcher.config is not None and dispatcher.config.policy == "fifo"  # the old one holds
-        await groupconfig.publish(aredis, keys, one_pool_group(sim.url))
+        await groups.publish(aredis, keys, one_pool_group(sim.url))
         async with Producer(aredis, keys=keys) as producer:
             assert (await producer.submit(CALL, pool_id="default", timeout=10)).completion["choices"]
     assert any("refused" in r.getMessage() for r in caplog.records)
@@ -292,7 +292,7 @@ async def test_calls_lost_with_a_killed_dispatcher_are_counted_and_recorded(
 ) -> None:
     provider, exporter = spans
     config = one_pool_group(sim.url, max_concurrent=8)
-    await groupconfig.publish(aredis, keys, config)
+    await groups.publish(aredis, keys, config)
     doomed = start_dispatcher(valkey_url, keys.prefix, "g", "doomed", concurrency=8, lease_s=2.0)
     try:
         async with Producer(aredis, keys=keys, tracer=provider.get_tracer("p")) as producer:

@@ -19,7 +19,7 @@ from bench._common import simulator_proc
 from bench.litellm_proxy import MASTER_KEY, litellm_binary, litellm_proxy, openai_model
 from runtime.errors import BackendHTTPError
 from runtime.producer import Producer
-from runtime.wire.keys import KeySpace
+from runtime.queue.keys import KeySpace
 from tests.runtime.harness import CALL, one_pool_group, running_dispatcher
 
 pytestmark = pytest.mark.slow

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from runtime.dispatch.leases import LeaseRecord
 from runtime.dispatch.peek import PeekCache
 from runtime.policy.cost import CostModel
 from runtime.policy.scheduler import HeadItem
+from runtime.queue.leases import LeaseRecord
 from runtime.wire.contract import ChatCall, Envelope, Metadata
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:,"}}

@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from runtime.dispatch.wakeup import PUSH
 from runtime.errors import QueueFull
 from runtime.producer import Producer
+from runtime.queue import groups, registry
 from runtime.valkey import embedded
 from runtime.valkey.client import connect
-from runtime.valkey.lua import LuaScript
 from runtime.valkey.persisted import (
     AOF_OFF,
     NOT_PERSISTED,
@@ -29,11 +28,10 @@ from runtime.valkey.persisted import (
     WAITAOF_UNSUPPORTED,
     PersistedPusher,
 )
-from runtime.wire import groupconfig
 from runtime.wire.groupconfig import DURABLE, GroupConfig, PoolConfig
 from tests.waiting import wait_until, wait_until_sync
 
-_PUSH = LuaScript(PUSH)
+_PUSH = registry.script("push")
 CALL = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -147,7 +145,7 @@ def durable_group(**pool: object) -> GroupConfig:
 async def test_a_durable_producer_keeps_admission_limits_and_counts_what_was_not_persisted(
     aredis, sredis, keys
 ) -> None:
-    await groupconfig.publish(aredis, keys, durable_group(max_queued=1))
+    await groups.publish(aredis, keys, durable_group(max_queued=1))
     async with Producer(aredis, keys=keys) as producer:
         first = asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=30))
         await wait_until(lambda: sredis.llen(keys.requests("default")) == 1, what="first request queued")
@@ -168,7 +166,7 @@ async def test_pushes_answered_without_waitaof_are_counted_in_the_groups_counter
 ) -> None:
     client = connect(valkey_without_waitaof)
     try:
-        await groupconfig.publish(client, keys, durable_group())
+        await groups.publish(client, keys, durable_group())
         async with Producer(client, keys=keys) as producer:
             waiting = [
                 asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=30)) for _ in range(3)

@@ -10,7 +10,7 @@ import pytest
 
 from runtime.errors import ProducerClosed, QueueFull, RequestTimeout
 from runtime.producer import Producer
-from runtime.wire import groupconfig
+from runtime.queue import groups
 from runtime.wire.contract import STATUS_OK, Envelope, Reply, StreamChunk
 from runtime.wire.groupconfig import PoolConfig
 from tests.runtime.harness import CALL, one_pool_group, wait_until
@@ -24,7 +24,7 @@ async def take_request(aredis, keys) -> Envelope:  # type: ignore[no-untyped-def
 
 
 async def test_a_call_without_a_reply_times_out_and_a_later_reply_is_counted_late(aredis, keys) -> None:
-    await groupconfig.publish(aredis, keys, one_pool_group(NO_BACKEND))
+    await groups.publish(aredis, keys, one_pool_group(NO_BACKEND))
     async with Producer(aredis, keys=keys) as producer:
         started = asyncio.get_running_loop().time()
         with pytest.raises(RequestTimeout, match=r"got no reply within 0\.2s"):
@@ -38,7 +38,7 @@ async def test_a_call_without_a_reply_times_out_and_a_later_reply_is_counted_lat
 
 
 async def test_a_reply_in_time_cancels_the_timeout(aredis, keys) -> None:
-    await groupconfig.publish(aredis, keys, one_pool_group(NO_BACKEND))
+    await groups.publish(aredis, keys, one_pool_group(NO_BACKEND))
     async with Producer(aredis, keys=keys) as producer:
         submitted = asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=0.5))
         envelope = await take_request(aredis, keys)
@@ -51,7 +51,7 @@ async def test_a_reply_in_time_cancels_the_timeout(aredis, keys) -> None:
 
 
 async def test_cancelling_a_queued_call_withdraws_it_from_its_list(aredis, keys) -> None:
-    await groupconfig.publish(aredis, keys, one_pool_group(NO_BACKEND))
+    await groups.publish(aredis, keys, one_pool_group(NO_BACKEND))
     async with Producer(aredis, keys=keys) as producer:
         submitted = asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=30))
         await wait_until(lambda: producer.waiting == 1, timeout=5)
@@ -65,7 +65,7 @@ async def test_cancelling_a_queued_call_withdraws_it_from_its_list(aredis, keys)
 
 
 async def test_a_call_cancelled_while_its_push_is_on_the_way_is_withdrawn_too(aredis, keys) -> None:
-    await groupconfig.publish(aredis, keys, one_pool_group(NO_BACKEND))
+    await groups.publish(aredis, keys, one_pool_group(NO_BACKEND))
     async with Producer(aredis, keys=keys) as producer:
         submitted = asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=30))
         # Turn by turn (no clock): the first turn in which the call waits is the one that sent its push,
@@ -86,7 +86,7 @@ async def test_a_stream_cancelled_as_its_next_chunk_arrives_stops_and_is_withdra
     """An ingress client that leaves while chunks keep coming: the cancellation must win over the chunk
     that arrived in the same moment (asyncio.wait_for of Python 3.11 returned the chunk instead, and the
     stream went on for nobody until the web server gave up on it ten seconds later)."""
-    await groupconfig.publish(aredis, keys, one_pool_group(NO_BACKEND))
+    await groups.publish(aredis, keys, one_pool_group(NO_BACKEND))
     async with Producer(aredis, keys=keys) as producer:
         received: list[object] = []
 
@@ -102,7 +102,7 @@ async def test_a_stream_cancelled_as_its_next_chunk_arrives_stops_and_is_withdra
         cancels = aredis.pubsub()
         await cancels.subscribe(keys.cancel_channel("g"))
         # The race is one loop turn wide: only a delivery in the same step as the cancel pins it down.
-        producer._deliver(StreamChunk(envelope.request_id, {"choices": []}).encode())
+        producer._replies.deliver(StreamChunk(envelope.request_id, {"choices": []}).encode())
         reader.cancel()
         done, _ = await asyncio.wait({reader}, timeout=5)
         assert reader in done and reader.cancelled()
@@ -118,7 +118,7 @@ async def test_a_stream_cancelled_as_its_next_chunk_arrives_stops_and_is_withdra
 
 
 async def test_a_malformed_reply_is_counted_and_the_pump_keeps_delivering(aredis, keys) -> None:
-    await groupconfig.publish(aredis, keys, one_pool_group(NO_BACKEND))
+    await groups.publish(aredis, keys, one_pool_group(NO_BACKEND))
     async with Producer(aredis, keys=keys) as producer:
         submitted = asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=10))
         envelope = await take_request(aredis, keys)
@@ -132,7 +132,7 @@ async def test_a_malformed_reply_is_counted_and_the_pump_keeps_delivering(aredis
 
 
 async def test_closing_fails_the_calls_in_flight(aredis, keys) -> None:
-    await groupconfig.publish(aredis, keys, one_pool_group(NO_BACKEND))
+    await groups.publish(aredis, keys, one_pool_group(NO_BACKEND))
     producer = Producer(aredis, keys=keys)
     await producer.start()
     submitted = asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=30))
@@ -145,7 +145,7 @@ async def test_closing_fails_the_calls_in_flight(aredis, keys) -> None:
 
 async def test_admission_limits_follow_the_published_configuration(aredis, keys) -> None:
     bounded = replace(one_pool_group(NO_BACKEND), pools=(PoolConfig("default", max_queued=1),))
-    await groupconfig.publish(aredis, keys, bounded)
+    await groups.publish(aredis, keys, bounded)
     async with Producer(aredis, keys=keys) as producer:
         first = asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=30))
         await wait_until(lambda: aredis.llen(keys.requests("default")), timeout=5)
@@ -163,21 +163,21 @@ async def registry_reads(aredis) -> int:  # type: ignore[no-untyped-def]
 
 
 async def test_concurrent_submits_share_one_read_of_a_stale_pool_registry(aredis, keys) -> None:
-    await groupconfig.publish(aredis, keys, one_pool_group(NO_BACKEND))
+    await groups.publish(aredis, keys, one_pool_group(NO_BACKEND))
     async with Producer(aredis, keys=keys) as producer:
         before = await registry_reads(aredis)
-        groups = await asyncio.gather(*(producer.pool_group("default") for _ in range(200)))
+        found = await asyncio.gather(*(producer.pool_group("default") for _ in range(200)))
         assert await registry_reads(aredis) - before == 1
-        assert {group.group_id for group in groups if group is not None} == {"g"} and None not in groups
+        assert {group.group_id for group in found if group is not None} == {"g"} and None not in found
 
 
 async def test_a_cancelled_submit_does_not_cancel_the_registry_read_others_wait_for(aredis, keys) -> None:
-    await groupconfig.publish(aredis, keys, one_pool_group(NO_BACKEND))
+    await groups.publish(aredis, keys, one_pool_group(NO_BACKEND))
     async with Producer(aredis, keys=keys) as producer:
         first = asyncio.create_task(producer.pool_group("default"))
         second = asyncio.create_task(producer.pool_group("default"))
         await asyncio.sleep(0)  # one loop turn: each task runs its first step (no I/O completes in it)
-        assert producer._registry_read is not None  # the first reads, the second waits for that read
+        assert producer._pools._reading is not None  # the first reads, the second waits for that read
         first.cancel()
         group = await second
         with pytest.raises(asyncio.CancelledError):

@@ -11,7 +11,7 @@ from runtime.backends.adapter import OpenAIBackend
 from runtime.errors import QueueFull
 from runtime.policy.admission import KeyLimits
 from runtime.producer import Producer
-from runtime.wire.keys import KeySpace
+from runtime.queue.keys import KeySpace
 from simulator.server import SimulatorServer
 from tests.waiting import wait_until
 

@@ -26,8 +26,8 @@ from openai.types.chat.completion_create_params import (
 
 from runtime.backends.adapter import OpenAIBackend
 from runtime.producer import Producer
+from runtime.queue.keys import KeySpace
 from runtime.wire.contract import ChatCall
-from runtime.wire.keys import KeySpace
 from simulator.server import SimulatorServer
 from tests.runtime.harness import one_pool_group, running_dispatcher
 

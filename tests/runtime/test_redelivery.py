@@ -8,12 +8,13 @@ import time
 import orjson
 import pytest
 
-from runtime.dispatch import redelivery, scripts
+from runtime.dispatch import redelivery
 from runtime.dispatch.deadletters import DeadLetter
-from runtime.dispatch.queue import item_digest
-from runtime.dispatch.wakeup import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
 from runtime.errors import BackendConnectError, BackendHTTPError, BackendTimeout, DispatchError
 from runtime.policy.retry import RetryPolicy
+from runtime.queue import scripts
+from runtime.queue.dispatching import item_digest
+from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
 from runtime.wire.contract import ChatCall, Envelope, Reply, StreamOptions, Timing
 
 CALL = ChatCall.from_openai({"model": "m", "messages": [{"role": "user", "content": "hi"}]})

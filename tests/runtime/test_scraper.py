@@ -12,9 +12,9 @@ import redis.asyncio as aioredis
 from runtime.backends.gate import METRICS_FRESH, METRICS_UNREACHABLE, SKIP_BACKEND_SATURATED, gate
 from runtime.backends.metrics import BackendLoad
 from runtime.backends.scraper import BackendScraper
+from runtime.queue.keys import KeySpace
 from runtime.valkey import embedded
 from runtime.wire.backendconfig import BackendConfig
-from runtime.wire.keys import KeySpace
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.waiting import wait_until
 

@@ -21,10 +21,10 @@ from runtime.backends.metrics import BackendLoad
 from runtime.backends.scraper import BackendScraper
 from runtime.backends.status import status_from_replies
 from runtime.producer import Producer
-from runtime.wire import groupconfig
+from runtime.queue import groups
+from runtime.queue.keys import KeySpace
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
-from runtime.wire.keys import KeySpace
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.dispatcher_proc import start_dispatcher, stop_dispatcher
 from tests.runtime.harness import CALL, running_dispatcher
@@ -268,7 +268,7 @@ async def test_infinite_metrics_never_end_a_dispatcher_process(
     """Before: +Inf raised OverflowError in the scraper's task, the dispatcher's task group ended and
     rundispatcher exited; the next dispatcher took the scrape lease and died the same way."""
     async with MetricsServer(body(vllm_text(running="+Inf"))) as server:
-        await groupconfig.publish(aredis, keys, gated_group(sim.url, server.url))
+        await groups.publish(aredis, keys, gated_group(sim.url, server.url))
         procs = {
             f"d{i}": start_dispatcher(valkey_url, keys.prefix, "g", f"d{i}", concurrency=4) for i in range(2)
         }

@@ -6,11 +6,11 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from runtime.backends.breaker import BreakerPolicy
 from runtime.backends.shared_breaker import SharedBreakers
 from runtime.errors import BackendConnectError, BackendHTTPError
+from runtime.queue.keys import KeySpace
 from runtime.valkey.client import connect
-from runtime.wire.keys import KeySpace
+from runtime.wire.backendconfig import BreakerPolicy
 
 POLICY = BreakerPolicy(failure_threshold=2, open_s=5.0, half_open_probes=1)
 

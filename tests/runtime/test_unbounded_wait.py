@@ -8,7 +8,7 @@ import pytest
 from runtime.backends.breaker import OPEN, decode_state
 from runtime.errors import BackendHTTPError, QueueFull
 from runtime.producer import Producer
-from runtime.wire import groupconfig
+from runtime.queue import groups
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from simulator.server import SimulatorServer
@@ -51,7 +51,7 @@ async def test_a_pool_whose_backend_breaker_opened_refuses_with_why(aredis, keys
 
 
 async def test_a_paused_pool_refuses_at_once_instead_of_queueing_for_ever(aredis, keys, sim) -> None:
-    await groupconfig.publish(aredis, keys, config(sim, paused=True))
+    await groups.publish(aredis, keys, config(sim, paused=True))
     async with Producer(aredis, keys=keys) as producer:
         with pytest.raises(QueueFull) as caught:
             await producer.submit(CALL, pool_id="p", timeout=10)

@@ -17,9 +17,9 @@ import redis
 
 from runtime.errors import DispatchError
 from runtime.producer import Producer
+from runtime.queue import groups
 from runtime.valkey import embedded
 from runtime.valkey.client import connect
-from runtime.wire import groupconfig
 from runtime.wire.groupconfig import DURABLE, LISTS, GroupConfig, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.dispatcher_proc import start_dispatcher, stop_dispatcher
@@ -62,7 +62,7 @@ async def test_durable_work_survives_a_valkey_kill_and_each_request_is_answered_
     private_valkey, keys, backend
 ) -> None:
     client = connect(private_valkey.url)
-    await groupconfig.publish(client, keys, group(backend.url, DURABLE))
+    await groups.publish(client, keys, group(backend.url, DURABLE))
     dispatchers = [
         start_dispatcher(private_valkey.url, keys.prefix, "g", f"d{i}", concurrency=4, lease_s=LEASE_S)
         for i in range(2)
@@ -100,7 +100,7 @@ async def test_durable_work_survives_a_valkey_kill_and_each_request_is_answered_
 @pytest.mark.timeout(180)
 async def test_lists_work_lost_to_a_valkey_kill_is_counted(private_valkey, keys, backend) -> None:
     client = connect(private_valkey.url)
-    await groupconfig.publish(client, keys, group(backend.url, LISTS))
+    await groups.publish(client, keys, group(backend.url, LISTS))
     dispatcher = start_dispatcher(private_valkey.url, keys.prefix, "g", "d", concurrency=4, lease_s=LEASE_S)
     try:
         async with Producer(client, keys=keys) as producer:

@@ -8,6 +8,7 @@ dropped span with the request's identity, timing and trace context.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,3 +126,13 @@ class LeaseRecord:
             trace=self.trace,
             labels=self.labels,
         )
+
+
+def item_digest(raw: bytes) -> str:
+    """The SHA-1 the claim script compares against ``redis.sha1hex`` of the list head."""
+    return hashlib.sha1(raw, usedforsecurity=False).hexdigest()
+
+
+def lease_member(pool_id: str, request_id: str) -> str:
+    """A request's lease member: its pool first (REAP and admission read it back up to the \\x1f)."""
+    return f"{pool_id}\x1f{request_id}"

@@ -1,14 +1,14 @@
 """Admission control in Valkey: the pool's limits checked and the request pushed in one script.
 
-The rule is :func:`runtime.policy.admission.decide`; :data:`ADMIT_PUSH` applies it inside Valkey so
+The rule is :func:`runtime.policy.admission.decide`; ``lua/admit_push.lua`` applies it inside Valkey so
 that the depth it reads is the depth it pushes onto: concurrent producers can never take a queue
 past ``max_queued``. A refusal pushes nothing, counts ``{pool_id}:{reason}`` in the rejections hash
-(:meth:`~runtime.wire.keys.KeySpace.rejections`) and answers with the depth and drain rate it saw;
+(:meth:`~runtime.queue.keys.KeySpace.rejections`) and answers with the depth and drain rate it saw;
 :func:`admit_and_push` turns that into :class:`~runtime.errors.QueueFull` with the rule's details.
 
 An ingress key's own limits (:class:`~runtime.policy.admission.KeyLimits`) are checked first in the
 same script, over the whole fleet: the key's open requests are lease members in its sorted set
-(:meth:`~runtime.wire.keys.KeySpace.key_open`), added with the push and scored by a lease expiry. Open
+(:meth:`~runtime.queue.keys.KeySpace.key_open`), added with the push and scored by a lease expiry. Open
 ones count against ``max_in_flight``; those without a dispatcher's lease in their pool (not started)
 against ``max_queued``. The producer removes its member when the request ends (answered, withdrawn,
 timed out) and renews its leases with its liveness: a web process that dies leaks nothing for longer
@@ -16,7 +16,7 @@ than one liveness TTL, and a request never holds its key past its own deadline.
 
 The drain rate is what left the queue per second over the last
 :data:`~runtime.policy.admission.DRAIN_WINDOW_S` whole seconds. Dispatchers count each claim in a
-small ring of per-second buckets (:func:`drain_lua`, run inside their claim), so the hash stays at
+small ring of per-second buckets (``lua/_drain.lua``, run inside their claim), so the hash stays at
 ``2 * (window + 2)`` fields whatever the traffic, plus ``last`` (when a request last left) and
 ``since`` (when the list last became non-empty through admission).
 
@@ -35,10 +35,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from runtime.dispatch.wakeup import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, wake_lua
 from runtime.errors import QueueFull
 from runtime.policy.admission import (
-    DRAIN_WINDOW_S,
     KEY_RETRY_AFTER_S,
     REASON_KEY_IN_FLIGHT,
     REASON_KEY_QUEUED,
@@ -46,179 +44,24 @@ from runtime.policy.admission import (
     KeyLimits,
     refusal,
 )
+from runtime.queue import registry
+from runtime.queue.keys import DRAIN_TTL_S, KEY_SET_TTL_S, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
+from runtime.queue.registry import DRAIN_RING
+from runtime.queue.scripts import ADMIT_PUSH, KEY_LEASE_RENEW
 from runtime.valkey.client import REDIS_ERRORS
-from runtime.valkey.lua import LuaScript
-from runtime.wire.keys import KeySpace
 
 __all__ = [
     "ADMIT_PUSH",
     "DRAIN_RING",
+    "DRAIN_TTL_S",
     "KEY_LEASE_RENEW",
+    "KEY_SET_TTL_S",
     "KeyLease",
     "KeyLeases",
     "admission_args",
     "admit_and_push",
-    "drain_lua",
     "queue_full",
 ]
-
-DRAIN_RING = DRAIN_WINDOW_S + 2  # buckets: the window, the current second, one being reused
-# The hash outlives the ring's window by far: a stalled pool's last drain must still be known.
-DRAIN_TTL_S = 3600
-
-# Count ``count`` requests that left the queue now in the ring of KEYS[key] (a Lua expression).
-_DRAIN_LUA = """
-do
-  local dsec = tonumber(redis.call('TIME')[1])
-  local slot = dsec % {ring}
-  if redis.call('HGET', {key}, 's' .. slot) ~= tostring(dsec) then
-    redis.call('HSET', {key}, 's' .. slot, dsec, 'c' .. slot, 0)
-  end
-  redis.call('HINCRBY', {key}, 'c' .. slot, {count})
-  local dt = redis.call('TIME')
-  redis.call('HSET', {key}, 'last', tonumber(dt[1]) + tonumber(dt[2]) / 1000000)
-  redis.call('EXPIRE', {key}, {ttl})
-end
-"""
-
-
-def drain_lua(key: str, count: str = "1") -> str:
-    """The drain count as a Lua fragment, for the script that takes requests off the queue."""
-    return _DRAIN_LUA.format(key=key, count=count, ring=DRAIN_RING, ttl=DRAIN_TTL_S)
-
-
-# KEYS: requests list, wake key, drain hash, rejections hash, the backend's shared breaker state
-#       (a key never written when the pool has no breaker), [the key's open-requests zset]
-# ARGV: envelope, (wake args), max_queued or '', max_queue_wait_s or '', pool id, '1' when paused,
-#       the breaker's open seconds,
-#       [key max_in_flight or '', key max_queued or '', lease member, lease seconds, pool-lease key prefix]
-# Returns {1, new length} when pushed; {0, reason, depth (or the key's count), drain rate as text,
-# seconds the backlog drained nothing as text} when refused.
-_KEY_ADMIT = """
-local now = 0
-if KEYS[6] then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
-  local open = redis.call('ZRANGE', KEYS[6], 0, -1)
-  local reason, count = nil, #open
-  local most_open, most_queued = tonumber(ARGV[9]), tonumber(ARGV[10])
-  if most_open and #open >= most_open then reason = 'IN_FLIGHT' end
-  if not reason and most_queued and #open >= most_queued then
-    -- Not started: no dispatcher's lease in its pool (the member is the lease's, pool id first).
-    count = 0
-    for _, member in ipairs(open) do
-      local cut = string.find(member, string.char(31), 1, true)
-      local leased = cut and redis.call('ZSCORE', ARGV[13] .. string.sub(member, 1, cut - 1), member)
-      if not leased then count = count + 1 end
-    end
-    if count >= most_queued then reason = 'QUEUED' end
-  end
-  if reason then
-    redis.call('HINCRBY', KEYS[4], ARGV[6] .. ':' .. reason, 1)
-    return {0, reason, count, '0', '0'}
-  end
-end
-""".replace("IN_FLIGHT", REASON_KEY_IN_FLIGHT).replace("QUEUED", REASON_KEY_QUEUED)
-
-_ADMIT = """
-local depth = redis.call('LLEN', KEYS[1])
-local function drain_rate()
-  local now = tonumber(redis.call('TIME')[1])
-  local fields = {}
-  for i = 0, RING - 1 do
-    fields[#fields + 1] = 's' .. i
-    fields[#fields + 1] = 'c' .. i
-  end
-  local v = redis.call('HMGET', KEYS[3], unpack(fields))
-  local total = 0
-  for i = 0, RING - 1 do
-    local s = tonumber(v[2 * i + 1])
-    if s and s >= now - WINDOW and s <= now - 1 then total = total + (tonumber(v[2 * i + 2]) or 0) end
-  end
-  return total / WINDOW
-end
-local reason, rate = nil, nil
-local max_queued = tonumber(ARGV[4])
-if max_queued and depth >= max_queued then
-  reason = 'max_queued'
-end
-local max_wait = tonumber(ARGV[5])
-local idle = 0
-if not reason and max_wait then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  local raw = KEYS[5] and redis.call('GET', KEYS[5])
-  local ok, breaker = pcall(cjson.decode, raw or '')
-  if ARGV[7] == '1' then
-    reason = 'paused'
-  elseif ok and type(breaker) == 'table' and breaker.mode == 'open'
-      and now < (tonumber(breaker.since) or 0) + tonumber(ARGV[8]) then
-    reason = 'breaker_open'
-  elseif depth > 0 then
-    local v = redis.call('HMGET', KEYS[3], 'last', 'since')
-    local since = tonumber(v[2])
-    if not since then
-      since = now
-      redis.call('HSET', KEYS[3], 'since', now)
-    end
-    idle = now - math.max(since, tonumber(v[1]) or 0)
-    if idle > max_wait then reason = 'not_draining' end
-  end
-end
-if not reason and max_wait and depth > 0 then
-  rate = drain_rate()
-  if rate > 0 and depth / rate > max_wait then reason = 'max_queue_wait' end
-end
-if reason then
-  redis.call('HINCRBY', KEYS[4], ARGV[6] .. ':' .. reason, 1)
-  return {0, reason, depth, tostring(rate or drain_rate()), tostring(idle)}
-end
-""".replace("RING", str(DRAIN_RING)).replace("WINDOW", str(DRAIN_WINDOW_S))
-
-_SINCE = f"""
-local st = redis.call('TIME')
-redis.call('HSET', KEYS[3], 'since', tonumber(st[1]) + tonumber(st[2]) / 1000000)
-redis.call('EXPIRE', KEYS[3], {DRAIN_TTL_S})
-"""
-
-# The set of a key nobody uses any more goes away after this (its members expire far sooner).
-KEY_SET_TTL_S = 3600
-_KEY_LEASE = f"""
-if KEYS[6] then
-  redis.call('ZADD', KEYS[6], now + tonumber(ARGV[12]), ARGV[11])
-  redis.call('EXPIRE', KEYS[6], {KEY_SET_TTL_S})
-end
-"""
-
-# The push itself, as the producer's plain PUSH does it: RPUSH, and a wake token for one idle
-# dispatcher when the request made the list non-empty (ARGV[2], ARGV[3]: token cap and TTL); then
-# the backlog starts now (``since``). The key's lease is taken with the push: no request of the key
-# is queued uncounted.
-_PUSH = (
-    "local n = redis.call('RPUSH', KEYS[1], ARGV[1])\nif n == 1 then\n"
-    + wake_lua("KEYS[2]", "ARGV[2]", "ARGV[3]")
-    + _SINCE
-    + "end\n"
-    + _KEY_LEASE
-    + "return {1, n}\n"
-)
-
-ADMIT_PUSH = _KEY_ADMIT + _ADMIT + _PUSH
-
-# KEYS: a key's open-requests zset; ARGV: pairs of lease member, seconds from now. Renews the leases
-# still held (ZADD XX: one released meanwhile is not brought back).
-KEY_LEASE_RENEW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local renewed = 0
-for i = 1, #ARGV, 2 do
-  renewed = renewed + redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[i + 1]), ARGV[i])
-end
-redis.call('EXPIRE', KEYS[1], KEY_SET_TTL)
-return renewed
-""".replace("KEY_SET_TTL", str(KEY_SET_TTL_S))
-
 
 @dataclass(frozen=True, slots=True)
 class KeyLease:
@@ -241,7 +84,7 @@ class KeyLeases:
         self.client = client
         self.keys = keys
         self.ttl_s = ttl_s
-        self._renew = LuaScript(KEY_LEASE_RENEW).bind(client)
+        self._renew = registry.script("key_lease_renew").bind(client)
         self._held: dict[str, dict[str, float]] = {}  # zset -> member -> deadline (time.monotonic)
 
     def __repr__(self) -> str:
@@ -277,7 +120,7 @@ class KeyLeases:
 def admission_args(
     keys: KeySpace, pool_id: str, raw: bytes, limits: AdmissionLimits, lease: KeyLease | None = None
 ) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of :data:`ADMIT_PUSH`."""
+    """KEYS and ARGV of :data:`ADMIT_PUSH` (``lua/admit_push.lua`` declares them)."""
     script_keys = [
         keys.requests(pool_id),
         keys.wake_list(pool_id),

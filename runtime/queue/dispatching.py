@@ -9,7 +9,6 @@ on NOSCRIPT), so no pipeline pays redis-py's SCRIPT EXISTS round trip.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,13 +16,25 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from runtime.dispatch import scripts, turn
-from runtime.dispatch.leases import LeaseRecord
-from runtime.dispatch.wakeup import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
 from runtime.policy.reads import PoolRead
+from runtime.queue import scripts, turn
+from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
+from runtime.queue.leases import LeaseRecord, item_digest, lease_member
+from runtime.queue.registry import script
 from runtime.valkey.batch import ScriptBatcher
-from runtime.valkey.lua import LuaScript, run_pipeline
-from runtime.wire.keys import KeySpace
+from runtime.valkey.lua import run_pipeline
+
+__all__ = [
+    "HEADS_FOR_DISPLAY",
+    "REAP_INTERVAL_S",
+    "ClaimRequest",
+    "Observation",
+    "QueueOps",
+    "QueueView",
+    "TurnEnd",
+    "item_digest",
+    "lease_member",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +76,7 @@ class ClaimRequest:
 
 @dataclass(frozen=True, slots=True)
 class TurnEnd:
-    """Giving the group's scheduling turn back (see :mod:`runtime.dispatch.turn`)."""
+    """Giving the group's scheduling turn back (see :mod:`runtime.queue.turn`)."""
 
     holder: str  # the dispatcher id that took the turn
     left_work: bool  # the round was cut by this dispatcher's own free slots: wake another
@@ -78,15 +89,6 @@ REAP_INTERVAL_S = 0.25
 HEADS_FOR_DISPLAY = 2  # OBSERVE read only the first item, to show its age
 
 
-def item_digest(raw: bytes) -> str:
-    """The SHA-1 the claim script compares against ``redis.sha1hex`` of the list head."""
-    return hashlib.sha1(raw, usedforsecurity=False).hexdigest()
-
-
-def lease_member(pool_id: str, request_id: str) -> str:
-    return f"{pool_id}\x1f{request_id}"
-
-
 class QueueOps:
     """The dispatcher's view of Valkey for one fabric group."""
 
@@ -96,13 +98,13 @@ class QueueOps:
         self.group_id = group_id
         self._group_inflight = keys.group_inflight(group_id)
         self._lease_records = keys.lease_records(group_id)
-        self._observe = LuaScript(scripts.OBSERVE)
-        self._claim = LuaScript(scripts.CLAIM)
-        self._finishes = ScriptBatcher(client, LuaScript(scripts.FINISH))
-        self._renew = LuaScript(scripts.RENEW)
-        self._reap = LuaScript(scripts.REAP)
-        self._acquire = LuaScript(turn.ACQUIRE)
-        self._release = LuaScript(turn.RELEASE)
+        self._observe = script("observe")
+        self._claim = script("claim")
+        self._finishes = ScriptBatcher(client, script("finish"))
+        self._renew = script("renew")
+        self._reap = script("reap")
+        self._acquire = script("turn_acquire")
+        self._release = script("turn_release")
         self._turn = keys.schedule_turn(group_id)
         self._again = keys.schedule_again(group_id)
         self._poll = keys.group_poll(group_id)
@@ -113,8 +115,8 @@ class QueueOps:
         self._durable = keys.durable_leases(group_id)
         self._tokens = keys.lease_tokens(group_id)
         self._fence = keys.fencing_counter(group_id)
-        self._promote = LuaScript(scripts.PROMOTE)
-        self._bury = LuaScript(scripts.BURY)
+        self._promote = script("promote")
+        self._bury = script("bury")
         # Per pool, the items its list held right after the last claim pipeline's last launch from it.
         self.backlog_after_claim: dict[str, int] = {}
 

@@ -181,3 +181,15 @@ class KeySpace:
 
 
 DEFAULT_KEYS = KeySpace()
+
+# Wake tokens (see runtime.dispatch.wakeup): one pending token per pool is enough: the dispatcher it
+# wakes takes every launch it can, and a dispatcher waiting at the time of the push takes the token
+# at once, leaving room for the next.
+WAKE_TOKEN_CAP = 1
+# A token nobody takes (no dispatcher running) lapses instead of lingering.
+WAKE_TOKEN_TTL_MS = 5_000
+# A pool's drain hash outlives the ring's window by far: a stalled pool's last drain must still be known.
+DRAIN_TTL_S = 3600
+# The open-requests set of an ingress key nobody uses any more goes away after this (its members
+# expire far sooner).
+KEY_SET_TTL_S = 3600

@@ -1,0 +1,369 @@
+"""The dispatcher's scheduling round: observe every pool, decide with the pure scheduler, claim.
+
+One round is two round trips. It observes every pool of the group in one pipeline (reading heads
+only of pools that could launch: :mod:`runtime.policy.reads`), decodes and screens the peeked heads
+(dropping the unusable, burying durable requests requeued too often), asks
+:func:`runtime.policy.scheduler.decide` which heads may launch, and claims exactly those with an
+atomic script in one pipeline that also gives the group's scheduling turn back. Each claimed request
+is handed to the dispatcher's ``_start``.
+
+:class:`Rounds` is a part of :class:`~runtime.dispatch.dispatcher.Dispatcher`, kept in a module of
+its own; the attributes it reads are declared here and set by the dispatcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+
+from runtime.backends.breaker import BLOCKED_REASON
+from runtime.backends.fleet import BackendFleet
+from runtime.backends.gate import SKIP_BACKEND_CAP, SKIP_BACKEND_RETRY_AFTER, SKIP_BACKEND_SATURATED
+from runtime.config import DispatcherSettings
+from runtime.dispatch import redelivery
+from runtime.dispatch.drops import DropRecorder
+from runtime.dispatch.execution import Executor, Running
+from runtime.dispatch.peek import PeekCache, PeekedItem, usable_heads
+from runtime.dispatch.stats import DROP_DUPLICATE, DROP_PRODUCER_GONE, DispatcherStats
+from runtime.errors import DispatchError
+from runtime.policy import scheduler
+from runtime.policy.reads import plan_reads, unread_skip
+from runtime.queue import scripts
+from runtime.queue.dispatching import ClaimRequest, QueueOps, QueueView, TurnEnd, lease_member
+from runtime.queue.leases import LeaseRecord
+from runtime.telemetry.spans import Identity
+from runtime.wire.groupconfig import GroupConfig
+
+__all__ = ["BACKEND_REFUSALS", "CLAIM_DROPS", "DEAD_LETTER", "Rounds"]
+
+# The refusals that come from a pool's backend: the scheduler sees the pool blocked for that reason.
+BACKEND_REFUSALS = frozenset(
+    {BLOCKED_REASON, SKIP_BACKEND_SATURATED, SKIP_BACKEND_CAP, SKIP_BACKEND_RETRY_AFTER}
+)
+# Screening's reason for a durable request put back by expired leases more often than its pool allows.
+DEAD_LETTER = "dead_letter"
+# Claim outcomes that take the item off its queue without running it, and the drop reason of each.
+CLAIM_DROPS = {scripts.CLAIM_PRODUCER_GONE: DROP_PRODUCER_GONE, scripts.CLAIM_DUPLICATE: DROP_DUPLICATE}
+LEFT_THE_QUEUE = frozenset({scripts.CLAIMED, *CLAIM_DROPS})
+Drop = tuple[str, PeekedItem, str]  # (the pool whose list holds it, the item, the drop reason)
+
+
+class Rounds:
+    """The round's half of the dispatcher (see the module doc)."""
+
+    settings: DispatcherSettings
+    config: GroupConfig | None
+    queue: QueueOps
+    fleet: BackendFleet
+    stats: DispatcherStats
+    drops: DropRecorder
+    redeliveries: redelivery.Redeliveries
+    executor: Executor
+    identity: Identity
+    running: dict[str, Running]
+    group_in_flight: int
+    last_views: dict[str, QueueView]
+    _policy: scheduler.GroupPolicy | None
+    _state: scheduler.SchedulerState
+    _peek: PeekCache
+    _heads_seen: dict[str, tuple[bytes, ...]]
+    _slots: int
+    _stopping: asyncio.Event
+    _start: Callable[..., None]  # runs a claimed request (the dispatcher's execution half)
+    _internal_error: Callable[[str], None]  # counts and logs a failure of the round
+
+    async def schedule_round(self) -> bool:
+        """One observe → decide → claim round; True if the round left work a round of its own should take.
+
+        That is: a request left a queue without running (dropped), or requests were claimed and this
+        round may have left launchable work behind. The round runs only in the group's scheduling
+        turn; every path that took the turn gives it back in a claim pipeline (a round that fails
+        midway leaves it to lapse after :data:`runtime.queue.turn.TURN_LEASE_MS`).
+        """
+        assert self._policy is not None and self.config is not None
+        self.stats.rounds += 1
+        policy = self._policy
+        planned_free = max(0, self._slots - len(self.running))
+        await self.fleet.refresh()
+        plan = plan_reads(
+            policy,
+            peek_depth=self.settings.peek_depth,
+            local_free=planned_free,
+            allowances={p.pool_id: self._room(p.pool_id) for p in policy.pools},
+            heads_cached=frozenset(pool_id for pool_id, heads in self._heads_seen.items() if heads),
+        )
+        # A pool whose backend has no room is refused for the backend's own reason (breaker open,
+        # saturated, at its max in flight).
+        refusals = {
+            pool_id: (self._refusal(pool_id) or reason) if reason == BLOCKED_REASON else reason
+            for pool_id, reason in plan.refusals.items()
+        }
+        holder = self.identity.dispatcher_id if policy.pools else ""
+        seen = await self.queue.observe(
+            plan.reads, policy.total_concurrency, take_turn=holder, local_slots=self.settings.concurrency,
+            backend_ids=sorted(self.fleet.backends),
+        )  # fmt: skip
+        self.group_in_flight, self.last_views = seen.group_in_flight, seen.views
+        if seen.lost:  # reaped by this observe, whether or not the turn is ours: counted here or nowhere
+            await self._lost(seen.lost)
+        if seen.requeued:  # likewise for durable requests the reap put back
+            self.redeliveries.requeued(seen.requeued)
+        for pool_id, view in seen.views.items():
+            self._remember_heads(pool_id, view)
+        if holder and not self.queue.has_turn:
+            self.stats.turn_busy += 1
+            return False  # another dispatcher is deciding; the note we left makes it run once more
+        observations, peeked, drops = self._screen(policy, seen.views, refusals, time.time())
+        dropped = await self._drop(drops) if drops else False
+        # Keep to our share of the group's slots, so the fleet splits the work evenly.
+        own = self.settings.concurrency
+        self._slots = scheduler.fleet_share(policy.total_concurrency, own, self.queue.fleet_slots or (own,))
+        # Heads were read only if the plan saw a free slot: with none then, nothing launches now.
+        local_free = min(planned_free, max(0, self._slots - len(self.running)))
+        group_room = self.group_in_flight < policy.total_concurrency
+        end_turn = None
+        if holder:
+            # Work left because our own slots are full: the turn's release wakes another dispatcher.
+            cut = local_free == 0 and any(v.backlog > 0 for v in seen.views.values())
+            end_turn = TurnEnd(holder=holder, left_work=group_room and cut, wake_pool=policy.pools[0].pool_id)
+        if local_free == 0 or not group_room:
+            # Nothing can launch, and no heads were read: a DRR walk over head-less pools would
+            # only advance its round and hand out quanta nobody earned.
+            if end_turn is not None:
+                await self.queue.claim([], self.settings.lease_s, end_turn=end_turn)
+            return dropped
+        decision = scheduler.decide(
+            policy,
+            self._state,
+            observations,
+            group_in_flight=self.group_in_flight,
+            local_free_slots=local_free,
+        )
+        self._state = decision.state
+        self.stats.skips.update(decision.skips)
+        if end_turn is not None and any(r == scheduler.SKIP_LOCAL_CAPACITY for _, r in decision.skips):
+            end_turn = dataclasses.replace(end_turn, left_work=True)
+        protected = tuple(
+            (p.pool_id, min(p.min_concurrent, p.max_concurrent))
+            for p in policy.pools
+            if p.min_concurrent > 0 and not p.paused and not observations[p.pool_id].blocked
+        )
+        claimed, claim_dropped = await self._claim(policy, decision.launches, peeked, protected, end_turn)
+        # Run again at once only if this round may have left launchable work behind (e.g. more
+        # backlog than peeked). With the group full, FINISH tokens bring the next round; with our own
+        # slots full, the turn's release woke another dispatcher. Rounds of our own beyond that would
+        # take every freed slot for the finisher, and the work would not spread over the fleet.
+        room = self.group_in_flight + claimed < policy.total_concurrency and local_free > claimed
+        return dropped or claim_dropped or (claimed > 0 and room and self._backlog_may_remain(seen.views))
+
+    async def _lost(self, records: tuple[LeaseRecord, ...]) -> None:
+        """Expired leases nobody requeued: calls lost in flight, and durable streams interrupted after
+        their first chunk (answered ``stream_interrupted``)."""
+        self.drops.lost(r for r in records if not r.streamed)
+        streamed = [r for r in records if r.streamed]
+        if streamed:
+            await self.redeliveries.interrupted(streamed, self.executor.relay.answer)
+
+    def _backlog_may_remain(self, views: dict[str, QueueView]) -> bool:
+        """False when every pool's list was empty as of this round: its observation, or, for a pool
+        claimed from, the claim's own count right after the pop. A push after either makes a list
+        non-empty and so brings a wake token: a round now would only find nothing (issue 13)."""
+        assert self._policy is not None
+        left = self.queue.backlog_after_claim
+        for pool in self._policy.pools:
+            view = views.get(pool.pool_id)
+            if view is None or left.get(pool.pool_id, view.backlog) > 0:
+                return True
+        return False
+
+    def _backend_id(self, pool_id: str) -> str:
+        return self.config.route(pool_id).backend_id if self.config else ""
+
+    def _refusal(self, pool_id: str) -> str | None:
+        """Why the pool's backend takes nothing now (breaker, saturation, cap); None when it may."""
+        assert self.config is not None
+        route = self.config.route(pool_id)
+        return self.fleet.refusal(route.backend_id, route.endpoint)
+
+    def _room(self, pool_id: str) -> int | None:
+        """Most heads offered for the pool: nothing is claimed that its backend would refuse."""
+        assert self.config is not None
+        route = self.config.route(pool_id)
+        return self.fleet.room(route.backend_id, route.endpoint)
+
+    def _screen(
+        self,
+        policy: scheduler.GroupPolicy,
+        views: Mapping[str, QueueView],
+        refusals: Mapping[str, str],
+        now: float,
+    ) -> tuple[dict[str, scheduler.PoolObservation], dict[str, list[PeekedItem]], list[Drop]]:
+        """What the scheduler sees of each pool, its usable heads, and the unusable heads to drop.
+
+        The list an item sits in is authoritative: an item whose ``pool_id`` names another pool
+        (moved between lanes by an operator) is served, or dropped, in the list it was read from.
+        """
+        observations: dict[str, scheduler.PoolObservation] = {}
+        peeked: dict[str, list[PeekedItem]] = {}
+        drops: list[Drop] = []
+        for pool in policy.pools:
+            pool_id, view = pool.pool_id, views[pool.pool_id]
+            refusal = refusals.get(pool_id)
+            if not view.heads_read and view.backlog > 0:
+                self.stats.skips[(pool_id, unread_skip(pool, view.in_flight, refusal))] += 1
+            heads, unusable = usable_heads(self._peek, view.heads, now)
+            if unusable is not None:
+                drops.append((pool_id, *unusable))
+            heads = self._below_requeue_limit(pool_id, heads, drops)
+            peeked[pool_id] = heads
+            observations[pool_id] = scheduler.PoolObservation(
+                pool_id=pool_id,
+                backlog=view.backlog,
+                in_flight=view.in_flight,
+                blocked=refusal if refusal in BACKEND_REFUSALS else None,
+                heads=tuple(i.head for i in heads if i.head is not None),
+            )
+        return observations, peeked, drops
+
+    def _below_requeue_limit(
+        self, pool_id: str, heads: list[PeekedItem], drops: list[Drop]
+    ) -> list[PeekedItem]:
+        """Heads up to the first durable request requeued too often; that one, at the very head, is buried."""
+        for i, item in enumerate(heads):
+            if item.envelope is not None and self.redeliveries.exhausted(self.config, item.envelope):
+                if i == 0:
+                    drops.append((pool_id, item, DEAD_LETTER))
+                return heads[:i]
+        return heads
+
+    def _remember_heads(self, pool_id: str, view: QueueView) -> None:
+        """Heads last read per pool, for the snapshot's oldest-pending age while a pool sits at its cap."""
+        if view.heads_read or view.backlog == 0:
+            self._heads_seen[pool_id] = view.heads
+        elif view.display_head is not None:
+            self._heads_seen[pool_id] = (view.display_head,)
+
+    async def _drop(self, drops: list[Drop]) -> bool:
+        """Removes unusable heads from the lists they were read from; True if any was removed."""
+        removed = False
+        for pool_id, item, _ in (d for d in drops if d[2] == DEAD_LETTER):
+            self._peek.forget(item.raw)
+            assert item.envelope is not None
+            removed = await self.redeliveries.bury(pool_id, item.raw, item.envelope) or removed
+        drops = [d for d in drops if d[2] != DEAD_LETTER]
+        requests = [ClaimRequest(pool_id=pool_id, raw=item.raw, mode="drop") for pool_id, item, _ in drops]
+        results = await self.queue.claim(requests, self.settings.lease_s) if requests else []
+        for (pool_id, item, reason), (code, _, _) in zip(drops, results, strict=True):
+            self._peek.forget(item.raw)
+            if code != scripts.CLAIM_DROPPED:
+                continue
+            removed = True
+            if item.envelope is None:
+                self.drops.malformed(pool_id, item.error)
+            else:
+                self.drops.dropped(item.envelope, reason)
+        return removed
+
+    async def _claim(
+        self,
+        policy: scheduler.GroupPolicy,
+        launches: tuple[scheduler.Launch, ...],
+        peeked: dict[str, list[PeekedItem]],
+        protected: tuple[tuple[str, int], ...],
+        end_turn: TurnEnd | None,
+    ) -> tuple[int, bool]:
+        """Claims the decided launches; caps and the other pools' protected slots are checked in the
+        claim, and the same pipeline gives the scheduling turn back.
+
+        Returns how many were claimed, and whether the claim dropped any (duplicate, producer gone).
+        """
+        assert self.config is not None
+        if self._stopping.is_set():  # a stop requested during this round takes no more work
+            launches = ()
+        caps = {p.pool_id: p.max_concurrent for p in policy.pools} if launches else {}
+        own = dict(protected)
+        chosen: list[tuple[scheduler.Launch, PeekedItem, ClaimRequest, str]] = []  # ..., endpoint
+        claimed_at = time.time()
+        for launch in launches:
+            item = peeked[launch.pool_id][launch.index]
+            envelope = item.envelope
+            assert envelope is not None
+            route = self.config.route(launch.pool_id)
+            backend_id, endpoint = route.backend_id, route.endpoint
+            allowed = self.fleet.acquire_now(backend_id, endpoint)
+            if allowed is None:
+                allowed = await self.fleet.acquire(backend_id, endpoint)
+            if not allowed:
+                scheduler.refund(self._state, launch)
+                self.stats.skips[(launch.pool_id, BLOCKED_REASON)] += 1
+                continue
+            request = ClaimRequest(
+                pool_id=launch.pool_id,
+                raw=item.raw,
+                mode="launch",
+                lease_member=lease_member(launch.pool_id, envelope.request_id),
+                producer_id=envelope.producer_id,
+                pool_max=caps[launch.pool_id],
+                group_limit=policy.total_concurrency,
+                lease_record=LeaseRecord.encode_of(
+                    envelope,
+                    pool_id=launch.pool_id,
+                    claimed_at=claimed_at,
+                    dispatcher_id=self.identity.dispatcher_id,
+                    cost=launch.cost,
+                ),
+                protected=own.get(launch.pool_id, 0),
+                reserved_for=tuple(p for p in protected if p[0] != launch.pool_id) if protected else (),
+                requeue=redelivery.requeued(envelope).encode() if self.config.durable else b"",
+                backend_id=backend_id,
+                backend_limit=self.fleet.limit(backend_id) if backend_id else None,
+            )
+            chosen.append((launch, item, request, endpoint))
+        if not chosen and end_turn is None:
+            return 0, False
+        try:
+            results = await self.queue.claim(
+                [request for _, _, request, _ in chosen], self.settings.lease_s, end_turn=end_turn
+            )
+        except BaseException:
+            for _, _, request, endpoint in chosen:
+                await self.fleet.release(request.backend_id, endpoint)
+            raise
+        claimed, dropped = 0, False
+        for (launch, item, request, endpoint), (code, _, token) in zip(chosen, results, strict=True):
+            claimed += code == scripts.CLAIMED
+            dropped = dropped or code in CLAIM_DROPS
+            if code != scripts.CLAIMED:  # the call will not happen: its breaker slot goes back
+                await self.fleet.release(request.backend_id, endpoint)
+            try:
+                self._after_claim(launch, item, request, code, token)
+            except Exception:  # the other claimed requests of this round still start
+                self._internal_error(f"handling the claim of an item of pool {launch.pool_id} failed")
+                if code == scripts.CLAIMED and request.lease_member not in self.running:
+                    assert item.envelope is not None
+                    refused = DispatchError("internal dispatcher error before the call started")
+                    self._start(item.envelope, launch.pool_id, request.lease_member, launch.cost, refused)
+        return claimed, dropped
+
+    def _after_claim(
+        self, launch: scheduler.Launch, item: PeekedItem, request: ClaimRequest, code: str, token: str = ""
+    ) -> None:
+        envelope = item.envelope
+        assert envelope is not None and self.config is not None
+        if code == scripts.CLAIMED:
+            self._peek.forget(item.raw)
+            self._start(envelope, launch.pool_id, request.lease_member, launch.cost, token=token)
+            return
+        scheduler.refund(self._state, launch)
+        if code in CLAIM_DROPS:
+            self._peek.forget(item.raw)
+            self.drops.dropped(envelope, CLAIM_DROPS[code], cost=launch.cost)
+        elif code in (scripts.CLAIM_POOL_CAP, scripts.CLAIM_GROUP_CAP, scripts.CLAIM_RESERVED):
+            self.stats.skips[(launch.pool_id, code)] += 1
+        elif code == scripts.CLAIM_BACKEND_CAP:
+            self.stats.skips[(launch.pool_id, self.fleet.skip_reason(request.backend_id))] += 1
+        else:
+            self._peek.forget(item.raw)
+            self.stats.claim_lost += 1

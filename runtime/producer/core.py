@@ -1,0 +1,462 @@
+"""The producer client: submit a chat completion to a pool and get the completion back.
+
+Its parts live beside it: the pool registry (:mod:`~runtime.producer.pools`), the reply pump
+(:mod:`~runtime.producer.pump`), the direct path (:mod:`~runtime.producer.direct`), streamed calls
+(:mod:`~runtime.producer.streams`) and the blocking client (:mod:`~runtime.producer.sync`). It speaks
+to the queue only through :mod:`runtime.queue`, never through the dispatcher's modules.
+
+One :class:`Producer` owns one ``producer_id``. While it can receive replies it keeps
+``key:llm:producer:{producer_id}:alive`` fresh; a single reply pump drains
+``list:llm:replies:{producer_id}`` and hands each reply to the waiter with that ``request_id``, so
+thousands of concurrent submits share one connection. A submit that times out or is cancelled
+removes its waiter; a reply arriving for it later is counted as late and discarded.
+
+When the pool's fabric group has queueing disabled in the admin (or ``direct_backend`` is set),
+``submit`` calls the backend itself, skipping the queue and the dispatchers, and returns the same
+:class:`~runtime.producer.outcomes.CompletionResult` shape (zero queue wait), raising the same typed errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import redis.asyncio as aioredis
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from runtime.backends.adapter import OpenAIBackend
+from runtime.config import ProducerSettings
+from runtime.errors import (
+    DispatchError,
+    ProducerClosed,
+    QueueFull,
+    QueueUnavailable,
+    RequestTimeout,
+)
+from runtime.policy.admission import KeyLimits
+from runtime.producer.direct import DirectPath
+from runtime.producer.outcomes import (
+    CompletionResult,
+    ProducerStats,
+    fail_span,
+    refused_span,
+    reply_error,
+    submit_span,
+    withdrawn_span,
+)
+from runtime.producer.pools import PoolRegistry
+from runtime.producer.pump import WAKE_SENTINEL, ReplyPump, Waiter
+from runtime.producer.streams import ChatStream, stream_call
+from runtime.queue.admission import KeyLease, KeyLeases
+from runtime.queue.keys import DEFAULT_KEYS, KeySpace
+from runtime.queue.leases import lease_member
+from runtime.queue.producing import ProducerOps
+from runtime.valkey.client import REDIS_ERRORS
+from runtime.valkey.persisted import PERSISTED, PersistedPusher
+from runtime.wire.contract import (
+    ChatCall,
+    Envelope,
+    Metadata,
+    Reply,
+    StreamOptions,
+)
+from runtime.wire.groupconfig import GroupConfig
+
+__all__ = ["Producer"]
+
+log = logging.getLogger(__name__)
+_propagator = TraceContextTextMapPropagator()
+
+
+class Producer:
+    """Async producer client. Use ``async with Producer(...)`` or call ``start``/``close``."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        settings: ProducerSettings | None = None,
+        keys: KeySpace = DEFAULT_KEYS,
+        producer_id: str | None = None,
+        direct_backend: OpenAIBackend | None = None,
+        tracer: trace.Tracer | None = None,
+        secrets: Mapping[str, str] | None = None,
+    ) -> None:
+        """``direct_backend`` forces direct mode; otherwise a pool whose fabric group has queueing
+        disabled is called directly at its endpoint, with the API key named by the group found in
+        ``secrets`` (e.g. ``os.environ``)."""
+        self.client = client
+        self.settings = settings or ProducerSettings()
+        self.keys = keys
+        self.producer_id = producer_id or f"producer-{uuid.uuid4().hex[:16]}"
+        self.direct_backend = direct_backend
+        self.secrets = dict(secrets or {})
+        self._direct = DirectPath(self.secrets)
+        self.stats = ProducerStats()
+        self._tracer = tracer or trace.get_tracer("llm_dispatch.producer")
+        self._replies = ReplyPump(client, keys, self.producer_id, self.stats)
+        self._waiters = self._replies.waiters
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pools = PoolRegistry(
+            client,
+            keys,
+            self.settings.pool_registry_refresh_s,
+            self.stats,
+            owner=f"producer {self.producer_id}",
+        )
+        self._started = False
+        self._closed = False
+        self._closing = asyncio.Event()
+        self._alive_key = keys.producer_alive(self.producer_id)
+        self._reply_key = keys.replies(self.producer_id)
+        self._queue = ProducerOps(client, keys)
+        self._key_leases = KeyLeases(client, keys, self.settings.alive_ttl_s)
+        self.persistence = PersistedPusher(client, timeout_s=self.settings.persist_timeout_s)
+        # (group, reason) of durable pushes answered without their persistence, not yet in Valkey.
+        self._unpersisted: Counter[tuple[str, str]] = Counter()
+
+    def __repr__(self) -> str:
+        mode = "direct" if self.direct_backend else "queued"
+        return (
+            f"<Producer {self.producer_id} {mode} waiting={len(self._waiters)} "
+            f"submitted={self.stats.submitted} completed={self.stats.completed} "
+            f"late_replies={self.stats.late_replies}>"
+        )
+
+    async def __aenter__(self) -> Producer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        if self.direct_backend is not None:
+            return
+        await self._mark_alive()
+        self._tasks = [
+            asyncio.create_task(self._keep_alive(), name=f"alive:{self.producer_id}"),
+            asyncio.create_task(self._replies.run(), name=f"pump:{self.producer_id}"),
+        ]
+
+    async def close(self) -> None:
+        """Stops refreshing liveness, deletes the marker, and fails every waiter with ProducerClosed."""
+        if self._closed:
+            return
+        self._closed = self._replies.closed = True
+        await self._stop_tasks()
+        closed_reply = Reply(
+            "", "error", error_type=ProducerClosed.error_type, error_message="producer closed"
+        )
+        for waiter in self._waiters.values():
+            if not waiter.future.done():
+                waiter.future.set_exception(ProducerClosed(f"producer {self.producer_id} closed"))
+        self._waiters.clear()
+        for inbox in self._replies.streams.values():
+            inbox.put_nowait(closed_reply)
+        if self.direct_backend is None:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await self._flush_unpersisted()
+            with contextlib.suppress(*REDIS_ERRORS):
+                await self.client.delete(
+                    self._alive_key,
+                    self.keys.replies_taken(self.producer_id),
+                    self.keys.replies_acked(self.producer_id),
+                )
+        await self._direct.aclose()
+        await self.persistence.aclose()
+
+    async def _stop_tasks(self) -> None:
+        # A BLPOP cancelled mid-wait can leave redis-py's connection hanging, so the pump is woken
+        # with a sentinel and left to return by itself; cancellation is only the fallback.
+        if not self._tasks:
+            return
+        self._closing.set()
+        with contextlib.suppress(*REDIS_ERRORS):
+            await self.client.rpush(self._reply_key, WAKE_SENTINEL)
+        _, stuck = await asyncio.wait(self._tasks, timeout=2.0)
+        for task in stuck:
+            task.cancel()
+        if stuck:
+            await asyncio.wait(stuck, timeout=1.0)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def submit(
+        self,
+        call: ChatCall | Mapping[str, Any],
+        *,
+        pool_id: str,
+        metadata: Metadata | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        key: KeyLimits | None = None,
+    ) -> CompletionResult:
+        """Runs one chat completion through ``pool_id``; returns it or raises a DispatchError.
+
+        Cancelling the caller withdraws the request: still queued, it is taken out of its list and never
+        runs; already running, its dispatcher is told to cut the backend call off. ``key`` (an ingress
+        key's limits) is admitted with the push, over the whole fleet; a refusal is QueueFull.
+        """
+        if self._closed or not self._started:
+            raise ProducerClosed(
+                f"producer {self.producer_id} is {'closed' if self._closed else 'not started'}"
+            )
+        chat = call if isinstance(call, ChatCall) else ChatCall.from_openai(call)
+        timeout_s = self.settings.default_timeout_s if timeout is None else timeout
+        request_id = request_id or uuid.uuid4().hex
+        metadata = metadata or Metadata()
+        span = self._submit_span(request_id, pool_id, chat.model, metadata)
+        self.stats.submitted += 1
+        try:
+            backend = self.direct_backend or await self._route(pool_id)
+            if backend is not None:
+                with self._direct.slot(key, pool_id):
+                    result = await self._direct.complete(backend, chat, request_id, pool_id, timeout_s)
+            else:
+                lease = self._lease(key, pool_id, request_id, timeout_s)
+                result = await self._submit_queued(
+                    chat, request_id, pool_id, metadata, timeout_s, span, lease
+                )
+        except QueueFull as exc:
+            self.stats.rejected += 1
+            refused_span(span, exc)
+            raise
+        except DispatchError as exc:
+            self.stats.failed += 1
+            fail_span(span, exc)
+            raise
+        finally:
+            span.end()
+        self.stats.completed += 1
+        return result
+
+    async def _submit_queued(
+        self,
+        chat: ChatCall,
+        request_id: str,
+        pool_id: str,
+        metadata: Metadata,
+        timeout_s: float,
+        span: trace.Span,
+        lease: KeyLease | None = None,
+    ) -> CompletionResult:
+        loop = asyncio.get_running_loop()
+        # Counted from before the envelope's deadline is set, not from the end of the push: the caller
+        # gives up no later than the deadline the dispatcher bounds the call by, so a dispatcher that runs
+        # into it answers after this timer (a late reply), never first (it did by the push's duration).
+        expires_at = loop.time() + timeout_s
+        raw = self._envelope(chat, request_id, pool_id, metadata, timeout_s, span)
+        future: asyncio.Future[Reply] = loop.create_future()
+        self._waiters[request_id] = Waiter(future, pool_id)
+        # A timer on the reply's own future rather than asyncio.wait_for, which adds a second future,
+        # done callbacks and its own timer to every submit.
+        timer = loop.call_at(expires_at, _expire, future)
+        try:
+            await self._push(pool_id, request_id, raw, lease, timeout_s)
+            try:
+                reply = await future
+            except TimeoutError:
+                self.stats.timed_out += 1
+                raise RequestTimeout(
+                    f"request {request_id} to pool {pool_id!r} got no reply within {timeout_s:g}s"
+                ) from None
+        except asyncio.CancelledError:
+            # Cancelled while the push was on its way too: the push was written, so the withdrawal that
+            # follows it on the connection finds the request queued (it was left behind before).
+            if await self.withdraw(pool_id, request_id, raw):
+                withdrawn_span(span)
+            raise
+        finally:
+            timer.cancel()
+            self._waiters.pop(request_id, None)
+            if lease is not None:
+                await self._key_leases.release(lease)
+        if not reply.ok:
+            raise reply_error(reply)
+        assert reply.completion is not None
+        return CompletionResult(request_id, pool_id, reply.completion, reply.timing)
+
+    def _envelope(
+        self,
+        chat: ChatCall,
+        request_id: str,
+        pool_id: str,
+        metadata: Metadata,
+        timeout_s: float,
+        span: trace.Span,
+        stream: StreamOptions | None = None,
+    ) -> bytes:
+        carrier: dict[str, str] = {}
+        _propagator.inject(carrier, context=trace.set_span_in_context(span))
+        now = time.time()
+        envelope = Envelope(
+            request_id=request_id,
+            producer_id=self.producer_id,
+            pool_id=pool_id,
+            call=chat,
+            enqueued_at=now,
+            deadline=now + timeout_s,
+            trace=carrier,
+            metadata=metadata,
+            stream=stream,
+        )
+        return envelope.encode(max_bytes=self.settings.max_envelope_bytes)
+
+    async def _push(
+        self, pool_id: str, request_id: str, raw: bytes, lease: KeyLease | None = None, timeout_s: float = 0.0
+    ) -> None:
+        """Queues the envelope; QueueFull (nothing queued) when the pool's admission limits, or those of
+        the ingress key holding ``lease``, refuse it."""
+        limits = self._pools.limits(pool_id)
+        group = self._pools.view.groups.get(self._pools.group_of(pool_id) or "")
+        try:
+            if group is not None and group.durable:
+                outcome = await self._queue.push_persisted(
+                    self.persistence, pool_id, raw, limits, lease, replicas=group.persist_replicas
+                )
+                if outcome != PERSISTED:
+                    self.stats.unpersisted_pushes += 1
+                    self._unpersisted[(group.group_id, outcome)] += 1
+            else:
+                await self._queue.push(pool_id, raw, limits, lease)
+        except REDIS_ERRORS as exc:
+            raise QueueUnavailable(f"could not enqueue request {request_id}: {exc}") from exc
+        if lease is not None:
+            self._key_leases.hold(lease, timeout_s)
+
+    def stream(
+        self,
+        call: ChatCall | Mapping[str, Any],
+        *,
+        pool_id: str,
+        metadata: Metadata | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        include_usage: bool | None = None,
+        key: KeyLimits | None = None,
+    ) -> ChatStream:
+        """Streams one chat completion through ``pool_id``: ``async for chunk in producer.stream(...)``
+        yields OpenAI ``chat.completion.chunk`` objects as the backend sends them.
+
+        ``call`` may be the SDK's streaming params as they are: their ``stream_options.include_usage``
+        asks for the final usage chunk unless ``include_usage`` says otherwise.
+
+        The dispatcher relays each chunk through this producer's reply list; errors before or during the
+        stream raise the typed errors ``submit`` raises. Leaving the loop early (or cancelling it)
+        withdraws the request like a cancelled ``submit``.
+        """
+        if self._closed or not self._started:
+            raise ProducerClosed(
+                f"producer {self.producer_id} is {'closed' if self._closed else 'not started'}"
+            )
+        call, include_usage = stream_call(call, include_usage)
+        return ChatStream(
+            self,
+            call,
+            pool_id=pool_id,
+            metadata=metadata or Metadata(),
+            timeout_s=self.settings.default_timeout_s if timeout is None else timeout,
+            request_id=request_id or uuid.uuid4().hex,
+            include_usage=bool(include_usage),
+            key=key,
+        )
+
+    async def withdraw(self, pool_id: str, request_id: str, raw: bytes) -> bool:
+        """Takes a queued request back out of its list, or its retry out of the pool's delayed set
+        (counted ``dropped:cancelled`` in its group); one a dispatcher already claimed is cancelled
+        through the group's cancel channel. True when it was still queued (no dispatcher will record
+        it: its submit span does)."""
+        self.stats.cancelled += 1
+        group_id = self._pools.group_of(pool_id)
+        try:
+            removed = await self._queue.withdraw(pool_id, request_id, self.producer_id, raw, group_id)
+        except REDIS_ERRORS as exc:
+            log.warning("producer %s could not withdraw request %s: %s", self.producer_id, request_id, exc)
+            return False
+        if removed:
+            self.stats.withdrawn_queued += 1
+        return removed
+
+    def _submit_span(self, request_id: str, pool_id: str, model: str, metadata: Metadata) -> trace.Span:
+        group_id = self._pools.group_of(pool_id) or ""
+        return submit_span(self._tracer, self.producer_id, group_id, request_id, pool_id, model, metadata)
+
+    def _lease(
+        self, key: KeyLimits | None, pool_id: str, request_id: str, timeout_s: float
+    ) -> KeyLease | None:
+        if key is None or not key.bounded:
+            return None
+        return self._key_leases.lease(key, lease_member(pool_id, request_id), timeout_s)
+
+    async def _route(self, pool_id: str) -> OpenAIBackend | None:
+        """None to queue the request; the backend to call when the pool's group has queueing disabled.
+
+        Refuses a pool no fabric group has; the check is skipped while no configuration is published.
+        """
+        group = await self._pools.pool_group(pool_id)
+        if group is None or group.queueing_enabled:
+            return None
+        return self._direct.backend(group, pool_id)
+
+    async def pool_group(self, pool_id: str) -> GroupConfig | None:
+        """The published configuration of the group serving ``pool_id``; UnknownPool if no group has it.
+
+        None while nothing is published (the check is then skipped).
+        """
+        return await self._pools.pool_group(pool_id)
+
+    @property
+    def configuration(self) -> str:
+        """Which configuration submits are checked against: published, last_known or none."""
+        return self._pools.view.source
+
+    async def _mark_alive(self) -> None:
+        ttl_ms = int(self.settings.alive_ttl_s * 1000)
+        await self.client.set(self._alive_key, b"1", px=ttl_ms)
+
+    async def _keep_alive(self) -> None:
+        while not self._closed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), self.settings.alive_refresh_s)
+            if self._closed:
+                return
+            try:
+                await self._mark_alive()
+                await self._key_leases.renew()
+                await self._flush_unpersisted()
+            except REDIS_ERRORS as exc:
+                log.warning("producer %s could not refresh liveness: %s", self.producer_id, exc)
+
+    async def _flush_unpersisted(self) -> None:
+        """Adds the durable pushes answered without their persistence to their groups' counters
+        (``unpersisted:<outcome>``, shown on the dashboard): with the liveness refresh, off the hot path."""
+        pending, self._unpersisted = self._unpersisted, Counter()
+        if not pending:
+            return
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for (group_id, outcome), count in pending.items():
+                    pipe.hincrby(self.keys.counters(group_id), f"unpersisted:{outcome}", count)
+                await pipe.execute()
+        except REDIS_ERRORS:
+            self._unpersisted.update(pending)  # counted with the next refresh
+            raise
+
+
+def _expire(future: asyncio.Future[Reply]) -> None:
+    """A submit's timer: its reply did not come in time (a reply arriving later is counted late)."""
+    if not future.done():
+        future.set_exception(TimeoutError())

@@ -1,0 +1,13 @@
+-- Fragment (included as `--! drain key=... count=...`): count $count requests that left the queue
+-- now in the ring of per-second buckets of the drain hash $key (admission control reads it).
+do
+  local dsec = tonumber(redis.call('TIME')[1])
+  local slot = dsec % $DRAIN_RING
+  if redis.call('HGET', $key, 's' .. slot) ~= tostring(dsec) then
+    redis.call('HSET', $key, 's' .. slot, dsec, 'c' .. slot, 0)
+  end
+  redis.call('HINCRBY', $key, 'c' .. slot, $count)
+  local dt = redis.call('TIME')
+  redis.call('HSET', $key, 'last', tonumber(dt[1]) + tonumber(dt[2]) / 1000000)
+  redis.call('EXPIRE', $key, $DRAIN_TTL_S)
+end

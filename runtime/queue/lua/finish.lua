@@ -1,0 +1,38 @@
+-- FINISH: settles an attempt (reply, retry, dead letter or requeue) and releases its leases.
+-- KEYS: producer alive key, replies list, group lease zset, pool lease zset, lease records hash,
+--       pool wake list, fencing tokens hash, durable envelopes hash, delayed zset, dead-letter list,
+--       backend lease zset, the pool's requests list, then the requests list of every pool of the group
+-- ARGV: reply bytes (empty: release only), reply list TTL ms, lease member, wake token cap, token TTL ms,
+--       fencing token ('' unfenced: lists mode), settlement (SETTLE_*), the retry's next envelope or the
+--       dead letter, the retry's due time
+-- Returns FINISH_DELIVERED, FINISH_PRODUCER_GONE, FINISH_STALE (the lease was taken away: nothing
+-- done, not even the backend's lease), FINISH_DELAYED (the retry waits in the delayed set) or
+-- FINISH_REQUEUED (a durable call its dispatcher could not finish before shutting down went back to
+-- the head of its pool's list, as an expired lease's would, without waiting for the lease to expire).
+-- While the group has backlog, the freed slot wakes one idle dispatcher of the group (the one
+-- waiting longest), not necessarily the finisher, so the work spreads over the fleet.
+if ARGV[6] ~= '' and redis.call('HGET', KEYS[7], ARGV[3]) ~= ARGV[6] then return -1 end
+redis.call('ZREM', KEYS[3], ARGV[3])
+redis.call('ZREM', KEYS[4], ARGV[3])
+redis.call('HDEL', KEYS[5], ARGV[3])
+redis.call('HDEL', KEYS[7], ARGV[3])
+redis.call('HDEL', KEYS[8], ARGV[3])
+redis.call('ZREM', KEYS[11], ARGV[3])
+if ARGV[7] == 'requeue' then redis.call('LPUSH', KEYS[12], ARGV[8]) end
+for i = 12, #KEYS do
+  if redis.call('LLEN', KEYS[i]) > 0 then
+--! wake key=KEYS[6] cap=ARGV[4] ttl=ARGV[5]
+    break
+  end
+end
+if ARGV[7] == 'retry' then
+  redis.call('ZADD', KEYS[9], ARGV[9], ARGV[8])
+  return 2
+end
+if ARGV[7] == 'requeue' then return 3 end
+if ARGV[7] == 'dead' then redis.call('RPUSH', KEYS[10], ARGV[8]) end
+if ARGV[1] == '' then return 1 end
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1

@@ -1,0 +1,4 @@
+-- WAKE: the wake-token push on its own (tools that wake dispatchers outside a queue step).
+-- KEYS: wake list
+-- ARGV: token cap, token TTL ms
+--! wake key=KEYS[1] cap=ARGV[1] ttl=ARGV[2]

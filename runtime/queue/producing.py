@@ -1,0 +1,94 @@
+"""Producer side of the queue: a request pushed (admitted first when limits apply) or withdrawn.
+
+Both are one script each (``lua/push.lua`` or ``lua/admit_push.lua``, ``lua/withdraw.lua``); Valkey
+errors propagate for the caller to translate into its own error tree.
+"""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from runtime.errors import Cancelled
+from runtime.policy.admission import AdmissionLimits
+from runtime.queue import registry
+from runtime.queue.admission import KeyLease, admission_args, admit_and_push, queue_full
+from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
+from runtime.valkey.persisted import PersistedPusher
+from runtime.wire.contract import envelope_prefix
+
+__all__ = ["ProducerOps"]
+
+
+class ProducerOps:
+    """The queue operations of one producer's client."""
+
+    def __init__(self, client: aioredis.Redis, keys: KeySpace) -> None:
+        self.client = client
+        self.keys = keys
+        # Run by SHA over the client's pipelined connection (a direct-mode producer may have no Valkey
+        # client at all: nothing is sent until a push).
+        self._push = registry.script("push").bind(client)
+        self._admit = registry.script("admit_push").bind(client)
+        self._withdraw = registry.script("withdraw").bind(client)
+
+    def __repr__(self) -> str:
+        return f"<ProducerOps prefix={self.keys.prefix!r}>"
+
+    async def push(
+        self, pool_id: str, raw: bytes, limits: AdmissionLimits, lease: KeyLease | None = None
+    ) -> int:
+        """Queues the envelope; returns the list's new length. Raises QueueFull (nothing queued) when
+        the pool's limits, or those of the ingress key holding ``lease``, refuse it."""
+        if limits.bounded or lease is not None:
+            # The limits are checked and the request pushed (and counted against its key) in one
+            # script: racing producers never take the queue past max_queued, nor a key past its own.
+            return await admit_and_push(self._admit, self.keys, pool_id, raw, limits, lease)
+        # One script: the push, and a wake-up token only when the list was empty (wake one, not all).
+        return int(
+            await self._push(
+                keys=[self.keys.requests(pool_id), self.keys.wake_list(pool_id)],
+                args=[raw, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
+            )
+        )
+
+    async def push_persisted(
+        self,
+        persistence: PersistedPusher,
+        pool_id: str,
+        raw: bytes,
+        limits: AdmissionLimits,
+        lease: KeyLease | None = None,
+        *,
+        replicas: int = 0,
+    ) -> str:
+        """A durable group's push, answered once Valkey has it persisted (``WAITAOF``, and ``WAIT`` for
+        ``replicas``: :mod:`runtime.valkey.persisted`); returns the outcome. Raises QueueFull as
+        :meth:`push` does."""
+        admitted = limits.bounded or lease is not None
+        if admitted:
+            script = registry.script("admit_push")
+            script_keys, args = admission_args(self.keys, pool_id, raw, limits, lease)
+        else:
+            script = registry.script("push")
+            script_keys = [self.keys.requests(pool_id), self.keys.wake_list(pool_id)]
+            args = [raw, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS]
+        result, outcome = await persistence.push(script, script_keys, args, replicas=replicas)
+        if admitted and int(result[0]) != 1:
+            raise queue_full(pool_id, limits, result, lease.limits if lease is not None else None)
+        return outcome
+
+    async def withdraw(
+        self, pool_id: str, request_id: str, producer_id: str, raw: bytes, group_id: str | None
+    ) -> bool:
+        """Takes a queued request back out of its list, or its retry out of the pool's delayed set
+        (counted ``dropped:cancelled`` in its group); one a dispatcher already claimed is cancelled
+        through the group's cancel channel. True when it was still queued."""
+        # Taken out and counted in one script: nobody sees the queue without it and the count not yet.
+        counters = [self.keys.counters(group_id)] if group_id else []
+        removed = await self._withdraw(
+            keys=[self.keys.requests(pool_id), self.keys.delayed(pool_id), *counters],
+            args=[raw, f"dropped:{Cancelled.error_type}", envelope_prefix(request_id, producer_id)],
+        )
+        if group_id and not removed:
+            await self.client.publish(self.keys.cancel_channel(group_id), request_id.encode())
+        return bool(removed)
