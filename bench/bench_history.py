@@ -279,7 +279,7 @@ def bench_ingest(spans: int, runs: int) -> dict[str, float]:
     from history.client import client_for, close_all
     from history.ingester import DEFAULT_BATCH_SIZE, Ingester
     from runtime.queue.keys import KeySpace
-    from tests.history.factories import execution_doc
+    from tests.support.history_spans import execution_doc
 
     rates, cpus = [], []
     with private_valkey() as valkey_url, scratch() as data_dir:

@@ -10,20 +10,8 @@ from django.contrib.auth import get_user_model
 from pools import connections
 from pools.models import Backend, FabricGroup, Pool
 from runtime.queue.keys import KeySpace
-from tests.dashboard.browser import stack  # noqa: F401 - the browser tests' fixture
-
-
-def point_dashboard_at(settings, url: str, keys: KeySpace) -> None:
-    """Valkey reads and the project's channel layer (its own backend class) on ``url`` under ``keys``."""
-    connections.valkey_url.cache_clear()
-    settings.VALKEY_URL = url
-    settings.DISPATCH_KEY_PREFIX = keys.prefix
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": settings.CHANNEL_LAYERS["default"]["BACKEND"],
-            "CONFIG": {"hosts": [url], "prefix": f"{keys.prefix}asgi", "capacity": 500, "expiry": 30},
-        }
-    }
+from tests.support.browser import stack  # noqa: F401 - the browser tests' fixture
+from tests.support.dashboard_live import point_dashboard_at
 
 
 @pytest.fixture(autouse=True)

@@ -1,9 +1,9 @@
 """Issue 24: the backend page's "Test connection" button in headless Chromium, against a real stack
-(daphne serving the admin, the simulator as backend ``sim``; see tests/dashboard/browser.py)."""
+(daphne serving the admin, the simulator as backend ``sim``; see tests/support/browser.py)."""
 
 from __future__ import annotations
 
-from tests.dashboard.browser import BROWSER_MARKS, CHROMIUM, CHROMIUM_ARGS, logged_in_page
+from tests.support.browser import BROWSER_MARKS, CHROMIUM, CHROMIUM_ARGS, logged_in_page
 
 pytestmark = BROWSER_MARKS
 

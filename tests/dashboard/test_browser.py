@@ -1,4 +1,4 @@
-"""The dashboard in headless Chromium against a real stack (see tests/dashboard/browser.py), under load."""
+"""The dashboard in headless Chromium against a real stack (see tests/support/browser.py), under load."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import orjson
 
 from runtime.producer import Producer
-from tests.dashboard.browser import (
+from tests.support.browser import (
     BROWSER_MARKS,
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -17,8 +17,8 @@ from tests.dashboard.browser import (
     live_dashboard,
     logged_in_page,
 )
-from tests.runtime.harness import slow_call
-from tests.waiting import wait_until
+from tests.support.dispatching import slow_call
+from tests.support.waiting import wait_until
 
 pytestmark = BROWSER_MARKS
 
@@ -177,7 +177,7 @@ BUTTON_BOXES = """() => Array.from(document.querySelectorAll("#pools tr[data-poo
 async def test_the_pool_buttons_stay_put_whatever_the_live_figures_show(stack, aredis, keys) -> None:
     """Long figures, many held-back reasons, pills and refusals change the rows' text, never where a
     Pause/Resume button is: a button that moves between mouse-down and mouse-up loses the click."""
-    from tests.dashboard.test_merge import pool, snap
+    from tests.support.snapshots import pool, snap
 
     pool_ids = ("interactive", "document-extract", "backfill", "default")
     many = {r: 123_456 for r in ("no_credit", "capacity", "group_capacity", "reserved", "breaker_open",
@@ -209,7 +209,7 @@ async def test_the_pool_buttons_stay_put_whatever_the_live_figures_show(stack, a
 async def test_reasons_a_newer_dispatcher_reports_show_up_explained(stack, aredis, keys) -> None:
     """A drop reason and a skip reason the dashboard has no words for yet still show, with a legend entry."""
 
-    from tests.dashboard.test_merge import pool, snap
+    from tests.support.snapshots import pool, snap
 
     async with live_dashboard(stack["url"]) as page:
         newer = snap(
@@ -236,7 +236,7 @@ async def test_reasons_a_newer_dispatcher_reports_show_up_explained(stack, aredi
 async def test_a_dead_letter_shows_up_live_and_is_replayed_from_the_admin(stack, aredis, keys) -> None:
     """A dead letter appears on the open dashboard; its link leads to the admin, where Replay queues it."""
     from runtime.wire.contract import Envelope
-    from tests.pools.helpers import dead_letter
+    from tests.support.pools_admin import dead_letter
 
     async with live_dashboard(stack["url"]) as page:
         assert await page.locator('[data-v="dead_letters_total"]').inner_text() == "0"

@@ -21,9 +21,9 @@ from runtime.errors import QueueFull, UnknownPool
 from runtime.producer import Producer
 from runtime.queue.keys import KeySpace
 from runtime.valkey.client import connect
-from tests.dashboard.conftest import point_dashboard_at
-from tests.ops.stack import MANAGE, Running, installation_env, manage, sql
-from tests.waiting import wait_until
+from tests.support.dashboard_live import point_dashboard_at
+from tests.support.installation import MANAGE, Running, installation_env, manage, sql
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import Any
 
 import pytest
-from channels.routing import URLRouter
-from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 
 from dashboard.publisher import snapshot_sink
-from dashboard.routing import websocket_urlpatterns
 from runtime.producer import Producer
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.dashboard.live import dispatcher_running, two_pools
-from tests.runtime.harness import CALL
+from tests.support.dashboard_live import dispatcher_running, two_pools
+from tests.support.dashboard_socket import communicator, view_where
+from tests.support.dispatching import CALL
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,24 +22,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 async def sim():
     async with SimulatorServer(SimulatorConfig()) as server:
         yield server
-
-
-def communicator(user: Any, group_id: str = "g") -> WebsocketCommunicator:
-    comm = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/fabric/{group_id}/")
-    comm.scope["user"] = user
-    return comm
-
-
-async def view_where(comm: WebsocketCommunicator, predicate: Callable[[dict], bool], timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    seen = None
-    while time.monotonic() < deadline:
-        message = await comm.receive_json_from(timeout=max(0.1, deadline - time.monotonic()))
-        assert message["type"] == "fabric.view"
-        seen = message["view"]
-        if predicate(seen):
-            return seen
-    raise AssertionError(f"no matching view in time; last: {seen}")
 
 
 async def test_snapshots_of_two_dispatchers_reach_the_browser_merged(
@@ -95,7 +73,7 @@ async def test_queue_depth_reaches_the_browser_live(aredis, keys, sim, fabric, s
 
 async def test_an_event_alone_reaches_the_browser_through_the_channel_layer(fabric, staff) -> None:
     """A snapshot that exists only as a channel-layer event (nothing in Valkey) still shows up."""
-    from tests.dashboard.test_merge import pool, snap
+    from tests.support.snapshots import pool, snap
 
     comm = communicator(staff)
     assert (await comm.connect())[0]

@@ -7,9 +7,9 @@ import subprocess
 from pathlib import Path
 
 from runtime.producer import Producer
-from tests.dashboard.browser import BROWSER_MARKS, CHROMIUM, CHROMIUM_ARGS, logged_in_page
-from tests.runtime.harness import slow_call
-from tests.waiting import wait_until
+from tests.support.browser import BROWSER_MARKS, CHROMIUM, CHROMIUM_ARGS, logged_in_page
+from tests.support.dispatching import slow_call
+from tests.support.waiting import wait_until
 
 pytestmark = BROWSER_MARKS
 

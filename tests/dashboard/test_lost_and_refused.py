@@ -9,8 +9,8 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from dashboard import merge, reasons
-from tests.dashboard.test_merge import pool, snap
-from tests.pools.helpers import dead_letter
+from tests.support.pools_admin import dead_letter
+from tests.support.snapshots import pool, snap
 
 
 def test_lost_in_flight_is_summed_per_pool_over_dispatchers() -> None:

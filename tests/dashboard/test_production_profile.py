@@ -1,7 +1,7 @@
 """The dashboard under the production profile of docs/deploy.md, in headless Chromium.
 
 DEBUG off, the documented settings, ``collectstatic`` run, daphne started as its systemd unit starts
-it, behind a TLS-terminating proxy (tests/dashboard/tls_proxy.py, doing what the doc's nginx does): a
+it, behind a TLS-terminating proxy (tests/support/tls_proxy.py, doing what the doc's nginx does): a
 person logs in over HTTPS and gets the dashboard with its stylesheets and script (served by WhiteNoise
 under hashed names) and the live feed over the proxied websocket.
 """
@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from runtime.valkey.embedded import free_port
-from tests.dashboard.browser import BROWSER_MARKS, CHROMIUM, CHROMIUM_ARGS, demo_stack, logged_in_page
-from tests.dashboard.tls_proxy import tls_proxy
-from tests.ops.profile import production_env
+from tests.support.browser import BROWSER_MARKS, CHROMIUM, CHROMIUM_ARGS, demo_stack, logged_in_page
+from tests.support.production_profile import production_env
+from tests.support.tls_proxy import tls_proxy
 
 pytestmark = BROWSER_MARKS
 

@@ -11,8 +11,8 @@ import pytest
 
 from runtime.producer import Producer
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.dashboard.live import dispatcher_running, two_pools
-from tests.runtime.harness import slow_call, wait_until
+from tests.support.dashboard_live import dispatcher_running, two_pools
+from tests.support.dispatching import slow_call, wait_until
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ import pytest
 
 from dashboard.merge import STALE_AFTER_S, merge_snapshots
 from pools import connections
-from tests.dashboard.conftest import point_dashboard_at
-from tests.dashboard.test_consumer import communicator, view_where
-from tests.dashboard.test_merge import pool, snap
-from tests.runtime.test_valkey_partition import stopped
+from tests.support.dashboard_live import point_dashboard_at
+from tests.support.dashboard_socket import communicator, view_where
+from tests.support.snapshots import pool, snap
+from tests.support.valkey_freeze import stopped
 
 HEALTH_S = 1.0
 NOW = 1_700_000_000.0

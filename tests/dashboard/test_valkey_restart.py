@@ -9,9 +9,9 @@ import pytest
 from dashboard.publisher import snapshot_sink
 from pools import connections
 from runtime.valkey import embedded
-from tests.dashboard.conftest import point_dashboard_at
-from tests.dashboard.test_consumer import communicator, view_where
-from tests.dashboard.test_merge import pool, snap
+from tests.support.dashboard_live import point_dashboard_at
+from tests.support.dashboard_socket import communicator, view_where
+from tests.support.snapshots import pool, snap
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -11,8 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pools.models import Pool
 from runtime.wire.groupconfig import GroupConfig
-from tests.dashboard.test_merge import pool, snap
-from tests.pools.helpers import dead_letter
+from tests.support.pools_admin import dead_letter
+from tests.support.snapshots import pool, snap
 
 
 @pytest.fixture

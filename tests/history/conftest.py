@@ -46,14 +46,3 @@ def provider(valkey_url: str, keys: KeySpace) -> Iterator[TracerProvider]:
 @pytest.fixture
 def ingester(sredis: redis.Redis, history: HistoryClient, keys: KeySpace) -> Ingester:
     return Ingester(sredis, history, keys=keys, block_ms=50, batch_size=100)
-
-
-def drain(ingester: Ingester, rounds: int = 50) -> int:
-    """Runs ingester rounds until one reads nothing; returns entries acknowledged."""
-    total = 0
-    for _ in range(rounds):
-        got = ingester.step()
-        total += got
-        if not got:
-            break
-    return total

@@ -10,7 +10,7 @@ from django.test import Client
 
 from history import queries
 from history.client import HistoryClient
-from tests.history.factories import execution_doc, store
+from tests.support.history_spans import execution_doc, store
 
 T0 = time.time_ns() - 120 * 10**9
 

@@ -18,7 +18,7 @@ from history import schema
 from history.client import client_for, close_all
 from history.ingester import GROUP
 from runtime.queue.keys import KeySpace
-from tests.waiting import wait_until_sync
+from tests.support.waiting import wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,8 +21,8 @@ from runtime.queue import groups
 from runtime.queue.keys import KeySpace
 from runtime.telemetry.tracing import configure_tracing, shutdown_tracing
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.history.conftest import drain
-from tests.runtime.harness import CALL, one_pool_group, wait_until
+from tests.support.dispatching import CALL, one_pool_group, wait_until
+from tests.support.history_spans import drain
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from runtime.backends.redact import redact_url
 from runtime.queue.keys import KeySpace
 from runtime.telemetry import semconv
 from runtime.telemetry.tracing import span_from_context
-from tests.history.conftest import drain
+from tests.support.history_spans import drain
 
 SECRET_URL = "https://alice:s3cr3t-pw@llm.example:8443/v1?api_key=k-123"
 
@@ -255,7 +255,7 @@ def test_migrate_is_idempotent_and_applies_retention(history: HistoryClient) -> 
 
 def test_a_batch_delivered_twice_is_stored_once_in_every_table(history: HistoryClient) -> None:
     from history.ingester import batch_token, span_row
-    from tests.history.factories import execution_doc
+    from tests.support.history_spans import execution_doc
 
     rows = [span_row(execution_doc(pool=f"p{i % 2}")) for i in range(10)]
     ids = [f"1700000000000-{i}".encode() for i in range(10)]

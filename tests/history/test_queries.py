@@ -11,7 +11,7 @@ import pytest
 from history import queries, schema
 from history.client import HistoryClient
 from history.queries import LEVELS, ExecutionFilter
-from tests.history.factories import execution_doc, store
+from tests.support.history_spans import execution_doc, store
 
 
 def exact_inclusive(values: list[float], p: float) -> float:

@@ -14,7 +14,7 @@ from runtime.producer import Producer
 from runtime.queue import groups
 from runtime.queue.keys import KeySpace
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
-from tests.history.conftest import drain
+from tests.support.history_spans import drain
 
 CALL = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}
 

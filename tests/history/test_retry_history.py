@@ -13,8 +13,8 @@ from runtime.producer import Producer
 from runtime.queue.keys import KeySpace
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.history.conftest import drain
-from tests.runtime.harness import running_dispatcher
+from tests.support.dispatching import running_dispatcher
+from tests.support.history_spans import drain
 
 
 async def test_two_503s_then_success_leave_three_attempts_in_order(

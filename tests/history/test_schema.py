@@ -10,8 +10,8 @@ import pytest
 from history import queries, schema
 from history.client import HistoryClient, client_for, close_all
 from history.ingester import span_row
-from tests.history.factories import execution_doc
-from tests.history.legacy_schema import legacy_create_table_sql
+from tests.support.history_spans import execution_doc
+from tests.support.legacy_history_schema import legacy_create_table_sql
 
 
 @pytest.fixture

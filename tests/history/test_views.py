@@ -7,7 +7,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from history.client import HistoryClient, close_all
-from tests.history.factories import execution_doc, store
+from tests.support.history_spans import execution_doc, store
 
 pytestmark = pytest.mark.django_db
 

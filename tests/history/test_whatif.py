@@ -15,7 +15,7 @@ from history.client import HistoryClient
 from history.whatif import whatif_trace
 from pools.models import FabricGroup, Pool
 from runtime.telemetry import semconv
-from tests.history.factories import execution_doc, store
+from tests.support.history_spans import execution_doc, store
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ingress.stack import Stack, start_stack
+from tests.support.ingress_stack import Stack, start_stack
 
 
 @pytest.fixture(scope="module")

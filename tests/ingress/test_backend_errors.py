@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 
-from tests.ingress.stack import Stack
+from tests.support.ingress_stack import Stack
 
 pytestmark = pytest.mark.slow
 HELLO = [{"role": "user", "content": "Hello"}]

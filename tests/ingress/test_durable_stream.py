@@ -10,9 +10,9 @@ import subprocess
 import openai
 import pytest
 
-from tests.ingress.stack import Stack
-from tests.runtime.dispatcher_proc import start_dispatcher, stop_dispatcher
-from tests.waiting import wait_until_sync
+from tests.support.dispatcher_process import start_dispatcher, stop_dispatcher
+from tests.support.ingress_stack import Stack
+from tests.support.waiting import wait_until_sync
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 SETUP = """

@@ -12,7 +12,8 @@ from history.client import HistoryClient
 from history.ingester import Ingester
 from runtime.telemetry.spans import Identity, Outcome, record_span
 from runtime.wire.contract import ChatCall, Envelope, Metadata, StreamOptions
-from tests.history.conftest import ch_url, drain, history, ingester, provider  # noqa: F401 - fixtures
+from tests.history.conftest import ch_url, history, ingester, provider  # noqa: F401 - fixtures
+from tests.support.history_spans import drain
 
 
 def streamed_envelope(request_id: str, label: str) -> Envelope:

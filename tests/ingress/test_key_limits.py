@@ -24,8 +24,8 @@ import redis
 from history import queries, schema
 from history.client import client_for, close_all
 from history.ingester import Ingester
-from tests.ingress.stack import Stack, start_stack
-from tests.waiting import wait_until_sync
+from tests.support.ingress_stack import Stack, start_stack
+from tests.support.waiting import wait_until_sync
 
 pytestmark = pytest.mark.slow
 HELLO = [{"role": "user", "content": "Hello"}]

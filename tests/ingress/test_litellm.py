@@ -17,8 +17,8 @@ import orjson
 import pytest
 
 from bench.litellm_proxy import MASTER_KEY, litellm_binary, litellm_proxy, openai_model
-from tests.ingress.stack import GROUP, Stack
-from tests.waiting import wait_until
+from tests.support.ingress_stack import GROUP, Stack
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 HELLO = [{"role": "user", "content": "Hello"}]

@@ -6,7 +6,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.ingress.stack import Stack
+from tests.support.ingress_stack import Stack
 
 pytestmark = pytest.mark.slow
 HELLO = [{"role": "user", "content": "Hello"}]

@@ -8,8 +8,8 @@ import contextlib
 import openai
 import pytest
 
-from tests.ingress.stack import Stack
-from tests.waiting import wait_until
+from tests.support.ingress_stack import Stack
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

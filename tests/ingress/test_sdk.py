@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from tests.ingress.stack import Stack
-from tests.waiting import wait_until_sync
+from tests.support.ingress_stack import Stack
+from tests.support.waiting import wait_until_sync
 
 pytestmark = pytest.mark.slow
 HELLO = [{"role": "user", "content": "Hello"}]

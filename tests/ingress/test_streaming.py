@@ -13,8 +13,8 @@ import pytest
 
 from runtime.producer import Producer
 from runtime.valkey.client import connect
-from tests.ingress.stack import ROOT, Stack
-from tests.waiting import wait_until, wait_until_sync
+from tests.support.ingress_stack import ROOT, Stack
+from tests.support.waiting import wait_until, wait_until_sync
 
 pytestmark = pytest.mark.slow
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -104,7 +104,15 @@ async def test_the_python_client_streams_too(stack: Stack) -> None:
 def test_a_producer_killed_mid_stream_cancels_the_backend_call(stack: Stack) -> None:
     gone_before = stack.counter("failed:stream_producer_gone")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.ingress.stream_proc", stack.valkey_url, stack.keys.prefix, "solo", "1"],
+        [
+            sys.executable,
+            "-m",
+            "tests.support.stream_process",
+            stack.valkey_url,
+            stack.keys.prefix,
+            "solo",
+            "1",
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
     )

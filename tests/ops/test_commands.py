@@ -21,9 +21,9 @@ from runtime.errors import RequestTimeout
 from runtime.producer import Producer
 from runtime.valkey import embedded
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.runtime.harness import CALL, one_pool_group, slow_call
-from tests.runtime.test_fair_pools import start_dispatcher
-from tests.waiting import wait_until
+from tests.support.dispatcher_process import start_dispatcher
+from tests.support.dispatching import CALL, one_pool_group, slow_call
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ import pytest
 
 from ops.management.commands.demo import DEMO_SIMULATOR_OPTIONS
 from runtime.valkey.embedded import free_port
-from tests.waiting import wait_for_port
+from tests.support.waiting import wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ops.profile import production_env
+from tests.support.production_profile import production_env
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # a manage.py process each

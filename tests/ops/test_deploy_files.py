@@ -19,7 +19,7 @@ import redis
 from django.core.management import CommandError, get_commands, load_command_class
 
 from runtime.valkey.embedded import free_port, valkey_binary
-from tests.waiting import port_open, wait_until_sync
+from tests.support.waiting import port_open, wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "docs" / "deploy" / "systemd"

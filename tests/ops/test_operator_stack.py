@@ -26,9 +26,9 @@ from runtime.valkey import embedded
 from runtime.valkey.locate import installation_url
 from runtime.wire.groupconfig import GroupConfig
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.history.conftest import drain
-from tests.ops.stack import MANAGE, ROOT, Running, installation_env, manage, sql
-from tests.runtime.harness import CALL
+from tests.support.dispatching import CALL
+from tests.support.history_spans import drain
+from tests.support.installation import MANAGE, ROOT, Running, installation_env, manage, sql
 
 pytestmark = pytest.mark.slow
 

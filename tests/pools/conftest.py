@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import redis
 from django.contrib.auth import get_user_model
 from django.test import Client
 
@@ -13,7 +12,6 @@ from pools import connections
 from pools.models import Backend, FabricGroup, Pool
 from runtime.queue.keys import KeySpace
 from runtime.valkey import embedded
-from runtime.wire.groupconfig import GroupConfig
 
 
 @pytest.fixture(autouse=True)
@@ -75,12 +73,3 @@ def group(backend: Backend) -> FabricGroup:
     )
     Pool.objects.create(group=group, pool_id="backfill", quantum=1, max_concurrent=8, sort_order=1)
     return group
-
-
-def published(client: redis.Redis, keys: KeySpace, group_id: str) -> GroupConfig | None:
-    raw = client.get(keys.group_config(group_id))
-    return GroupConfig.decode(raw) if raw else None
-
-
-def registry(client: redis.Redis, keys: KeySpace) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in client.hgetall(keys.pool_registry()).items()}

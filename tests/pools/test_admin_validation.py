@@ -8,29 +8,12 @@ import pytest
 from django.test import Client
 
 from pools.models import FabricGroup, Pool
-from tests.pools.helpers import POOL_DEFAULTS, changelist_form, existing_rows, group_form
+from tests.support.pools_admin import POOL_DEFAULTS, changelist_form, errors_of, existing_rows, group_form
 
 pytestmark = pytest.mark.django_db
 
 POOL_ADD = "/admin/pools/pool/add/"
 GROUP_ADD = "/admin/pools/fabricgroup/add/"
-
-
-def errors_of(response: Any) -> str:
-    """Every error the admin page shows (main form, inline formsets, changelist formset), as one text."""
-    context = response.context
-    found: list[str] = []
-    if "adminform" in context:
-        form = context["adminform"].form
-        found += [str(m) for messages in form.errors.values() for m in messages]
-    for inline in context.get("inline_admin_formsets") or []:
-        found += [str(m) for errors in inline.formset.errors for ms in errors.values() for m in ms]
-        found += [str(m) for m in inline.formset.non_form_errors()]
-    changelist = context.get("cl")
-    if changelist is not None and changelist.formset is not None:
-        found += [str(m) for errors in changelist.formset.errors for ms in errors.values() for m in ms]
-        found += [str(m) for m in changelist.formset.non_form_errors()]
-    return "\n".join(found)
 
 
 def pool_post(group: FabricGroup, **values: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from pools.models import Backend
 from runtime.valkey.embedded import free_port
 from runtime.wire.backendconfig import KINDS
 from simulator.config import KINDS as SIMULATOR_KINDS
-from tests.waiting import port_open, wait_until_sync
+from tests.support.waiting import port_open, wait_until_sync
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.django_db

@@ -19,8 +19,8 @@ from pools.models import Backend, FabricGroup
 from runtime.backends.breaker import BreakerState, encode_state
 from runtime.backends.metrics import BackendLoad
 from runtime.queue.keys import KeySpace
-from tests.pools.conftest import published
-from tests.pools.test_admin_validation import errors_of
+from tests.support.pools_admin import errors_of
+from tests.support.publication import published
 
 BACKEND_ADD = "/admin/pools/backend/add/"
 GOOD = {

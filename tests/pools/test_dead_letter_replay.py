@@ -17,8 +17,8 @@ from runtime.errors import DeadLettered
 from runtime.producer import SyncProducer
 from runtime.queue.keys import KeySpace
 from runtime.valkey.embedded import free_port
-from tests.runtime.dispatcher_proc import start_dispatcher, stop_dispatcher
-from tests.waiting import port_open, wait_until_sync
+from tests.support.dispatcher_process import start_dispatcher, stop_dispatcher
+from tests.support.waiting import port_open, wait_until_sync
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -12,7 +12,7 @@ from pools import selectors
 from pools.models import FabricGroup, Pool
 from runtime.queue.keys import KeySpace
 from runtime.wire.contract import Envelope
-from tests.pools.helpers import dead_letter
+from tests.support.pools_admin import dead_letter
 
 
 def bury(client: redis.Redis, keys: KeySpace, request_id: str, *, pool_id: str = "backfill") -> None:

@@ -19,8 +19,8 @@ from pools.models import Backend, FabricGroup, Pool
 from runtime.producer import SyncProducer
 from runtime.queue.keys import KeySpace
 from runtime.valkey.embedded import free_port
-from tests.pools.helpers import changelist_form
-from tests.waiting import wait_until_sync
+from tests.support.pools_admin import changelist_form
+from tests.support.waiting import wait_until_sync
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.django_db(transaction=True)  # publication happens at commit
@@ -77,7 +77,7 @@ def test_weight_edited_in_the_admin_changes_the_live_ratio(
             [
                 sys.executable,
                 "-m",
-                "tests.runtime.dispatcher_proc",
+                "tests.support.dispatcher_process",
                 valkey_url,
                 keys.prefix,
                 "live",

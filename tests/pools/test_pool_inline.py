@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 
 from pools.models import FabricGroup, Pool
-from tests.pools.helpers import existing_rows, group_form
+from tests.support.pools_admin import existing_rows, group_form
 
 pytestmark = pytest.mark.django_db
 

@@ -13,8 +13,8 @@ from django.test import Client
 from pools import selectors, services
 from pools.models import Backend, FabricGroup, Pool
 from runtime.queue.keys import KeySpace
-from tests.pools.conftest import published, registry
-from tests.pools.helpers import changelist_form, existing_rows, group_form
+from tests.support.pools_admin import changelist_form, existing_rows, group_form
+from tests.support.publication import published, registry
 
 pytestmark = pytest.mark.django_db(transaction=True)  # publication happens at commit
 

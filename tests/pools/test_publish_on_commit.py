@@ -10,8 +10,8 @@ from django.test import Client
 from pools import services
 from pools.models import FabricGroup, Pool
 from runtime.queue.keys import KeySpace
-from tests.pools.conftest import published, registry
-from tests.pools.helpers import group_form
+from tests.support.pools_admin import group_form
+from tests.support.publication import published, registry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from pools.checks import TAG
 from pools.models import Backend, FabricGroup, Pool
 from runtime.queue.keys import KeySpace
-from tests.pools.conftest import published, registry
+from tests.support.publication import published, registry
 
 pytestmark = pytest.mark.django_db(transaction=True)  # publication happens at commit
 

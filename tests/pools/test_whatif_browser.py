@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from runtime.valkey.embedded import free_port
-from tests.dashboard.browser import BROWSER_MARKS, CHROMIUM, CHROMIUM_ARGS, PASSWORD, ROOT, stack_env
-from tests.waiting import wait_for_port
+from tests.support.browser import BROWSER_MARKS, CHROMIUM, CHROMIUM_ARGS, PASSWORD, ROOT, stack_env
+from tests.support.waiting import wait_for_port
 
 pytestmark = BROWSER_MARKS
 ASGI = "dispatch_project.asgi:application"
@@ -31,7 +31,7 @@ FILL_HISTORY = textwrap.dedent(
     import sys, time
     from history import schema
     from history.client import client_for
-    from tests.history.factories import execution_doc, store
+    from tests.support.history_spans import execution_doc, store
     client = client_for(sys.argv[1])
     schema.migrate(client, retention_days=30)
     now, docs = time.time_ns(), []

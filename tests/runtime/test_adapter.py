@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import httpx
 import orjson
@@ -20,6 +19,7 @@ from runtime.errors import (
     BackendTimeout,
 )
 from simulator.server import SimulatorConfig, SimulatorServer
+from tests.support.backend_pool import open_pool
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 COMPLETION = {
@@ -246,15 +246,6 @@ async def test_pool_shares_one_client_per_endpoint() -> None:
 
 
 # -- integration against the real simulator ---------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def open_pool() -> AsyncIterator[BackendPool]:
-    pool = BackendPool(timeout_s=10)
-    try:
-        yield pool
-    finally:
-        await pool.aclose()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from runtime.backends.health import EndpointBreakers
 from runtime.errors import BackendConnectError, BackendHTTPError
 from runtime.queue.keys import KeySpace
 from runtime.wire.backendconfig import BackendConfig, BreakerPolicy
-from tests.waiting import wait_until_equal
+from tests.support.waiting import wait_until_equal
 
 POLICY = BreakerPolicy(failure_threshold=2, open_s=5.0, half_open_probes=1)
 URL = "http://bare:1/v1"

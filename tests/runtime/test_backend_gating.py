@@ -23,9 +23,9 @@ from runtime.valkey import embedded
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.runtime.harness import CALL
-from tests.runtime.test_fair_pools import start_dispatcher, stop
-from tests.waiting import wait_until
+from tests.support.dispatcher_process import start_dispatcher, stop
+from tests.support.dispatching import CALL
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ from runtime.queue import groups
 from runtime.queue.keys import KeySpace
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
-from tests.runtime.harness import CALL, running_dispatcher
+from tests.support.dispatching import CALL, running_dispatcher
 
 SECRETS = {"KEY_A": "sk-group-default", "KEY_B": "sk-pool-own"}
 

@@ -13,7 +13,7 @@ from runtime.producer import Producer
 from runtime.queue.keys import KeySpace
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.runtime.harness import running_dispatcher
+from tests.support.dispatching import running_dispatcher
 
 CALL = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -12,7 +12,7 @@ from runtime.errors import QueueFull, UnknownPool
 from runtime.producer import Producer
 from runtime.queue import groups
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 CALL = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}
 REFRESH_S = 0.05

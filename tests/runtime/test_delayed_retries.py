@@ -14,8 +14,8 @@ from runtime.producer import Producer
 from runtime.queue import groups
 from runtime.wire.contract import ChatCall, Envelope, envelope_prefix
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.runtime.harness import running_dispatcher, wait_until
-from tests.runtime.test_durable import group, keyed
+from tests.support.dispatching import running_dispatcher, wait_until
+from tests.support.durable import group, keyed
 
 # Retry-After 2 s is the least pause before the second attempt: the retry surely waits in the set.
 FAIL_ONCE = {"status": 503, "fail_times": 1, "retry_after": 2}

@@ -23,8 +23,15 @@ from runtime.errors import (
     UnknownPool,
 )
 from runtime.producer import Producer
-from tests.runtime.harness import CALL, fail_calls, one_pool_group, running_dispatcher, slow_call, wait_until
-from tests.waiting import wait_until_equal
+from tests.support.dispatching import (
+    CALL,
+    fail_calls,
+    one_pool_group,
+    running_dispatcher,
+    slow_call,
+    wait_until,
+)
+from tests.support.waiting import wait_until_equal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -62,7 +69,16 @@ async def test_producer_gone_before_execution_is_dropped_and_backend_never_calle
     aredis, keys, sim, valkey_url
 ) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.runtime.producer_proc", valkey_url, keys.prefix, "default", "0", "1.0"],
+        [
+            sys.executable,
+            "-m",
+            "tests.support.producer_process",
+            valkey_url,
+            keys.prefix,
+            "default",
+            "0",
+            "1.0",
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -92,7 +108,7 @@ async def test_producer_gone_after_execution_drops_the_reply(aredis, keys, sim, 
             [
                 sys.executable,
                 "-m",
-                "tests.runtime.producer_proc",
+                "tests.support.producer_process",
                 valkey_url,
                 keys.prefix,
                 "default",

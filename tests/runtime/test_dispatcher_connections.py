@@ -8,7 +8,7 @@ import pytest
 
 from runtime.producer import Producer
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.runtime.harness import one_pool_group, running_dispatcher, slow_call, wait_until
+from tests.support.dispatching import one_pool_group, running_dispatcher, slow_call, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import asyncio
 from runtime.producer import Producer
 from runtime.queue import groups
 from runtime.wire.contract import STATUS_ERROR, STATUS_OK, Envelope, Reply
-from tests.runtime.harness import CALL, one_pool_group, wait_until
+from tests.support.dispatching import CALL, one_pool_group, wait_until
 
 
 async def test_a_second_reply_for_an_answered_request_is_counted_and_discarded(aredis, keys) -> None:

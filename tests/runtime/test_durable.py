@@ -16,40 +16,17 @@ import pytest
 from runtime.errors import BackendHTTPError, DeadLettered, DeadlineExceeded, RequestTimeout
 from runtime.producer import Producer
 from runtime.queue import groups
-from runtime.wire.groupconfig import DURABLE, LISTS, GroupConfig, PoolConfig
+from runtime.wire.groupconfig import DURABLE, LISTS
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.runtime.dispatcher_proc import start_dispatcher, stop_dispatcher
-from tests.runtime.harness import running_dispatcher, wait_until
-
-LEASE_S = 2.0
+from tests.support.dispatcher_process import start_dispatcher, stop_dispatcher
+from tests.support.dispatching import running_dispatcher, wait_until
+from tests.support.durable import LEASE_S, RETRYING, counted, group, keyed
 
 
 @pytest.fixture
 async def backend() -> AsyncIterator[SimulatorServer]:
     async with SimulatorServer(SimulatorConfig()) as server:
         yield server
-
-
-def keyed(key: str, **sim: object) -> dict[str, object]:
-    """A call the simulator counts under ``key`` (every attempt of one request carries the same key)."""
-    return {"model": "sim-model", "messages": [{"role": "user", "content": key}], "sim": {"key": key, **sim}}
-
-
-def group(endpoint: str, *, delivery: str = DURABLE, **pool: object) -> GroupConfig:
-    return GroupConfig(
-        group_id="g",
-        policy="fifo",
-        total_concurrency=64,
-        default_endpoint_url=endpoint,
-        delivery=delivery,
-        pools=(PoolConfig(pool_id="default", max_concurrent=64, **pool),),  # type: ignore[arg-type]
-        version=1,
-    )
-
-
-def counted(sredis, keys, name: str) -> int:
-    """One of the group's cumulative counters, as the dispatchers flushed them to Valkey."""
-    return int(sredis.hget(keys.counters("g"), name) or 0)
 
 
 @pytest.mark.slow
@@ -169,9 +146,6 @@ async def test_sigkill_in_lists_mode_loses_the_calls_counts_them_and_runs_nothin
         for proc in (doomed, survivor):
             if proc is not None:
                 stop_dispatcher(proc)
-
-
-RETRYING = {"max_attempts": 3, "retry_backoff_base_s": 0.05, "retry_backoff_cap_s": 0.2}
 
 
 @pytest.mark.parametrize("delivery", [LISTS, DURABLE])

@@ -19,9 +19,9 @@ from runtime.queue import groups
 from runtime.telemetry import semconv
 from runtime.wire.contract import Envelope
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.runtime.dispatcher_proc import start_dispatcher, stop_dispatcher
-from tests.runtime.harness import running_dispatcher, wait_until
-from tests.runtime.test_durable import LEASE_S, counted, group, keyed
+from tests.support.dispatcher_process import start_dispatcher, stop_dispatcher
+from tests.support.dispatching import running_dispatcher, wait_until
+from tests.support.durable import LEASE_S, counted, group, keyed
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -11,8 +11,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from runtime.errors import InvalidHeader
 from runtime.producer import Producer
-from tests.runtime.harness import CALL, one_pool_group, running_dispatcher
-from tests.runtime.test_durable import RETRYING, group, keyed
+from tests.support.dispatching import CALL, one_pool_group, running_dispatcher
+from tests.support.durable import RETRYING, group, keyed
 
 
 async def test_a_reply_whose_finish_valkey_failed_is_retried_and_arrives(aredis, keys, sim) -> None:

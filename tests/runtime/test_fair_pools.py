@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
 import time
 from dataclasses import replace
 
@@ -13,21 +12,11 @@ import pytest
 
 from runtime.producer import Producer
 from runtime.queue import groups
-from runtime.wire.contract import Metadata
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.runtime.dispatcher_proc import start_dispatcher
-from tests.runtime.harness import running_dispatcher, wait_until
-
-
-def call(pool_id: str, i: int, latency_ms: float = 0) -> dict:
-    # model = pool id so the simulator can count per-pool concurrency; user = unique id per request.
-    return {
-        "model": pool_id,
-        "messages": [{"role": "user", "content": f"{pool_id} {i}"}],
-        "user": f"{pool_id}-{i}",
-        "sim": {"latency_ms": latency_ms},
-    }
+from tests.support.dispatcher_process import start_dispatcher, stop
+from tests.support.dispatching import running_dispatcher, wait_until
+from tests.support.queueing import fill, wait_queued
 
 
 def two_pools(
@@ -50,25 +39,6 @@ def two_pools(
             PoolConfig("backfill", quantum=backfill, max_concurrent=total, paused=paused),
         ),
     )
-
-
-async def fill(
-    producer: Producer, pool_id: str, n: int, latency_ms: float = 0, cost: int | None = None
-) -> list[asyncio.Task]:
-    md = Metadata(cost_units=cost) if cost else None
-    return [
-        asyncio.create_task(
-            producer.submit(call(pool_id, i, latency_ms), pool_id=pool_id, timeout=120, metadata=md)
-        )
-        for i in range(n)
-    ]
-
-
-async def wait_queued(client, keys, pool_id: str, n: int) -> None:
-    async def enough() -> bool:
-        return await client.llen(keys.requests(pool_id)) >= n
-
-    await wait_until(enough, timeout=20, what=f"{n} calls queued in {pool_id}")
 
 
 @pytest.fixture
@@ -163,13 +133,6 @@ async def test_weight_change_reaches_a_running_dispatcher_and_changes_the_ratio(
             await asyncio.gather(*tasks)
     assert 0.7 <= even <= 1.4
     assert 3.2 <= after <= 5.0
-
-
-def stop(procs: list[subprocess.Popen]) -> list[int]:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    return [proc.wait(20) for proc in procs]
 
 
 @pytest.mark.slow

@@ -21,7 +21,8 @@ from runtime.valkey.client import connect
 from runtime.wire.contract import ChatCall, Envelope
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.runtime.test_fair_pools import call, fill, start_dispatcher, stop, wait_queued
+from tests.support.dispatcher_process import start_dispatcher, stop
+from tests.support.queueing import call, fill, wait_queued
 
 
 def exit_stats(procs: list[subprocess.Popen]) -> list[dict[str, int]]:

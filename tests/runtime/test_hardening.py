@@ -28,9 +28,16 @@ from runtime.queue import groups
 from runtime.telemetry import semconv
 from runtime.wire.backendconfig import BreakerPolicy
 from runtime.wire.contract import ChatCall, Envelope
-from tests.runtime.dispatcher_proc import start_dispatcher
-from tests.runtime.harness import CALL, fail_calls, one_pool_group, running_dispatcher, slow_call, wait_until
-from tests.waiting import wait_until_equal
+from tests.support.dispatcher_process import start_dispatcher
+from tests.support.dispatching import (
+    CALL,
+    fail_calls,
+    one_pool_group,
+    running_dispatcher,
+    slow_call,
+    wait_until,
+)
+from tests.support.waiting import wait_until_equal
 
 
 def envelope(

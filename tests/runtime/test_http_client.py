@@ -16,7 +16,7 @@ from runtime.backends.adapter import OpenAIBackend
 from runtime.backends.http.client import BackendHttpClient
 from runtime.errors import BackendConnectError, BackendError, BackendHTTPError, BackendTimeout
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.runtime.test_adapter import open_pool
+from tests.support.backend_pool import open_pool
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -14,7 +14,7 @@ from runtime.backends.http.client import BackendHttpClient
 from runtime.backends.http.errors import ConnectFailed, PoolWaitTimeout
 from runtime.errors import BackendConnectError, BackendError, BackendTimeout, InvalidHeader
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 OK_JSON = b'{"model": "m", "choices": [{"message": {"role": "assistant", "content": "hi"}}]}'

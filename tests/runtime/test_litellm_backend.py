@@ -20,7 +20,7 @@ from bench.litellm_proxy import MASTER_KEY, litellm_binary, litellm_proxy, opena
 from runtime.errors import BackendHTTPError
 from runtime.producer import Producer
 from runtime.queue.keys import KeySpace
-from tests.runtime.harness import CALL, one_pool_group, running_dispatcher
+from tests.support.dispatching import CALL, one_pool_group, running_dispatcher
 
 pytestmark = pytest.mark.slow
 

@@ -29,7 +29,7 @@ from runtime.valkey.persisted import (
     PersistedPusher,
 )
 from runtime.wire.groupconfig import DURABLE, GroupConfig, PoolConfig
-from tests.waiting import wait_until, wait_until_sync
+from tests.support.waiting import wait_until, wait_until_sync
 
 _PUSH = registry.script("push")
 CALL = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}

@@ -19,7 +19,7 @@ from runtime.valkey import embedded
 from runtime.valkey.client import connect, dedicated_connection
 from runtime.valkey.lua import LuaScript, run_pipeline
 from runtime.valkey.pipelined import OUTBOX_BATCHES, PipelinedConnection, Target
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytest.importorskip("hiredis")
 

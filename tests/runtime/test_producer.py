@@ -13,7 +13,7 @@ from runtime.producer import Producer
 from runtime.queue import groups
 from runtime.wire.contract import STATUS_OK, Envelope, Reply, StreamChunk
 from runtime.wire.groupconfig import PoolConfig
-from tests.runtime.harness import CALL, one_pool_group, wait_until
+from tests.support.dispatching import CALL, one_pool_group, wait_until
 
 NO_BACKEND = "http://127.0.0.1:9/v1"  # nothing listens: no dispatcher runs in these tests anyway
 

@@ -13,7 +13,7 @@ from runtime.policy.admission import KeyLimits
 from runtime.producer import Producer
 from runtime.queue.keys import KeySpace
 from simulator.server import SimulatorServer
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 CALL = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -29,7 +29,7 @@ from runtime.producer import Producer
 from runtime.queue.keys import KeySpace
 from runtime.wire.contract import ChatCall
 from simulator.server import SimulatorServer
-from tests.runtime.harness import one_pool_group, running_dispatcher
+from tests.support.dispatching import one_pool_group, running_dispatcher
 
 TOOLS: list[ChatCompletionToolParam] = [
     {

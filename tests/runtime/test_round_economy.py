@@ -12,7 +12,7 @@ import asyncio
 
 from runtime.producer import Producer
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.runtime.harness import CALL, one_pool_group, running_dispatcher
+from tests.support.dispatching import CALL, one_pool_group, running_dispatcher
 
 NO_POLL = {"idle_poll_s": 60.0}
 

@@ -16,7 +16,7 @@ from runtime.queue.keys import KeySpace
 from runtime.valkey import embedded
 from runtime.wire.backendconfig import BackendConfig
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 async def shared_load(client: aioredis.Redis, keys: KeySpace, backend_id: str) -> BackendLoad | None:

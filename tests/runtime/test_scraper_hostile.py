@@ -26,10 +26,10 @@ from runtime.queue.keys import KeySpace
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.runtime.dispatcher_proc import start_dispatcher, stop_dispatcher
-from tests.runtime.harness import CALL, running_dispatcher
-from tests.runtime.hostile_metrics import MetricsServer, body, drip, streamed, vllm_text
-from tests.waiting import wait_until
+from tests.support.dispatcher_process import start_dispatcher, stop_dispatcher
+from tests.support.dispatching import CALL, running_dispatcher
+from tests.support.hostile_metrics import MetricsServer, body, drip, streamed, vllm_text
+from tests.support.waiting import wait_until
 
 
 async def shared(client: aioredis.Redis, keys: KeySpace, backend_id: str) -> BackendLoad:

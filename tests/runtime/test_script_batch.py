@@ -10,7 +10,7 @@ from runtime.producer import Producer
 from runtime.valkey.batch import ScriptBatcher
 from runtime.valkey.lua import LuaScript
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.runtime.harness import CALL, one_pool_group, running_dispatcher, wait_until
+from tests.support.dispatching import CALL, one_pool_group, running_dispatcher, wait_until
 
 INCR = LuaScript("return redis.call('INCRBY', KEYS[1], ARGV[1])")
 

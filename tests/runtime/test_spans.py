@@ -8,7 +8,7 @@ import pytest
 from runtime.producer import Producer
 from runtime.telemetry import semconv
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.runtime.harness import CALL, one_pool_group, running_dispatcher
+from tests.support.dispatching import CALL, one_pool_group, running_dispatcher
 
 
 @pytest.mark.parametrize("store_content", [False, True])

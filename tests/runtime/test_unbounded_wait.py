@@ -12,7 +12,7 @@ from runtime.queue import groups
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from simulator.server import SimulatorServer
-from tests.runtime.harness import running_dispatcher
+from tests.support.dispatching import running_dispatcher
 
 CALL = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -22,8 +22,8 @@ from runtime.valkey import embedded
 from runtime.valkey.client import connect
 from runtime.wire.groupconfig import DURABLE, LISTS, GroupConfig, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.runtime.dispatcher_proc import start_dispatcher, stop_dispatcher
-from tests.waiting import wait_until
+from tests.support.dispatcher_process import start_dispatcher, stop_dispatcher
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 LEASE_S = 3.0

@@ -9,11 +9,7 @@ such a hang into a failure.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -21,11 +17,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from runtime.errors import QueueUnavailable
 from runtime.producer import CompletionResult, Producer
-from runtime.valkey import embedded
 from runtime.valkey.client import REDIS_ERRORS, connect, dedicated_connection
 from runtime.valkey.pipelined import PipelinedConnection, Target
 from runtime.wire.contract import Reply
-from tests.runtime.harness import one_pool_group, running_dispatcher, slow_call, wait_until
+from tests.support.dispatching import one_pool_group, running_dispatcher, slow_call, wait_until
+from tests.support.valkey_freeze import stopped
 
 pytest.importorskip("hiredis")
 
@@ -34,17 +30,6 @@ HEALTH_S = 1.0
 # 1.25 HEALTH_S after the last answer; the rest is slack for a busy machine.
 DETECTED_WITHIN_S = 2.5 * HEALTH_S
 TRIALS = 8
-
-
-@contextlib.contextmanager
-def stopped(server: embedded.EmbeddedValkey) -> Iterator[float]:
-    """The server frozen (SIGSTOP) for the block; yields the monotonic time it stopped. Always resumed,
-    so a failing test leaves no frozen server behind (SIGTERM waits on a stopped process)."""
-    os.kill(server.pid, signal.SIGSTOP)
-    try:
-        yield time.monotonic()
-    finally:
-        os.kill(server.pid, signal.SIGCONT)
 
 
 @pytest.mark.timeout(30)

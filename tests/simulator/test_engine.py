@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from simulator.engine import Engine, Job, Timing, can_admit, kv_usage
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from simulator.__main__ import main
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "Hello there, simulator!"}]
 

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "Stream me a story"}]
 

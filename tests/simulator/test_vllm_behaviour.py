@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from simulator.behaviour import Behaviour
 from simulator.openai_format import estimate_prompt
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 TEXT = "x" * 400  # 4 + 400 / 4 = 104 prompt tokens
 MESSAGES = [{"role": "user", "content": TEXT}]

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from tests.waiting import wait_until_sync
+from tests.support.waiting import wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 MANAGE = [sys.executable, str(ROOT / "manage.py")]

@@ -8,7 +8,7 @@ from typing import Any
 
 from history import schema
 from history.client import HistoryClient
-from history.ingester import span_row
+from history.ingester import Ingester, span_row
 from runtime.telemetry import semconv
 
 _ids = itertools.count(1)
@@ -74,3 +74,14 @@ def execution_doc(
 
 def store(history: HistoryClient, docs: list[dict[str, Any]]) -> None:
     history.insert(schema.TABLE, [span_row(d) for d in docs], schema.INSERT_COLUMNS)
+
+
+def drain(ingester: Ingester, rounds: int = 50) -> int:
+    """Runs ingester rounds until one reads nothing; returns entries acknowledged."""
+    total = 0
+    for _ in range(rounds):
+        got = ingester.step()
+        total += got
+        if not got:
+            break
+    return total

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from runtime.valkey.embedded import free_port
-from tests.waiting import wait_for_port
+from tests.support.waiting import wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"

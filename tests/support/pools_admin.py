@@ -117,3 +117,20 @@ def dead_letter(request_id: str, *, pool_id: str = "backfill", dead_at: float | 
         error_message="backend answered HTTP 503: overloaded",
         now=time.time() if dead_at is None else dead_at,
     ).encode()
+
+
+def errors_of(response: Any) -> str:
+    """Every error the admin page shows (main form, inline formsets, changelist formset), as one text."""
+    context = response.context
+    found: list[str] = []
+    if "adminform" in context:
+        form = context["adminform"].form
+        found += [str(m) for messages in form.errors.values() for m in messages]
+    for inline in context.get("inline_admin_formsets") or []:
+        found += [str(m) for errors in inline.formset.errors for ms in errors.values() for m in ms]
+        found += [str(m) for m in inline.formset.non_form_errors()]
+    changelist = context.get("cl")
+    if changelist is not None and changelist.formset is not None:
+        found += [str(m) for errors in changelist.formset.errors for ms in errors.values() for m in ms]
+        found += [str(m) for m in changelist.formset.non_form_errors()]
+    return "\n".join(found)

@@ -1,6 +1,6 @@
 """A producer in its own process, so a test can really kill it (SIGKILL) mid-request.
 
-Usage: python -m tests.runtime.producer_proc VALKEY_URL KEY_PREFIX POOL_ID LATENCY_MS ALIVE_TTL_S
+Usage: python -m tests.support.producer_process VALKEY_URL KEY_PREFIX POOL_ID LATENCY_MS ALIVE_TTL_S
 Prints "submitted" once its request is queued, then waits for the reply.
 """
 
@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from runtime.config import ProducerSettings
 from runtime.producer import Producer
 from runtime.queue.keys import KeySpace
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 async def main(url: str, prefix: str, pool_id: str, latency_ms: float, ttl: float) -> None:

@@ -19,7 +19,7 @@ import redis
 
 from runtime.queue.keys import KeySpace
 from runtime.valkey.embedded import free_port
-from tests.waiting import port_open, wait_until_sync
+from tests.support.waiting import port_open, wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = "ing"

@@ -1,6 +1,6 @@
 """A producer streaming one call in its own process, so a test can SIGKILL it mid-stream.
 
-Usage: python -m tests.ingress.stream_proc VALKEY_URL KEY_PREFIX POOL_ID ALIVE_TTL_S
+Usage: python -m tests.support.stream_process VALKEY_URL KEY_PREFIX POOL_ID ALIVE_TTL_S
 Prints "chunk" for each chunk received.
 """
 

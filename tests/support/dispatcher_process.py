@@ -1,6 +1,6 @@
 """A dispatcher in its own process, so tests can race several of them and really kill one.
 
-Usage: python -m tests.runtime.dispatcher_proc URL PREFIX GROUP_ID DISPATCHER_ID CONCURRENCY LEASE_S
+Usage: python -m tests.support.dispatcher_process URL PREFIX GROUP_ID DISPATCHER_ID CONCURRENCY LEASE_S
 Prints "ready" once it has loaded the group's configuration, and on exit one line
 ``stats {"completed": ..., "claim_lost": ..., "wake_tokens": ...}`` for fleet tests.
 """
@@ -19,7 +19,7 @@ from runtime.config import DispatcherSettings
 from runtime.dispatch.dispatcher import Dispatcher
 from runtime.queue.keys import KeySpace
 from runtime.valkey.client import connect
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -32,7 +32,7 @@ def start_dispatcher(
         [
             sys.executable,
             "-m",
-            "tests.runtime.dispatcher_proc",
+            "tests.support.dispatcher_process",
             valkey_url,
             prefix,
             group_id,
@@ -90,3 +90,10 @@ async def main(
 if __name__ == "__main__":
     url, prefix, group, ident, concurrency, lease = sys.argv[1:7]
     asyncio.run(main(url, prefix, group, ident, int(concurrency), float(lease)))
+
+
+def stop(procs: list[subprocess.Popen]) -> list[int]:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    return [proc.wait(20) for proc in procs]

@@ -7,10 +7,11 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from pools import connections
 from runtime.dispatch.dispatcher import Dispatcher
 from runtime.queue.keys import KeySpace
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
-from tests.runtime.harness import running_dispatcher
+from tests.support.dispatching import running_dispatcher
 
 
 def two_pools(endpoint: str, *, paused_backfill: bool = False, version: int = 1) -> GroupConfig:
@@ -48,3 +49,16 @@ def dispatcher_running(
         gateway_id="gw-test",
         **overrides,
     )
+
+
+def point_dashboard_at(settings, url: str, keys: KeySpace) -> None:
+    """Valkey reads and the project's channel layer (its own backend class) on ``url`` under ``keys``."""
+    connections.valkey_url.cache_clear()
+    settings.VALKEY_URL = url
+    settings.DISPATCH_KEY_PREFIX = keys.prefix
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": settings.CHANNEL_LAYERS["default"]["BACKEND"],
+            "CONFIG": {"hosts": [url], "prefix": f"{keys.prefix}asgi", "capacity": 500, "expiry": 30},
+        }
+    }

@@ -17,7 +17,7 @@ from runtime.producer import Producer
 from runtime.queue import groups
 from runtime.queue.keys import KeySpace
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 __all__ = ["CALL", "fail_calls", "one_pool_group", "running_dispatcher", "slow_call", "wait_until"]
 
