@@ -74,6 +74,7 @@ async def test_a_flushed_valkey_gets_the_configuration_back_and_limits_hold_mean
                 what="the configuration republished",
             )
             assert time.monotonic() - resumed < 5
+            # The scenario: time passes until the producer's copy is stale again, so it reads Valkey.
             await asyncio.sleep(REFRESH_S * 2)
             with pytest.raises(QueueFull):  # the republished limits, read from Valkey again
                 await producer.submit(CALL, pool_id="interactive", timeout=120)

@@ -141,7 +141,7 @@ async def drip(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     for _ in range(600):  # a byte every 50 ms: 30 s, far beyond any budget
         await response.write(b"#")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the scenario: a server that trickles its body
     return response
 
 

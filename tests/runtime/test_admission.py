@@ -265,7 +265,7 @@ async def test_a_keys_lease_lapses_unless_renewed(aredis: aioredis.Redis, keys: 
     await admit_and_push(script, keys, "gold", b"a", AdmissionLimits(), first)
     leases.hold(first, 60.0)
     for _ in range(3):  # renewed past its first lease: still counted
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # the scenario: time passes within each lease, then it is renewed
         await leases.renew()
     with pytest.raises(QueueFull):
         await admit_and_push(script, keys, "gold", b"b", AdmissionLimits(), key_lease(keys, key, "gold", "b"))

@@ -51,7 +51,7 @@ async def sample(
     seen = []
     while not stop_when.is_set():
         seen.append((time.monotonic(), sim.running, sim.waiting))
-        await asyncio.sleep(every_s)
+        await asyncio.sleep(every_s)  # not a wait: the sampling interval of the monitor
     return seen
 
 
@@ -163,9 +163,12 @@ async def test_breaker_is_shared_by_two_processes_and_survives_a_restart(
             # A fresh fleet finds it open: nothing reaches the backend, work waits in its queue.
             procs = [start_dispatcher(valkey_url, keys.prefix, "g", "d9", concurrency=4)]
             waiting = asyncio.create_task(producer.submit(CALL, pool_id="interactive", timeout=30))
-            await wait_until_queued(aredis, keys)
-            snapshot_seen = await wait_for_skip(aredis, keys)
-            assert snapshot_seen, await aredis.get(keys.snapshot("g", "d9"))
+            await wait_until(lambda: aredis.llen(keys.requests("interactive")), what="the call queued")
+            await wait_until(
+                lambda: breaker_skip_reported(aredis, keys),
+                interval=0.05,
+                what="d9's snapshot reporting interactive held back by the open breaker",
+            )
             assert sim.requests_by_path.get("/v1/chat/completions", 0) == served
             # The operator shortens the open time: the next round probes, the probe succeeds.
             await groups.publish(
@@ -178,22 +181,10 @@ async def test_breaker_is_shared_by_two_processes_and_survives_a_restart(
         assert state.mode == "closed" and state.trips == 1
 
 
-async def wait_until_queued(client: aioredis.Redis, keys: KeySpace) -> None:
-    deadline = time.monotonic() + 10
-    while await client.llen(keys.requests("interactive")) == 0:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
-
-
-async def wait_for_skip(client: aioredis.Redis, keys: KeySpace) -> bool:
-    """True once the dispatcher's snapshot reports interactive held back by the open breaker."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        raw = await client.get(keys.snapshot("g", "d9"))
-        if raw and b"breaker_open" in raw:
-            return True
-        await asyncio.sleep(0.05)
-    return False
+async def breaker_skip_reported(client: aioredis.Redis, keys: KeySpace) -> bool:
+    """Whether the dispatcher's snapshot reports interactive held back by the open breaker."""
+    raw = await client.get(keys.snapshot("g", "d9"))
+    return bool(raw and b"breaker_open" in raw)
 
 
 async def test_a_429_retry_after_holds_the_pools_work_in_our_queue_across_the_fleet(

@@ -106,16 +106,9 @@ async def test_a_killed_scrapers_lease_lapses(aredis: aioredis.Redis, keys: KeyS
         assert await heir.scrape_once() == []
         # "gone" never scrapes again nor releases (as if killed): its lease lapses within 300 ms.
         started = time.monotonic()
-        await wait_until_async(heir)
+        await wait_until(heir.scrape_once, timeout=5, interval=0.02, what="the lease lapsed for the heir")
         assert time.monotonic() - started < 2.0
         await heir.close()
-
-
-async def wait_until_async(scraper: BackendScraper) -> None:
-    deadline = time.monotonic() + 5
-    while not await scraper.scrape_once():
-        assert time.monotonic() < deadline, "the lease never lapsed"
-        await asyncio.sleep(0.02)
 
 
 async def test_unreachable_metrics_are_shared_and_fall_back(aredis: aioredis.Redis, keys: KeySpace) -> None:

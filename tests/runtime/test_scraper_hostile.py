@@ -108,7 +108,7 @@ class LoopWatch:
     async def _tick(self) -> None:
         last = time.thread_time()
         while True:
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(0.002)  # not a wait: the watch's tick, whose gaps it measures
             now = time.thread_time()
             self.longest = max(self.longest, now - last)
             last = now
