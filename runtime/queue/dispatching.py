@@ -120,6 +120,11 @@ class QueueOps:
         # Per pool, the items its list held right after the last claim pipeline's last launch from it.
         self.backlog_after_claim: dict[str, int] = {}
 
+    @property
+    def finishes(self) -> ScriptBatcher:
+        """The batcher of finish scripts: its ``calls`` and ``batches`` show how finishes share trips."""
+        return self._finishes
+
     async def observe(
         self,
         reads: Sequence[PoolRead],

@@ -33,7 +33,7 @@ async def test_the_default_client_reuses_one_keep_alive_connection(sim: Simulato
         assert isinstance(backend._client, BackendHttpClient)
         for _ in range(3):
             assert (await backend.complete(BODY)).status_code == 200
-        (pool,) = backend._client._origins.values()  # whole POSTs: the lean HTTP/1.1 pool
+        (pool,) = backend._client.origin_pools  # whole POSTs: the lean HTTP/1.1 pool
         assert pool.opened == 1
     finally:
         await backend.aclose()
@@ -100,9 +100,9 @@ async def test_idle_connections_are_dropped_before_uvicorns_keep_alive_ends(sim:
     backend = OpenAIBackend(sim.url)
     try:
         await backend.complete(BODY)
-        (pool,) = backend._client._origins.values()  # type: ignore[union-attr]
+        (pool,) = backend._client.origin_pools  # type: ignore[union-attr]
         assert pool.keepalive_s < 5.0
-        for connection in pool._idle:  # as if it had waited past the keep-alive
+        for connection in pool.idle:  # as if it had waited past the keep-alive
             connection.idle_since -= pool.keepalive_s
         await backend.complete(BODY)
         assert pool.opened == 2

@@ -55,7 +55,7 @@ async def test_many_concurrent_calls_share_at_most_max_connections() -> None:
         backend = OpenAIBackend(sim.url, max_connections=4)
         try:
             answers = await asyncio.gather(*(backend.complete(BODY) for _ in range(40)))
-            (pool,) = backend._client._origins.values()  # type: ignore[union-attr]
+            (pool,) = backend._client.origin_pools  # type: ignore[union-attr]
             assert pool.opened == 4
         finally:
             await backend.aclose()
@@ -139,9 +139,9 @@ async def test_an_idle_connection_the_server_closed_is_not_used_again() -> None:
         backend = OpenAIBackend(url)
         try:
             await backend.complete(BODY)
-            (pool,) = backend._client._origins.values()  # type: ignore[union-attr]
+            (pool,) = backend._client.origin_pools  # type: ignore[union-attr]
             # The server's close reaches the connection while it is idle in the pool.
-            await wait_until(lambda: pool._idle and pool._idle[0].closed, timeout=5, what="the idle close")
+            await wait_until(lambda: pool.idle and pool.idle[0].closed, timeout=5, what="the idle close")
             await backend.complete(BODY)
         finally:
             await backend.aclose()
@@ -245,7 +245,7 @@ async def test_an_https_endpoint_is_called_over_tls(tmp_path) -> None:
     try:
         answers = [await client.post(url, content=b"{}", headers={}) for _ in range(2)]
         assert [a.status_code for a in answers] == [200, 200] and answers[1].content == OK_JSON
-        (pool,) = client._origins.values()
+        (pool,) = client.origin_pools
         assert pool.opened == 1
         with pytest.raises(ConnectFailed) as refused:  # a certificate it cannot verify is refused
             await untrusting.post(url, content=b"{}", headers={})
@@ -262,10 +262,10 @@ async def test_a_call_in_flight_when_the_client_closes_ends_and_leaves_no_connec
         backend = OpenAIBackend(sim.url)
         call = asyncio.create_task(backend.complete(BODY))
         await wait_until(lambda: sim.running == 1, timeout=5, what="the call running")  # answer not yet back
-        (pool,) = backend._client._origins.values()  # type: ignore[union-attr]
+        (pool,) = backend._client.origin_pools  # type: ignore[union-attr]
         await backend.aclose()
         assert (await call).status_code == 200
-        assert pool._idle == []  # not kept for reuse by a closed client
+        assert pool.idle == ()  # not kept for reuse by a closed client
 
 
 async def test_a_call_that_waits_for_a_free_connection_past_the_pool_timeout_is_a_backend_timeout() -> None:
@@ -275,9 +275,9 @@ async def test_a_call_that_waits_for_a_free_connection_past_the_pool_timeout_is_
         backend = OpenAIBackend(sim.url, max_connections=1, pool_timeout_s=0.2, timeout_s=30)
         try:
             slow = asyncio.create_task(backend.complete({**BODY, "sim": {"latency_ms": 1500}}))
-            await wait_until(lambda: backend._client._origins, what="the slow call holds the connection")  # type: ignore[union-attr]
-            (pool,) = backend._client._origins.values()  # type: ignore[union-attr]
-            await wait_until(pool._slots.locked, what="the only connection is taken")
+            await wait_until(lambda: backend._client.origin_pools, what="the slow call holds the connection")  # type: ignore[union-attr]
+            (pool,) = backend._client.origin_pools  # type: ignore[union-attr]
+            await wait_until(lambda: pool.saturated, what="the only connection is taken")
             with pytest.raises(BackendTimeout, match="no free connection") as info:
                 await backend.complete(BODY)
             assert not slow.done()  # it gave up while the connection was still busy, not after

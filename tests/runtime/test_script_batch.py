@@ -41,7 +41,7 @@ async def test_dispatcher_finishes_share_round_trips_and_every_reply_arrives(are
         results = await asyncio.gather(
             *(producer.submit(CALL, pool_id="default", timeout=30) for _ in range(200))
         )
-        finishes = dispatcher.queue._finishes
+        finishes = dispatcher.queue.finishes
     assert len(results) == 200 and all(r.completion["choices"] for r in results)
     assert finishes.calls == 200
     assert finishes.batches < 200

@@ -93,6 +93,11 @@ class BackendHttpClient:
     def is_closed(self) -> bool:
         return self._closed
 
+    @property
+    def origin_pools(self) -> tuple[Http1Pool, ...]:
+        """The HTTP/1.1 pool of each origin POSTed to so far, in the order they were first used."""
+        return tuple(self._origins.values())
+
     def _open(self) -> aiohttp.ClientSession:
         if self._closed:
             raise RuntimeError("BackendHttpClient is closed")

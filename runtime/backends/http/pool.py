@@ -132,6 +132,16 @@ class Http1Pool:
         scheme = "https" if self.ssl_context else "http"
         return f"<Http1Pool {scheme}://{self.host}:{self.port} idle={len(self._idle)} opened={self.opened}>"
 
+    @property
+    def idle(self) -> tuple[_Connection, ...]:
+        """The connections kept for reuse, oldest first (a copy: the pool alone adds and takes)."""
+        return tuple(self._idle)
+
+    @property
+    def saturated(self) -> bool:
+        """Whether every connection is taken: the next POST waits (at most its pool timeout) for one."""
+        return self._slots.locked()
+
     async def post(
         self, request: bytes, *, connect_timeout_s: float | None, pool_timeout_s: float | None
     ) -> BodyResponse:
