@@ -36,6 +36,12 @@ class SyncProducer:
         self.producer = Producer(self._client, **producer_kwargs)
         self._run(self.producer.start())
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop ``producer`` runs on, in its own thread: for many calls at once
+        (``asyncio.run_coroutine_threadsafe(sync.producer.submit(...), sync.loop)``)."""
+        return self._loop
+
     def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 

@@ -65,7 +65,7 @@ def test_weight_edited_in_the_admin_changes_the_live_ratio(
                     pool_id=pool,
                     timeout=120,
                 ),
-                producer._loop,
+                producer.loop,
             )
             for i in range(700)
             for pool in ("interactive", "backfill")
