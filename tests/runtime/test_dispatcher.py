@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import orjson
@@ -31,9 +28,8 @@ from tests.support.dispatching import (
     slow_call,
     wait_until,
 )
+from tests.support.producer_process import start_producer
 from tests.support.waiting import wait_until_equal
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 async def test_round_trip(aredis, keys, sim) -> None:
@@ -68,21 +64,7 @@ async def test_thousand_concurrent_submits_reach_their_own_callers(aredis, keys,
 async def test_producer_gone_before_execution_is_dropped_and_backend_never_called(
     aredis, keys, sim, valkey_url
 ) -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.support.producer_process",
-            valkey_url,
-            keys.prefix,
-            "default",
-            "0",
-            "1.0",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_producer(valkey_url, keys.prefix, 0)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "submitted"
         assert await aredis.llen(keys.requests("default")) == 1
@@ -104,21 +86,7 @@ async def test_producer_gone_before_execution_is_dropped_and_backend_never_calle
 @pytest.mark.slow
 async def test_producer_gone_after_execution_drops_the_reply(aredis, keys, sim, valkey_url) -> None:
     async with running_dispatcher(aredis, keys, one_pool_group(sim.url)) as dispatcher:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.support.producer_process",
-                valkey_url,
-                keys.prefix,
-                "default",
-                "2500",
-                "1.0",
-            ],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        proc = start_producer(valkey_url, keys.prefix, 2500)
         try:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "submitted"
             await wait_until(lambda: len(dispatcher.running) == 1)

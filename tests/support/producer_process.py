@@ -7,6 +7,8 @@ Prints "submitted" once its request is queued, then waits for the reply.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import sys
 
 import redis.asyncio as aioredis
@@ -15,6 +17,27 @@ from runtime.config import ProducerSettings
 from runtime.producer import Producer
 from runtime.queue.keys import KeySpace
 from tests.support.waiting import wait_until
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def start_producer(valkey_url: str, prefix: str, latency_ms: float) -> subprocess.Popen[str]:
+    """Starts the producer process of pool ``default`` (liveness TTL 1 s); its stdout says "submitted"."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.producer_process",
+            valkey_url,
+            prefix,
+            "default",
+            str(latency_ms),
+            "1.0",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 async def main(url: str, prefix: str, pool_id: str, latency_ms: float, ttl: float) -> None:
