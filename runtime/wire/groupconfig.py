@@ -19,6 +19,7 @@ from runtime.errors import MalformedEnvelope
 from runtime.policy.admission import AdmissionLimits
 from runtime.policy.retry import RetryPolicy
 from runtime.policy.scheduler import GroupPolicy, PoolPolicy
+from runtime.policy.tenants import MODES, OFF, TenantCost
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.keys import KeySpace
 
@@ -26,6 +27,9 @@ POLICIES = ("fifo", "drr")
 LISTS = "lists"
 DURABLE = "durable"
 DELIVERIES = (LISTS, DURABLE)
+COST_UNITS = "units"  # the seed's: cost_units, else images and pages
+COST_TOKENS = "tokens"  # estimated tokens, weighted by the pool's token weights
+COST_MODES = (COST_UNITS, COST_TOKENS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,18 @@ class PoolConfig:
     backend_id: str = ""  # empty: the group's backend
     max_queued: int | None = None
     max_queue_wait_s: float | None = None
+    # Fairness between the pool's tenants (issue 22); the defaults decode configs published before it.
+    tenant_fairness: str = OFF
+    tenant_input_weight: float = 1.0
+    tenant_output_weight: float = 4.0
+    tenant_default_output_tokens: int = 256
+    max_queued_per_tenant: int | None = None
+
+    def tenant_cost(self) -> TenantCost | None:
+        """What a request costs a tenant of this pool; None when the pool is first come, first served."""
+        if self.tenant_fairness == OFF:
+            return None
+        return TenantCost(self.tenant_fairness, self.tenant_input_weight, self.tenant_output_weight)
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(self.max_attempts, self.retry_backoff_base_s, self.retry_backoff_cap_s)
@@ -104,6 +120,7 @@ class GroupConfig:
     version: int = 0
     backend_id: str = ""
     backends: tuple[BackendConfig, ...] = field(default_factory=tuple)
+    cost_mode: str = COST_UNITS  # what a request costs its pool's DRR credit
 
     @cached_property
     def enabled_pools(self) -> tuple[PoolConfig, ...]:
@@ -186,9 +203,18 @@ class GroupConfig:
             raise MalformedEnvelope(f"group {config.group_id}: unknown policy {config.policy!r}")
         if config.delivery not in DELIVERIES:
             raise MalformedEnvelope(f"group {config.group_id}: unknown delivery {config.delivery!r}")
+        if config.cost_mode not in COST_MODES:
+            raise MalformedEnvelope(f"group {config.group_id}: unknown cost mode {config.cost_mode!r}")
+        for pool in config.pools:
+            if pool.tenant_fairness not in MODES:
+                raise MalformedEnvelope(
+                    f"group {config.group_id}: pool {pool.pool_id}: unknown tenant_fairness "
+                    f"{pool.tenant_fairness!r} (one of {', '.join(MODES)})"
+                )
         try:
             for pool in config.pools:
                 pool.retry_policy()
+                pool.tenant_cost()
         except ValueError as exc:
             raise MalformedEnvelope(f"group {config.group_id}: {exc}") from exc
         return config
