@@ -169,12 +169,18 @@ class TenantLedger:
         return len(idle)
 
     def _add(self, tenant: str, cost: float) -> float:
-        counter = self.counters.get(tenant, self.floor()) + cost / self.weight(tenant)
+        before = self.counters.get(tenant, self.floor())
+        counter = before + cost / self.weight(tenant)
         self.counters[tenant] = counter
-        if tenant in self.backlogged:
-            heapq.heappush(self._heap, (counter, tenant))
-            if len(self._heap) > 4 * len(self.backlogged) + 64:
-                self._rebuild()  # stale entries of tenants charged in a row would pile up otherwise
+        if tenant not in self.backlogged:
+            return counter
+        heap = self._heap
+        if heap and heap[0] == (before, tenant):
+            heapq.heapreplace(heap, (counter, tenant))  # the usual launch: the picked head moves down
+        else:
+            heapq.heappush(heap, (counter, tenant))
+            if len(heap) > 4 * len(self.backlogged) + 64:
+                self._rebuild()  # stale entries of tenants corrected off the head would pile up otherwise
         return counter
 
     def _rebuild(self) -> None:

@@ -1,0 +1,115 @@
+"""Fairness between the tenants of a pool (issue 22).
+
+Run: ``python bench/bench_tenants.py --pure``. Times the pure tenant scheduler
+(:class:`runtime.policy.tenants.TenantLedger`) alone, per launch, as the number of backlogged tenants
+of one pool grows (10 / 1,000 / 10,000), median of several runs:
+
+* ``steady``: every tenant stays backlogged; a launch is pick + charge by the estimate, and a
+  completion (one launch later) corrects by the difference with the actual usage.
+* ``churn``: every tenant has one queued request; a launch is enter (at the floor) + pick + charge
+  + leave, the worst case for the backlog index.
+* ``scan``: ``steady`` with a linear scan for the minimum instead of the heap, for comparison: what
+  a pick would cost without the index.
+
+The noisy-neighbour, token-fairness and throughput scenarios with Valkey and dispatcher processes
+come with the dispatcher's integration (second phase of issue 22).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import machine, table
+from runtime.policy.tenants import TOKENS, TenantCost, TenantLedger
+
+TENANT_COUNTS = (10, 1_000, 10_000)
+RUNS = 5
+LAUNCHES = 20_000
+COST = TenantCost(TOKENS, 1.0, 4.0)
+
+
+def _requests(seed: int) -> list[tuple[tuple[int, int], tuple[int, int] | None]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(LAUNCHES):
+        estimate = (rng.randint(50, 2000), rng.randint(16, 512))
+        actual = None if rng.random() < 0.1 else (estimate[0], rng.randint(1, estimate[1]))
+        out.append((estimate, actual))
+    return out
+
+
+def _ledger(n: int, seed: int) -> TenantLedger:
+    rng = random.Random(seed)
+    weights = {f"t{i:05d}": rng.choice((1.0, 1.0, 2.0, 0.5)) for i in range(n)}
+    ledger = TenantLedger(weights=weights)
+    for tenant in weights:
+        ledger.enter(tenant)
+    return ledger
+
+
+def steady(n: int, seed: int, *, scan: bool = False) -> float:
+    """Nanoseconds per launch (pick + charge + the previous launch's correction)."""
+    ledger = _ledger(n, seed)
+    requests = _requests(seed)
+    previous: tuple[str, tuple[int, int], tuple[int, int] | None] | None = None
+    start = time.perf_counter_ns()
+    for estimate, actual in requests:
+        if scan:
+            tenant = min((ledger.counters[t], t) for t in ledger.backlogged)[1]
+        else:
+            tenant = ledger.pick()
+            assert tenant is not None
+        ledger.charge(tenant, COST.of(*estimate))
+        if previous is not None:
+            ledger.correct(previous[0], COST.correction(previous[1], previous[2]))
+        previous = (tenant, estimate, actual)
+    return (time.perf_counter_ns() - start) / len(requests)
+
+
+def churn(n: int, seed: int) -> float:
+    """Nanoseconds per launch when every launch empties its tenant's sub-queue and another enters."""
+    ledger = _ledger(n, seed)
+    requests = _requests(seed)
+    start = time.perf_counter_ns()
+    for estimate, _ in requests:
+        tenant = ledger.pick()
+        assert tenant is not None
+        ledger.charge(tenant, COST.of(*estimate))
+        ledger.leave(tenant)
+        ledger.enter(tenant)  # it comes back at once, at the floor or above
+    return (time.perf_counter_ns() - start) / len(requests)
+
+
+def scan(n: int, seed: int) -> float:
+    return steady(n, seed, scan=True)
+
+
+def main() -> None:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--pure", action="store_true", help="the pure tenant scheduler alone (no Valkey)")
+    parser.add_argument("--runs", type=int, default=RUNS)
+    args = parser.parse_args()
+    if not args.pure:
+        parser.error("only --pure exists yet: the Valkey scenarios come with the dispatcher's integration")
+    rows = []
+    for n in TENANT_COUNTS:
+        row: list[object] = [f"{n:,}"]
+        for scenario, runs in ((steady, args.runs), (churn, args.runs), (scan, 1)):
+            times = [scenario(n, seed) for seed in range(runs)]
+            row.append(f"{statistics.median(times) / 1000:.2f}")
+        rows.append(row)
+    print(machine())
+    print(f"TenantLedger, µs per launch, median of {args.runs} runs x {LAUNCHES:,} launches (scan: 1 run)")
+    print(table(["backlogged tenants", "steady", "churn", "scan (no index)"], rows))
+
+
+if __name__ == "__main__":
+    main()
