@@ -18,7 +18,7 @@ picking, charging, entering and leaving cost O(log n) in the number of backlogge
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "TOKENS",
     "TenantCost",
     "TenantLedger",
+    "plan_picks",
     "validate_tenant_weight",
 ]
 
@@ -196,3 +197,39 @@ class TenantLedger:
                 return heap[0]
             heapq.heappop(heap)
         return None
+
+
+def plan_picks(
+    ledger: TenantLedger,
+    heads: Mapping[str, Sequence[float]],
+    queued: Mapping[str, int],
+    launches: int,
+    *,
+    horizon: tuple[float, str] | None = None,
+) -> list[tuple[str, float]]:
+    """The next ``launches`` picks of a pool, in order, as (tenant, cost) with the cost charged.
+
+    ``ledger`` is a view of the pool's lowest backlogged counters, as one read returns them (it is
+    charged as the plan goes, so pass a copy); ``heads`` holds the costs of each viewed tenant's
+    first queued requests, and ``queued`` how many each has queued in all. ``horizon`` is (counter,
+    tenant) of the first backlogged tenant the view left out (None: it left out none). The plan
+    stops early rather than guess: once the next pick would come after the horizon (the unseen
+    tenant may be next), or when the next tenant's next request was not read. A tenant whose queue
+    the plan empties leaves the backlog.
+    """
+    picks: list[tuple[str, float]] = []
+    taken: dict[str, int] = {}
+    while len(picks) < launches:
+        tenant = ledger.pick()
+        if tenant is None or (horizon is not None and (ledger.counters[tenant], tenant) > horizon):
+            break
+        index = taken.get(tenant, 0)
+        costs = heads.get(tenant, ())
+        if index >= len(costs):
+            break
+        ledger.charge(tenant, costs[index])
+        picks.append((tenant, costs[index]))
+        taken[tenant] = index + 1
+        if queued.get(tenant, 0) <= index + 1:
+            ledger.leave(tenant)
+    return picks

@@ -354,3 +354,49 @@ def test_pick_always_matches_a_scan_of_the_backlog(ops: list[tuple[str, str, int
             ledger.correct(tenant, amount)
         expected = min(((ledger.counters[t], t) for t in ledger.backlogged), default=None)
         assert ledger.pick() == (expected[1] if expected else None)
+
+
+# ------------------------------------------------------------------------------------ plan from a view
+
+from runtime.policy.tenants import plan_picks  # noqa: E402
+
+
+def test_plan_stops_at_the_horizon_and_at_an_unread_head() -> None:
+    view = TenantLedger({"a": 0.0, "b": 2.0}, backlogged=["a", "b"])
+    heads = {"a": [1, 1, 1, 1, 1], "b": [1, 1, 1]}
+    picks = plan_picks(view, heads, {"a": 9, "b": 9}, 10, horizon=(3.0, "c"))
+    # a at 0, 1, 2 (a tie with b at 2 goes to "a"), b at 2, then a and b at 3 (both sort before the
+    # unseen c at 3); a at 4 would come after c: stop.
+    assert [t for t, _ in picks] == ["a", "a", "a", "b", "a", "b"]
+    empty = TenantLedger({"a": 0.0}, backlogged=["a"])
+    assert plan_picks(empty, {"a": [5]}, {"a": 3}, 10) == [("a", 5)]  # its 2nd request was not read
+
+
+def test_plan_empties_a_queue_and_the_tenant_leaves() -> None:
+    view = TenantLedger({"a": 0.0, "b": 0.0}, backlogged=["a", "b"])
+    picks = plan_picks(view, {"a": [1], "b": [1, 1, 1]}, {"a": 1, "b": 3}, 10)
+    assert picks == [("a", 1), ("b", 1), ("b", 1), ("b", 1)]
+    assert view.backlogged == set()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    counters=st.dictionaries(st.sampled_from("abcdefghij"), st.integers(0, 20), min_size=1),
+    costs=st.lists(st.integers(0, 9), min_size=1, max_size=6),
+    window=st.integers(1, 10),
+    launches=st.integers(1, 30),
+)
+def test_a_plan_from_the_lowest_counters_agrees_with_the_whole_backlog(
+    counters: dict[str, int], costs: list[int], window: int, launches: int
+) -> None:
+    """What one read of the lowest ``window`` counters allows is exactly what the whole state picks."""
+    queued = {t: len(costs) for t in counters}
+    heads = {t: costs for t in counters}
+    whole = TenantLedger(counters, backlogged=counters)
+    full = plan_picks(whole, heads, queued, launches)
+    ordered = sorted((float(c), t) for t, c in counters.items())
+    seen, rest = ordered[:window], ordered[window:]
+    view = TenantLedger({t: c for c, t in seen}, backlogged=[t for _, t in seen])
+    partial = plan_picks(view, heads, queued, launches, horizon=rest[0] if rest else None)
+    assert partial == full[: len(partial)]
+    assert partial  # a view of the lowest tenant always allows its first pick
