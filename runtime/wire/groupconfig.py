@@ -19,7 +19,7 @@ from runtime.errors import MalformedEnvelope
 from runtime.policy.admission import AdmissionLimits
 from runtime.policy.retry import RetryPolicy
 from runtime.policy.scheduler import GroupPolicy, PoolPolicy
-from runtime.policy.tenants import MODES, OFF, TenantCost
+from runtime.policy.tenants import MODES, OFF, TOKENS, TenantCost
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.keys import KeySpace
 
@@ -59,6 +59,11 @@ class PoolConfig:
     tenant_output_weight: float = 4.0
     tenant_default_output_tokens: int = 256
     max_queued_per_tenant: int | None = None
+
+    def token_weights(self) -> TenantCost:
+        """The pool's token weights whatever its tenant fairness: what a request costs its pool's DRR
+        credit in a group whose ``cost_mode`` is tokens (see :func:`runtime.policy.cost.token_cost`)."""
+        return TenantCost(TOKENS, self.tenant_input_weight, self.tenant_output_weight)
 
     def tenant_cost(self) -> TenantCost | None:
         """What a request costs a tenant of this pool; None when the pool is first come, first served."""

@@ -102,3 +102,11 @@ def test_bad_tenant_settings_are_malformed(change: dict[str, object], message: s
     raw = orjson.loads(BARE.encode()) | change
     with pytest.raises(MalformedEnvelope, match=message):
         GroupConfig.decode(orjson.dumps(raw))
+
+
+def test_token_weights_hold_whatever_the_tenant_fairness() -> None:
+    pool = PoolConfig("p", tenant_input_weight=2.0, tenant_output_weight=3.0)
+    assert pool.tenant_cost() is None  # fairness off: FIFO inside the pool
+    assert pool.token_weights().of(10, 10) == 50.0  # still what the group's DRR counts in tokens mode
+    requests = dataclasses.replace(pool, tenant_fairness="requests").tenant_cost()
+    assert requests is not None and requests.of(10, 10) == 1.0
