@@ -187,17 +187,17 @@ class FabricGroup(models.Model):
         "request goes back to the head of its pool. A backend may then see it twice; its producer gets "
         "one reply.",
     )
+    total_concurrency = models.PositiveIntegerField(
+        default=16,
+        validators=[MinValueValidator(1, "Total concurrency must be at least 1.")],
+        help_text="Group-wide cap on in-flight calls, across all dispatchers of the group.",
+    )
     cost_mode = models.CharField(
         "DRR cost",
         max_length=8,
         choices=CostMode.choices,
         default=CostMode.UNITS,
         help_text="What a request costs its pool's DRR credit between pools.",
-    )
-    total_concurrency = models.PositiveIntegerField(
-        default=16,
-        validators=[MinValueValidator(1, "Total concurrency must be at least 1.")],
-        help_text="Group-wide cap on in-flight calls, across all dispatchers of the group.",
     )
     updated_at = models.DateTimeField(auto_now=True)
 

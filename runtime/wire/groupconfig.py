@@ -120,12 +120,12 @@ class GroupConfig:
     api_key_env: str = ""
     queueing_enabled: bool = True
     delivery: str = LISTS
+    cost_mode: str = COST_UNITS  # what a request costs its pool's DRR credit
     name: str = ""
     pools: tuple[PoolConfig, ...] = field(default_factory=tuple)
     version: int = 0
     backend_id: str = ""
     backends: tuple[BackendConfig, ...] = field(default_factory=tuple)
-    cost_mode: str = COST_UNITS  # what a request costs its pool's DRR credit
 
     @cached_property
     def enabled_pools(self) -> tuple[PoolConfig, ...]:

@@ -43,10 +43,10 @@ def group_form(group: dict[str, Any], pools: list[dict[str, Any]], *, initial: i
     data: dict[str, Any] = {
         "name": group.get("name", ""),
         "policy": group.get("policy", "drr"),
+        "cost_mode": group.get("cost_mode", "units"),
         "backend": group.get("backend", ""),
         "total_concurrency": group.get("total_concurrency", 16),
         "delivery": group.get("delivery", "lists"),
-        "cost_mode": group.get("cost_mode", "units"),
         "pools-TOTAL_FORMS": len(pools),
         "pools-INITIAL_FORMS": initial,
         "pools-MIN_NUM_FORMS": 0,
