@@ -18,7 +18,7 @@ picking, charging, entering and leaving cost O(log n) in the number of backlogge
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -131,7 +131,10 @@ class TenantLedger:
         """
         if tenant in self.backlogged:
             return self.counters[tenant]
-        counter = max(self.counters.get(tenant, self.last_left), self.floor())
+        floor = self.floor()
+        # A tenant without a counter starts at the floor: the last leaver's counter is only the floor
+        # when nobody is backlogged, and a newcomer must not start behind the tenants that wait.
+        counter = max(self.counters.get(tenant, floor), floor)
         self.counters[tenant] = counter
         self.backlogged.add(tenant)
         heapq.heappush(self._heap, (counter, tenant))
@@ -160,11 +163,20 @@ class TenantLedger:
         self.backlogged.discard(tenant)
         self.last_left = self.counters[tenant]
 
-    def forget_idle(self) -> int:
-        """Drops the counters of idle tenants at or below :meth:`floor`: they would re-enter at the
-        floor anyway, so forgetting them changes no decision. Returns how many were dropped."""
+    def forget_idle(self, in_flight: Collection[str] = ()) -> int:
+        """Drops the counters of idle tenants at or below :meth:`floor`, except those in ``in_flight``
+        (their completions still correct their counters). Returns how many were dropped.
+
+        A dropped tenant would re-enter at the floor anyway, and the floor only rises while every
+        correction is upward, so then forgetting changes no decision. A downward correction can
+        lower the floor; a tenant forgotten before it re-enters at most that much lower than it
+        would have, which bounds what the memory saved costs in fairness.
+        """
         floor = self.floor()
-        idle = [t for t, c in self.counters.items() if t not in self.backlogged and c <= floor]
+        keep = set(in_flight)
+        idle = [
+            t for t, c in self.counters.items() if c <= floor and t not in self.backlogged and t not in keep
+        ]
         for tenant in idle:
             del self.counters[tenant]
         return len(idle)

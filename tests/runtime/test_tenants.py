@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from runtime.policy.tenants import REQUESTS, TOKENS, TenantCost, TenantLedger, validate_tenant_weight
@@ -93,6 +93,18 @@ def test_idle_tenant_re_enters_at_the_smallest_backlogged_counter() -> None:
     ledger.enter("c")
     assert ledger.counters["c"] == 100  # a newcomer starts at the floor, not at 0
     assert ledger.enter("a") == 100  # a banked nothing while away
+
+
+def test_a_newcomer_enters_at_the_floor_even_after_a_busier_tenant_left() -> None:
+    ledger = TenantLedger()
+    ledger.enter("steady")
+    ledger.enter("busy")
+    ledger.charge("busy", 10)
+    ledger.leave("busy")  # the last leaver sits at 10, the backlog's floor is still 0
+    assert ledger.enter("new") == 0
+    ledger.leave("steady")
+    ledger.forget_idle()  # steady (0, idle, at the floor) is forgotten: it comes back at the floor
+    assert ledger.enter("steady") == 0
 
 
 def test_busy_tenant_keeps_its_higher_counter_on_re_entry() -> None:
@@ -400,3 +412,52 @@ def test_a_plan_from_the_lowest_counters_agrees_with_the_whole_backlog(
     partial = plan_picks(view, heads, queued, launches, horizon=rest[0] if rest else None)
     assert partial == full[: len(partial)]
     assert partial  # a view of the lowest tenant always allows its first pick
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from("abcd"),
+            st.sampled_from(["submit", "launch", "launch", "complete", "forget"]),
+            st.integers(0, 30),
+        ),
+        max_size=300,
+    )
+)
+@example(  # b is forgotten at the floor; c then leaves far above it while d keeps the floor low
+    [("b", "submit", 0), ("c", "submit", 0), ("d", "submit", 0), ("b", "launch", 0), ("b", "complete", 0),
+     ("b", "forget", 0), ("c", "launch", 30), ("b", "submit", 0)]
+)  # fmt: skip
+def test_forgetting_idle_tenants_changes_no_decision_while_corrections_are_upward(
+    ops: list[tuple[str, str, int]],
+) -> None:
+    """A pool's run with forget_idle called now and then picks exactly as one that never forgets,
+    as long as tenants with calls in flight are kept and no correction goes down."""
+    kept, forgetful = TenantLedger(), TenantLedger()
+    queued: dict[str, int] = {}
+    flying: list[tuple[str, int]] = []
+    for tenant, op, amount in ops:
+        if op == "submit":
+            queued[tenant] = queued.get(tenant, 0) + 1
+            assert kept.enter(tenant) == forgetful.enter(tenant)
+        elif op == "launch":
+            picked = kept.pick()
+            assert forgetful.pick() == picked
+            if picked is None:
+                continue
+            kept.charge(picked, amount)
+            forgetful.charge(picked, amount)
+            flying.append((picked, amount))
+            queued[picked] -= 1
+            if not queued[picked]:
+                kept.leave(picked)
+                forgetful.leave(picked)
+        elif op == "complete" and flying:
+            done, extra = flying.pop(amount % len(flying))
+            kept.correct(done, extra)
+            forgetful.correct(done, extra)
+        elif op == "forget":
+            forgetful.forget_idle(in_flight={t for t, _ in flying})
+        for t in forgetful.counters:
+            assert forgetful.counters[t] == kept.counters[t]
