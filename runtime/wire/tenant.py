@@ -14,7 +14,7 @@ from typing import Any
 
 from runtime.errors import MalformedEnvelope
 
-__all__ = ["MAX_TENANT_LENGTH", "TENANT_CHARACTERS", "check_tenant"]
+__all__ = ["MAX_TENANT_LENGTH", "TENANT_CHARACTERS", "check_tenant", "key_tenant"]
 
 MAX_TENANT_LENGTH = 128
 TENANT_CHARACTERS = "ASCII letters, digits and . _ - : @ + = /"
@@ -35,3 +35,18 @@ def check_tenant(value: Any, what: str = "envelope.tenant") -> str:
         bad = next(c for c in value if not _TENANT_RE.fullmatch(c))
         raise MalformedEnvelope(f"{what} may only hold {TENANT_CHARACTERS}; it holds {bad!r}")
     return value
+
+
+def key_tenant(key_id: int | str, sub_tenant: str | None = None, *, what: str = "tenant") -> str:
+    """The tenant of a call through the ingress: its producer key (``key-{id}``: a key's name may
+    hold spaces, its id never does), or ``key-{id}:{sub}`` for a sub-tenant the caller named (the
+    ``user`` field or ``X-Dispatch-Tenant``, on a key that allows it). A sub-tenant that would not
+    make a valid tenant id is MalformedEnvelope naming ``what`` (the field the caller set)."""
+    tenant = f"key-{key_id}"
+    if sub_tenant is None:
+        return check_tenant(tenant)
+    room = MAX_TENANT_LENGTH - len(tenant) - 1
+    if type(sub_tenant) is str and len(sub_tenant) > room:
+        raise MalformedEnvelope(f"{what} is {len(sub_tenant)} characters long, over the limit of {room}")
+    check_tenant(sub_tenant, what)
+    return f"{tenant}:{sub_tenant}"

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from runtime.errors import MalformedEnvelope
 from runtime.wire.contract import ChatCall, Envelope
-from runtime.wire.tenant import MAX_TENANT_LENGTH, check_tenant
+from runtime.wire.tenant import MAX_TENANT_LENGTH, check_tenant, key_tenant
 
 CALL = ChatCall.from_openai({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
 UNTAGGED = Envelope("r1", "p1", "interactive", CALL, enqueued_at=1.0)
@@ -76,3 +76,33 @@ def test_any_string_is_a_tenant_or_malformed(value: str) -> None:
     except MalformedEnvelope:
         return
     assert 1 <= len(value) <= MAX_TENANT_LENGTH and value.isascii() and " " not in value
+
+
+@pytest.mark.parametrize(
+    ("key_id", "sub", "tenant"),
+    [(7, None, "key-7"), (7, "alice@example.com", "key-7:alice@example.com"), ("12", "u-1", "key-12:u-1")],
+)
+def test_key_tenant(key_id: int | str, sub: str | None, tenant: str) -> None:
+    assert key_tenant(key_id, sub) == tenant
+
+
+@pytest.mark.parametrize(
+    ("sub", "message"),
+    [
+        ("", "X-Dispatch-Tenant must not be empty"),
+        ("Alice Smith", "X-Dispatch-Tenant may only hold"),
+        ("x" * 200, "X-Dispatch-Tenant is 200 characters long, over the limit of 122"),
+    ],
+)
+def test_key_tenant_names_the_field_the_caller_set(sub: str, message: str) -> None:
+    with pytest.raises(MalformedEnvelope, match=message):
+        key_tenant(7, sub, what="X-Dispatch-Tenant")
+
+
+@given(st.integers(0, 10**9), st.text(max_size=200))
+def test_key_tenant_is_always_a_valid_tenant_or_malformed(key_id: int, sub: str) -> None:
+    try:
+        tenant = key_tenant(key_id, sub)
+    except MalformedEnvelope:
+        return
+    assert check_tenant(tenant) == tenant
