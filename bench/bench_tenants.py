@@ -13,6 +13,10 @@ of one pool grows (10 / 1,000 / 10,000), median of several runs:
 * ``scan``: ``steady`` with a linear scan for the minimum instead of the heap, for comparison: what
   a pick would cost without the index.
 
+Then, still pure and in virtual time, token fairness between two always-backlogged tenants (weights
+1:1 and 2:1) on 8 slots: the worst share deviation over any 60 s window, and the largest service gap
+against the bound 2 x largest cost x concurrency.
+
 The noisy-neighbour, token-fairness and throughput scenarios with Valkey and dispatcher processes
 come with the dispatcher's integration (second phase of issue 22).
 """
@@ -123,6 +127,59 @@ def plan(n: int, seed: int) -> float:
     return elapsed / ROUNDS
 
 
+SIM_SECONDS = 600.0
+SIM_WINDOW_S = 60.0
+SIM_CONCURRENCY = 8
+
+
+def fairness(weights: tuple[float, float], seed: int) -> tuple[float, float, float]:
+    """Two always-backlogged tenants on a pool of SIM_CONCURRENCY slots, in virtual time: a call
+    lasts 20 ms + 10 ms per output token, charged its estimate at launch and corrected at the end.
+
+    Returns the largest deviation of a tenant's weighted-token share from its weight's share over
+    any 60 s window (sliding by 1 s, in %), the largest gap in weighted service between the two over
+    any interval, and that gap's bound (2 x largest cost x concurrency).
+    """
+    rng = random.Random(seed)
+    ledger = TenantLedger(weights={"a": weights[0], "b": weights[1]})
+    ledger.enter("a")
+    ledger.enter("b")
+    running: list[tuple[float, int, str, tuple[int, int], tuple[int, int]]] = []
+    served: list[tuple[float, str, float]] = []  # (end time, tenant, weighted cost)
+    clock, seq = 0.0, 0
+
+    def launch() -> None:
+        nonlocal seq
+        tenant = ledger.pick()
+        assert tenant is not None
+        estimate = (rng.randint(50, 2000), 512)
+        actual = (estimate[0], rng.randint(1, 512))
+        ledger.charge(tenant, COST.of(*estimate))
+        heapq.heappush(running, (clock + 0.02 + 0.01 * actual[1], seq, tenant, estimate, actual))
+        seq += 1
+
+    for _ in range(SIM_CONCURRENCY):
+        launch()
+    while clock < SIM_SECONDS:
+        clock, _, tenant, estimate, actual = heapq.heappop(running)
+        ledger.correct(tenant, COST.correction(estimate, actual))
+        served.append((clock, tenant, COST.of(*actual) / ledger.weight(tenant)))
+        launch()
+    gap, low, high = 0.0, 0.0, 0.0
+    for _, tenant, cost in served:
+        gap += cost if tenant == "a" else -cost
+        low, high = min(low, gap), max(high, gap)
+    worst = 0.0
+    expected = weights[0] / sum(weights)
+    for start in range(int(SIM_SECONDS - SIM_WINDOW_S)):
+        got = {"a": 0.0, "b": 0.0}
+        for end, tenant, cost in served:
+            if start <= end < start + SIM_WINDOW_S:
+                got[tenant] += cost * ledger.weight(tenant)
+        worst = max(worst, abs(got["a"] / (got["a"] + got["b"]) - expected) / expected * 100)
+    return worst, high - low, 2 * COST.of(2000, 512) * SIM_CONCURRENCY
+
+
 def scan(n: int, seed: int) -> float:
     return steady(n, seed, scan=True)
 
@@ -145,6 +202,16 @@ def main() -> None:
     print(machine())
     print(f"TenantLedger, µs per launch, median of {args.runs} runs x {LAUNCHES:,} launches (scan: 1 run)")
     print(table(["backlogged tenants", "steady", "churn", "plan (per round)", "scan (no index)"], rows))
+    rows = []
+    for weights in ((1.0, 1.0), (2.0, 1.0)):
+        worst, gap, bound = fairness(weights, seed=1)
+        rows.append([f"{weights[0]:g}:{weights[1]:g}", f"{worst:.2f} %", f"{gap:,.0f}", f"{bound:,.0f}"])
+    print()
+    print(
+        f"Two backlogged tenants, {SIM_CONCURRENCY} slots, {SIM_SECONDS:.0f} virtual s "
+        "(calls 20 ms + 10 ms per output token; estimate 512 output tokens, actual 1-512)"
+    )
+    print(table(["weights", "worst 60 s share deviation", "largest gap", "bound 2 x M x C"], rows))
 
 
 if __name__ == "__main__":
