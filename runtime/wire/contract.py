@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from runtime.errors import EnvelopeTooLarge, MalformedEnvelope
+from runtime.wire.tenant import check_tenant
 
 CONTRACT_VERSION = 1
 DEFAULT_MAX_ENVELOPE_BYTES = 8 * 1024 * 1024
@@ -253,6 +254,7 @@ class Envelope:
     # Which execution this is (1 = first) and how often an expired lease put it back (durable mode).
     attempt: int = 1
     requeues: int = 0
+    tenant: str | None = None  # None: untagged traffic, encoded without the field as before issue 22
 
     def encode(self, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -> bytes:
         """Serializes the envelope; refuses one over ``max_bytes`` with EnvelopeTooLarge, and times the
@@ -263,6 +265,8 @@ class Envelope:
         optional: dict[str, Any] = {"stream": self.stream.to_json()} if self.stream is not None else {}
         if self.attempt != 1 or self.requeues:
             optional.update(attempt=self.attempt, requeues=self.requeues)
+        if self.tenant is not None:
+            optional["tenant"] = check_tenant(self.tenant)
         raw = orjson.dumps(
             {
                 "request_id": self.request_id,
@@ -301,6 +305,7 @@ class Envelope:
         _check_str_values(trace, "envelope.trace")
         attempt = data.get("attempt", 1)
         requeues = data.get("requeues", 0)
+        tenant = data.get("tenant")
         return cls(
             request_id=request_id,
             producer_id=producer_id,
@@ -317,6 +322,7 @@ class Envelope:
             requeues=0
             if requeues == 0 and type(requeues) is int
             else _count(requeues, "envelope.requeues", minimum=0),
+            tenant=None if tenant is None else check_tenant(tenant),
         )
 
 
