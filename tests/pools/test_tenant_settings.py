@@ -9,7 +9,7 @@ from django.test import Client
 
 from pools import selectors, services
 from pools.models import FabricGroup, Pool
-from runtime.wire.keys import KeySpace
+from runtime.queue.keys import KeySpace
 from tests.pools.conftest import published
 from tests.pools.helpers import group_form
 from tests.pools.test_admin_validation import POOL_ADD, errors_of, pool_post

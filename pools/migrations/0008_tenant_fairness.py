@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("pools", "0006_backend_kinds"),
+        ("pools", "0007_group_persist_replicas"),
     ]
 
     operations = [
