@@ -1,9 +1,10 @@
-"""A real Sentinel setup for failover tests: a primary, a replica and three sentinels, all started from
+"""A real Sentinel setup for failover tests: a primary, a replica (or more) and three sentinels, from
 the embedded ``valkey-server`` binary on free loopback ports under a temporary directory.
 
-``down-after-milliseconds`` is 1000 and ``failover-timeout`` 2000, so a killed primary is replaced
-within a few seconds. ``kill_primary()`` SIGKILLs the current primary (no shutdown, no last write);
-``stop()`` kills every process the cluster started.
+The data servers keep an append-only file (``appendfsync everysec``). ``down-after-milliseconds`` is
+1000 and ``failover-timeout`` 2000, so a killed primary is replaced within a few seconds.
+``kill_primary()`` SIGKILLs the current primary (no shutdown, no last write); ``stop()`` kills every
+process the cluster started.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ FAILOVER_TIMEOUT_MS = 2000
 @dataclass
 class SentinelCluster:
     root: Path
+    replicas: int = 1
     data_ports: list[int] = field(default_factory=list)
     sentinel_ports: list[int] = field(default_factory=list)
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)  # by port
@@ -43,7 +45,7 @@ class SentinelCluster:
         work.mkdir(parents=True, exist_ok=True)
         self.procs[port] = subprocess.Popen(
             [valkey_binary(), *args, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(work),
-             "--save", "", "--appendonly", "no", "--logfile", str(work / "log")],
+             "--save", "", "--logfile", str(work / "log")],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )  # fmt: skip
@@ -56,10 +58,14 @@ class SentinelCluster:
             time.sleep(0.02)
 
     def start(self) -> None:
-        primary, replica = free_port(), free_port()
-        self.data_ports = [primary, replica]
-        self._spawn(primary, [], f"data-{primary}")
-        self._spawn(replica, ["--replicaof", "127.0.0.1", str(primary)], f"data-{replica}")
+        primary = free_port()
+        self.data_ports = [primary, *(free_port() for _ in range(self.replicas))]
+        # As the embedded server runs: an append-only file fsynced every second, so a durable group's
+        # WAITAOF (with persist_replicas, on the replica too) is answered.
+        aof = ["--appendonly", "yes", "--appendfsync", "everysec"]
+        self._spawn(primary, aof, f"data-{primary}")
+        for replica in self.data_ports[1:]:
+            self._spawn(replica, [*aof, "--replicaof", "127.0.0.1", str(primary)], f"data-{replica}")
         for port in self.data_ports:
             self._wait_ping(port)
         self.wait_replicated(primary, timeout_s=10.0)
@@ -108,7 +114,7 @@ class SentinelCluster:
                 if (
                     int(info["port"]) == primary
                     and int(info["num-other-sentinels"]) == 2
-                    and int(info["num-slaves"]) >= 1
+                    and int(info["num-slaves"]) >= self.replicas
                 ):
                     ready += 1
             if ready == len(self.sentinel_ports):
@@ -117,11 +123,11 @@ class SentinelCluster:
         raise RuntimeError(f"sentinels did not agree on primary {primary} in {timeout_s}s; see {self.root}")
 
     def wait_replicated(self, primary: int, timeout_s: float = 10.0) -> None:
-        """Until the primary has a replica online."""
+        """Until the primary has its replicas online."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self.client(primary) as client:
-                if int(client.info("replication").get("connected_slaves", 0)) >= 1:
+                if int(client.info("replication").get("connected_slaves", 0)) >= self.replicas:
                     return
             time.sleep(0.02)
         raise RuntimeError(f"replica did not connect to {primary} in {timeout_s}s; see {self.root}")
