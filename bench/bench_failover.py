@@ -1,19 +1,20 @@
 """A Valkey failover under load: SIGKILL the primary behind Sentinel and watch the traffic come back.
 
-Run: ``python bench/bench_failover.py [--quick] [--runs N] [--delivery durable|lists]``.
+Run: ``python bench/bench_failover.py [--quick] [--runs N] [--delivery durable|lists]
+[--persist-replicas N]``.
 
-A primary, a replica and three sentinels (``down-after-milliseconds`` 1000, ``failover-timeout`` 2000)
-from the embedded ``valkey-server`` (tests/sentinel_cluster.py); one ``bench._dispatcher_proc``
-dispatcher (lease ``LEASE_S``) and ``WORKERS`` closed-loop producer workers in this process, all given
-the ``valkey+sentinel://`` URL; the simulator in this process answers each call after ``LATENCY_MS``.
-After ``WARMUP_S`` the primary is SIGKILLed; nothing is restarted.
+A primary, two replicas and three sentinels (``down-after-milliseconds`` 1000, ``failover-timeout``
+2000) from the embedded ``valkey-server``, each with an append-only file (tests/sentinel_cluster.py);
+one ``bench._dispatcher_proc`` dispatcher (lease ``LEASE_S``) and ``WORKERS`` closed-loop producer
+workers in this process, all given the ``valkey+sentinel://`` URL; the simulator in this process
+answers each call after ``LATENCY_MS``. After ``WARMUP_S`` the primary is SIGKILLed; nothing restarts.
 
 Reported: completions per second, second by second, around the kill; the time from the kill to the
 first completion of a request submitted after it (so pushed to, and answered through, the new primary);
 and acknowledged requests lost: a submit whose push Valkey acknowledged (it did not fail with
-QueueUnavailable) and that never got a reply (RequestTimeout). Replication is asynchronous: without a
-group setting that waits for a replica on each push, a push acknowledged just before the kill can die
-with the primary.
+QueueUnavailable) and that never got a reply (RequestTimeout). The durable group waits for a replica on
+each push (``persist_replicas`` 1 unless ``--persist-replicas`` says otherwise; WAITAOF): without it a
+push acknowledged just before the kill can die with the primary (replication is asynchronous).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ AFTER_S = 10.0
 # Short, so a closed-loop worker whose request was lost (lists mode) submits again within the window.
 REQUEST_TIMEOUT_S = 6.0
 DELIVERY = DURABLE
+PERSIST_REPLICAS = 1  # a durable push waits for this many replicas (persist_replicas)
 
 
 @dataclasses.dataclass
@@ -58,7 +60,8 @@ class Run:
 async def one_run(delivery: str) -> Run:
     keys = new_keys()
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as root:
-        cluster = SentinelCluster(Path(root))
+        # Two replicas: the promoted one still has a replica to wait for (persist_replicas=1).
+        cluster = SentinelCluster(Path(root), replicas=2)
         try:
             cluster.start()
             return await _under_load(cluster, keys, delivery)
@@ -71,6 +74,7 @@ async def _under_load(cluster: SentinelCluster, keys, delivery: str) -> Run:  # 
         config = dataclasses.replace(
             group(sim.url, [PoolConfig("default", max_concurrent=64)], policy="fifo", total=64),
             delivery=delivery,
+            persist_replicas=PERSIST_REPLICAS if delivery == DURABLE else 0,
         )
         await publish(conn, keys, config)
         env = {"BENCH_LEASE_S": str(LEASE_S)}
@@ -132,8 +136,9 @@ async def measure(quick: bool, runs: int) -> list[Run]:
 
 
 def report(results: list[Run], runs: int, quick: bool) -> dict[str, float]:
+    mode = f"{DELIVERY}, persist_replicas {PERSIST_REPLICAS}" if DELIVERY == DURABLE else DELIVERY
     print(
-        f"# Valkey failover under load ({DELIVERY}): SIGKILL of the primary behind 3 sentinels "
+        f"# Valkey failover under load ({mode}): SIGKILL of the primary (2 replicas) behind 3 sentinels "
         f"(down-after {DOWN_AFTER_MS} ms), {WORKERS} closed-loop workers, "
         f"one dispatcher (lease {LEASE_S:g} s), "
         f"backend latency {LATENCY_MS} ms, {runs} run(s){' (quick)' if quick else ''}"
@@ -164,11 +169,15 @@ def report(results: list[Run], runs: int, quick: bool) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    global DELIVERY
+    global DELIVERY, PERSIST_REPLICAS
     args = list(sys.argv[1:] if argv is None else argv)
     if "--delivery" in args:
         at = args.index("--delivery")
         DELIVERY = {"durable": DURABLE, "lists": LISTS}[args[at + 1]]
+        del args[at : at + 2]
+    if "--persist-replicas" in args:
+        at = args.index("--persist-replicas")
+        PERSIST_REPLICAS = int(args[at + 1])
         del args[at : at + 2]
     return run_benchmark(__doc__ or "", measure, report, args, default_runs=1)  # type: ignore[no-any-return]
 

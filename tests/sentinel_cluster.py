@@ -62,7 +62,8 @@ class SentinelCluster:
         self.data_ports = [primary, *(free_port() for _ in range(self.replicas))]
         # As the embedded server runs: an append-only file fsynced every second, so a durable group's
         # WAITAOF (with persist_replicas, on the replica too) is answered.
-        aof = ["--appendonly", "yes", "--appendfsync", "everysec"]
+        # A replica syncs at once instead of after the default 5 s wait for more replicas to share the sync.
+        aof = ["--appendonly", "yes", "--appendfsync", "everysec", "--repl-diskless-sync-delay", "0"]
         self._spawn(primary, aof, f"data-{primary}")
         for replica in self.data_ports[1:]:
             self._spawn(replica, [*aof, "--replicaof", "127.0.0.1", str(primary)], f"data-{replica}")
@@ -123,12 +124,18 @@ class SentinelCluster:
         raise RuntimeError(f"sentinels did not agree on primary {primary} in {timeout_s}s; see {self.root}")
 
     def wait_replicated(self, primary: int, timeout_s: float = 10.0) -> None:
-        """Until the primary has its replicas online."""
+        """Until the primary has its replicas online (synced, so WAIT and WAITAOF can count them)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self.client(primary) as client:
-                if int(client.info("replication").get("connected_slaves", 0)) >= self.replicas:
-                    return
+                info = client.info("replication")
+            online = [
+                key
+                for key, value in info.items()
+                if key.startswith("slave") and isinstance(value, dict) and value.get("state") == "online"
+            ]
+            if len(online) >= self.replicas:
+                return
             time.sleep(0.02)
         raise RuntimeError(f"replica did not connect to {primary} in {timeout_s}s; see {self.root}")
 
