@@ -20,9 +20,9 @@ import pytest
 
 from runtime.errors import DispatchError, QueueUnavailable, RequestTimeout
 from runtime.producer import Producer
+from runtime.queue.keys import KeySpace
 from runtime.valkey.client import connect
 from runtime.wire.groupconfig import DURABLE, LISTS
-from runtime.wire.keys import KeySpace
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.ingress.stack import Stack
 from tests.runtime.test_durable import keyed
