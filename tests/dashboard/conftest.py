@@ -11,6 +11,7 @@ from pools import connections
 from pools.models import Backend, FabricGroup, Pool
 from runtime.queue.keys import KeySpace
 from tests.dashboard.browser import stack  # noqa: F401 - the browser tests' fixture
+from tests.sentinel_cluster import sentinel_cluster  # noqa: F401 - a primary, a replica, three sentinels
 
 
 def point_dashboard_at(settings, url: str, keys: KeySpace) -> None:
@@ -21,7 +22,12 @@ def point_dashboard_at(settings, url: str, keys: KeySpace) -> None:
     settings.CHANNEL_LAYERS = {
         "default": {
             "BACKEND": settings.CHANNEL_LAYERS["default"]["BACKEND"],
-            "CONFIG": {"hosts": [url], "prefix": f"{keys.prefix}asgi", "capacity": 500, "expiry": 30},
+            "CONFIG": {
+                "hosts": [connections.channel_layer_host(url)],
+                "prefix": f"{keys.prefix}asgi",
+                "capacity": 500,
+                "expiry": 30,
+            },
         }
     }
 
