@@ -159,7 +159,15 @@ class Executor:
         reply = settled.reply if settled is not None else reply_bytes(envelope, completion, error, timing)
         code = await self._finish(run, reply, self._group_pools(config), settled)
         count_finish(self.stats, code, error, settled)
-        self._record(run, endpoint, completion, error, started, ended, code, summary, settled)
+        outcome = span_outcome(
+            envelope, run.cost, endpoint, completion, error, started, ended, code, summary, settled
+        )
+        content = (
+            content_attributes(envelope, completion.body if completion else None)
+            if self.store_content
+            else None
+        )
+        record_span(self.tracer, envelope, self.identity, outcome, content=content)
 
     def _fence(self, run: Running) -> Fence:
         """What a streamed attempt relays under; in durable mode, the lease record its first chunk stores."""
@@ -307,23 +315,3 @@ class Executor:
                 backoff = backoff or Backoff(*self.settings.reconnect_backoff_s)
                 await asyncio.sleep(backoff.next())
         return FINISH_UNDELIVERED
-
-    def _record(
-        self,
-        run: Running,
-        endpoint: str,
-        completion: Completion | None,
-        error: DispatchError | None,
-        started: float,
-        ended: float,
-        code: int,
-        summary: StreamSummary | None = None,
-        settled: redelivery.Settlement | None = None,
-    ) -> None:
-        outcome = span_outcome(
-            run.envelope, run.cost, endpoint, completion, error, started, ended, code, summary, settled
-        )
-        content: dict[str, Any] | None = None
-        if self.store_content:
-            content = content_attributes(run.envelope, completion.body if completion else None)
-        record_span(self.tracer, run.envelope, self.identity, outcome, content=content)
