@@ -11,6 +11,9 @@ Two measurements per variant, each in its own process importing the project from
            while the ingester runs on a thread as ``runhistory`` does: the trimmed count (spans lost),
            the largest backlog seen, and the ingester's CPU per 1,000 spans.
 
+``--views`` (this tree only) instead measures what each materialized view adds to an insert: the same
+batches of 10,000 spans into ``otel_traces`` with no view, with each view alone, and with all of them.
+
 One dispatcher at full rate exports about 3,000 spans/s (issue 14); ``--rate 9000`` is three.
 
 Run: ``python bench/bench_ingest.py --before main`` (3 drain runs of 50,000 spans and 3 paced runs of
@@ -152,6 +155,51 @@ def child_paced(valkey_url: str, data_dir: str, rate: float, seconds: float) -> 
     }
 
 
+def child_views(data_dir: str, spans: int, runs: int) -> dict[str, list[float]]:
+    """CPU per 1,000 spans of the insert alone into ``otel_traces`` with no view, each view alone (the
+    hours with the minutes they roll up), and all of them: what each view costs an insert."""
+    import orjson
+
+    from history import schema
+    from history.client import client_for
+    from history.derived import DERIVED
+    from history.ingester import span_row
+
+    rows = [span_row(orjson.loads(p)) for p in _payloads(spans)]
+    batches = [list(zip(*rows[i : i + 10_000], strict=True)) for i in range(0, spans, 10_000)]
+    history = client_for(f"chdb://{data_dir}")
+    by_name = {d.name: d for d in DERIVED}
+    configs = {"no view": [], **{d.name: [d] for d in DERIVED if d.source == schema.TABLE}}
+    configs[f"{schema.POOL_MINUTES} + {schema.POOL_HOURS}"] = [
+        by_name[schema.POOL_MINUTES],
+        by_name[schema.POOL_HOURS],
+    ]
+    configs["all views"] = list(DERIVED)
+    results: dict[str, list[float]] = {}
+    for run in range(runs):
+        for n, (name, views) in enumerate(configs.items()):
+            db = f"views_{run}_{n}"
+            history.command(f"CREATE DATABASE `{db}`")
+            history.command(schema.create_table_sql(db, 30))
+            for view in views:
+                history.command(view.create_sql(db, 30))
+                history.command(view.view_sql(db))
+            history.database = db
+            cpu0 = time.process_time()
+            for i, columns in enumerate(batches):
+                history.insert(
+                    schema.TABLE,
+                    columns,
+                    schema.INSERT_COLUMNS,
+                    dedup_token=f"b{i}",
+                    column_oriented=True,
+                    column_types=schema.INSERT_TYPES,
+                )
+            results.setdefault(name, []).append((time.process_time() - cpu0) / spans * 1e6)
+            history.command(f"DROP DATABASE `{db}` SYNC")
+    return results
+
+
 def _run_child(root: Path, args: list[str]) -> dict[str, float]:
     """This file's child mode in a fresh process importing the project from ``root``."""
     from bench._common import scratch
@@ -186,6 +234,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rate", type=float, default=9000.0, help="paced producer spans/s")
     parser.add_argument("--seconds", type=float, default=45.0, help="paced run length")
     parser.add_argument("--skip-paced", action="store_true")
+    parser.add_argument("--views", action="store_true", help="only: what each materialized view costs")
     parser.add_argument("--quick", action="store_true", help="1 run, 10,000 spans, 15 s paced")
     parser.add_argument("--child", choices=["drain", "paced", "produce"], help=argparse.SUPPRESS)
     parser.add_argument("--valkey", help=argparse.SUPPRESS)
@@ -205,9 +254,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.runs, args.spans, args.seconds = 1, 10_000, 15.0
     sys.path.insert(0, str(ROOT))
-    from bench._common import exported, machine, private_valkey, table
+    from bench._common import exported, machine, private_valkey, scratch, table
 
     print(machine(), flush=True)
+    if args.views:
+        with scratch() as data_dir:
+            views = child_views(str(data_dir), args.spans, args.runs)
+        print(f"\ninsert CPU ms per 1,000 spans, batches of 10,000, {args.spans:,} spans, median (runs):")
+        rows = [
+            (n, f"{statistics.median(v):.1f} ({', '.join(f'{x:.1f}' for x in v)})") for n, v in views.items()
+        ]
+        print(table(["views on otel_traces", "cpu_ms_per_1000"], rows))
+        return {"views": views}
     results: dict[str, dict[str, list[dict[str, float]]]] = {}
     with private_valkey() as valkey_url, contextlib.ExitStack() as stack:
         variants = {"after (this tree)": ROOT}

@@ -11,6 +11,12 @@ its insert carries a deduplication token made from those ids, so ClickHouse drop
 it holds fewer rows (see ``history.schema``). With ClickHouse or Valkey down the batch stays pending in the
 stream and the ingester retries with exponential backoff.
 
+Cost: each insert writes a part into ``otel_traces`` and into every view's table, so the ingester makes
+few, big inserts: up to ``batch_size`` spans, and while it keeps up at most one per
+``min_insert_interval_s``. Spans go in as typed Native columns. A ClickHouse server's asynchronous
+inserts (``async_insert=1``) would buffer small inserts into big parts server-side, but their
+deduplication is documented for Replicated tables only, and these inserts are big already: not used.
+
 ``python manage.py runhistory`` runs :class:`Ingester` in the foreground; the web process that owns an
 embedded chDB database calls :func:`start_in_background`.
 """
