@@ -83,6 +83,15 @@ def scratch() -> Iterator[Path]:
 
 
 @contextlib.contextmanager
+def exported(ref: str) -> Iterator[Path]:
+    """The tree of git revision ``ref`` in a scratch directory (``git archive``)."""
+    with scratch() as path:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(path)], input=archive.stdout, check=True)
+        yield path
+
+
+@contextlib.contextmanager
 def private_valkey() -> Iterator[str]:
     """A fresh embedded Valkey of this benchmark's own; yields its URL."""
     with private_valkey_server() as server:

@@ -24,7 +24,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.wire.contract import PARAMETER_TYPES, ChatCall, Envelope, Metadata, _check_messages
+from runtime.wire.call import _check_messages
+from runtime.wire.contract import PARAMETER_TYPES, ChatCall, Envelope, Metadata
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 

@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from bench._common import (
     closed_loop,
     cpu_seconds,
     dispatcher_procs,
+    exported,
     group,
     machine,
     measured_load,
@@ -38,7 +37,6 @@ from bench._common import (
     new_keys,
     private_valkey,
     publish,
-    scratch,
     simulator_proc,
     table,
     valkey_cpu_ms,
@@ -53,15 +51,6 @@ SLOTS = 64
 
 def calls_at(level: int, quick: bool) -> int:
     return {1: 100, 16: 400, 64: 640}[level] if quick else {1: 400, 16: 2000, 64: 3200}[level]
-
-
-@contextlib.contextmanager
-def exported(ref: str) -> Iterator[Path]:
-    """The tree of git revision ``ref`` in a scratch directory (``git archive``)."""
-    with scratch() as path:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", str(path)], input=archive.stdout, check=True)
-        yield path
 
 
 async def measure(variants: dict[str, tuple[Path, dict[str, str]]], quick: bool, runs: int) -> dict:

@@ -272,41 +272,16 @@ def _print_size(result: dict[str, Any]) -> None:
 
 
 def bench_ingest(spans: int, runs: int) -> dict[str, float]:
-    import orjson
-    import redis
-
-    from history import schema
-    from history.client import client_for, close_all
-    from history.ingester import DEFAULT_BATCH_SIZE, Ingester
-    from runtime.queue.keys import KeySpace
-    from tests.support.history_spans import execution_doc
+    from bench.bench_ingest import child_drain
+    from history.client import close_all
 
     rates, cpus = [], []
     with private_valkey() as valkey_url, scratch() as data_dir:
-        rconn = redis.Redis.from_url(valkey_url)
         for run in range(runs):
-            keys = KeySpace(prefix=f"bench-ingest-{run}")
-            client = client_for(f"chdb://{data_dir / f'ingest-{run}'}")
-            schema.migrate(client, retention_days=30)
-            pipe = rconn.pipeline(transaction=False)
-            for i in range(spans):
-                doc = execution_doc(pool=("interactive", "batch", "backfill", "eval")[i % 4], ago_s=i / 1000)
-                pipe.xadd(keys.span_stream(), {"span": orjson.dumps(doc)})
-                if i % 5000 == 4999:
-                    pipe.execute()
-            pipe.execute()
-            ingester = Ingester(rconn, client, keys=keys, block_ms=10, batch_size=1000)
-            ingester.step()  # creates the group and stores a first small batch before timing
-            ingester.batch_size = DEFAULT_BATCH_SIZE
-            stored_before = ingester.stats.inserted
-            cpu0, wall0 = time.process_time(), time.perf_counter()
-            while ingester.step():
-                pass
-            wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-            stored = ingester.stats.inserted - stored_before
-            rates.append(stored / wall)
-            cpus.append(cpu / stored * 1000 * 1000)
+            result = child_drain(valkey_url, str(data_dir / f"ingest-{run}"), spans)
             close_all()
+            rates.append(result["spans_per_s"])
+            cpus.append(result["cpu_ms_per_1000"])
     rate, cpu_ms = statistics.median(rates), statistics.median(cpus)
     print(
         f"\ningest: {rate:,.0f} spans/s (runs: {', '.join(f'{r:,.0f}' for r in rates)}), "

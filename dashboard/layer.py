@@ -4,7 +4,10 @@ channels-redis keeps one connection pool per event loop for the life of the proc
 does not retry by default. After Valkey restarts, every idle connection in the pool is dead; the
 next ``group_add`` (a dashboard websocket's handshake) or ``BZPOPMIN`` (its receive loop) picks one,
 fails with ``ConnectionError`` and the handshake ends in HTTP 500. With a retry policy redis-py
-drops the dead connection and opens a fresh one instead, within the same command.
+drops the dead connection and opens a fresh one instead, within the same command. Behind Sentinel
+(``VALKEY_URL`` in its sentinel form, see :func:`pools.connections.channel_layer_host`) the fresh
+connection goes to the primary the sentinels name now, and a READONLY reply from a demoted one counts
+as a lost connection (redis-py's ``SentinelConnectionPool``).
 
 A Valkey that stops answering without closing the socket (stopped, partitioned away) fails a command
 after ``DISPATCH_VALKEY_HEALTH_S`` beyond what it may block (the receive loop's BZPOPMIN waits
@@ -43,6 +46,10 @@ class RedisChannelLayer(_ChannelsRedisLayer):  # type: ignore[misc]
         host.setdefault("retry", Retry(RECONNECT_BACKOFF, RECONNECT_ATTEMPTS))
         host.setdefault("socket_timeout", self.brpop_timeout + settings.DISPATCH_VALKEY_HEALTH_S)
         host.setdefault("socket_keepalive", True)
+        if "master_name" in host:  # Sentinel: the pool asks the sentinels for the primary on each connect
+            sentinel_kwargs = host["sentinel_kwargs"] = dict(host.get("sentinel_kwargs") or {})
+            sentinel_kwargs.setdefault("socket_timeout", settings.DISPATCH_VALKEY_HEALTH_S)
+            sentinel_kwargs.setdefault("socket_connect_timeout", settings.DISPATCH_VALKEY_HEALTH_S)
         return create_pool(host)
 
     async def receive(self, channel: str) -> Any:

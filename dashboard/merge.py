@@ -140,6 +140,10 @@ def _dispatcher_row(snap: DispatcherSnapshot, now: float) -> dict[str, Any]:
         # Snapshots travel through Valkey, so a dispatcher cut off from it cannot say so: its last word
         # stays "ok". One not heard from for longer than a few heartbeats cannot vouch for its link.
         "valkey_ok": bool(snap.get("valkey_ok", False)) and age_s <= STALE_AFTER_S,
+        # Which Valkey (host:port; after a failover the new primary) and since when: older
+        # dispatchers' snapshots have neither.
+        "valkey": str(snap.get("valkey") or ""),
+        "valkey_reconnected_at": snap.get("valkey_reconnected_at"),
         "breakers": dict(snap.get("breakers") or {}),
         "stopping": bool(snap.get("stopping", False)),
         "in_flight": int(snap.get("in_flight", 0)),

@@ -64,6 +64,8 @@ def fabric(request: HttpRequest, group_id: str) -> HttpResponse:
     for row in view["dispatchers"]:
         row["up_since_dt"] = datetime.fromtimestamp(float(row["up_since"] or 0), tz=UTC)
         row["breaker_pills"] = reasons.breaker_pills(row["breakers"])
+        since = row["valkey_reconnected_at"]
+        row["valkey_since_dt"] = datetime.fromtimestamp(float(since), tz=UTC) if since else None
     for pool in view["pools"]:
         pool["skip_chips"] = reasons.skip_chips(pool["skips"])
     context: dict[str, Any] = {

@@ -11,17 +11,25 @@ its insert carries a deduplication token made from those ids, so ClickHouse drop
 it holds fewer rows (see ``history.schema``). With ClickHouse or Valkey down the batch stays pending in the
 stream and the ingester retries with exponential backoff.
 
+Cost: each insert writes a part into ``otel_traces`` and into every view's table, so the ingester makes
+few, big inserts: up to ``batch_size`` spans, and while it keeps up at most one per
+``min_insert_interval_s``. Spans go in as typed Native columns. A ClickHouse server's asynchronous
+inserts (``async_insert=1``) would buffer small inserts into big parts server-side, but their
+deduplication is documented for Replicated tables only, and these inserts are big already: not used.
+
 ``python manage.py runhistory`` runs :class:`Ingester` in the foreground; the web process that owns an
 embedded chDB database calls :func:`start_in_background`.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +51,8 @@ DEFAULT_CONSUMER = "history-ingester"
 # Each INSERT has a fixed cost (a part and a deduplication log entry per table and day); when the
 # ingester keeps up, rounds read what arrived meanwhile, so big batches only form under backlog.
 DEFAULT_BATCH_SIZE = 10_000
+# The least time between two inserts while the ingester keeps up (spans reach history this much later).
+INSERT_INTERVAL_S = 0.5
 
 class IngesterCrash(Exception):
     """Raised by test hooks to simulate a process dying between two steps."""
@@ -58,42 +68,43 @@ class IngesterStats:
     redelivered: int = 0
 
 
+# Spans repeat the same few backend URLs; long texts (messages) are rarely repeated and not kept.
+_scrub_url = functools.lru_cache(maxsize=4096)(scrub_text)
+
+
 def _to_str(value: Any) -> str:
-    if isinstance(value, str):
-        return scrub_text(value)
+    kind = type(value)  # exact types first: JSON gives nothing else, and isinstance chains cost
+    if kind is str:
+        if "://" not in value:
+            return value
+        return _scrub_url(value) if len(value) <= 512 else scrub_text(value)
+    if kind is int or kind is float:
+        return repr(value)
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, str):
+        return scrub_text(value)
     if isinstance(value, int | float):
         return repr(value)
     return scrub_text(orjson.dumps(scrub_value(value)).decode())
 
 
 def _str_map(mapping: Any) -> dict[str, str]:
-    return {str(k): _to_str(v) for k, v in (mapping or {}).items()}
+    if not mapping:
+        return {}
+    # Most values are plain strings: kept as they are without a call per value.
+    return {str(k): v if type(v) is str and "://" not in v else _to_str(v) for k, v in mapping.items()}
 
 
-def span_row(doc: dict[str, Any]) -> list[Any]:
-    """One decoded stream entry as a row of ``schema.INSERT_COLUMNS`` (credentials scrubbed again)."""
-    start, end = int(doc["start_ns"]), int(doc.get("end_ns") or doc["start_ns"])
-    resource = _str_map(doc.get("resource"))
+_NO_EVENTS: tuple[list[Any], ...] = ([], [], [], [], [], [], [])  # shared, never mutated
+
+
+def _events_and_links(doc: dict[str, Any]) -> tuple[list[Any], ...]:
     events = doc.get("events") or []
     links = doc.get("links") or []
-    return [
-        start,
-        str(doc["trace_id"]),
-        str(doc["span_id"]),
-        str(doc.get("parent_span_id") or ""),
-        str(doc.get("trace_state") or ""),
-        str(doc["name"]),
-        str(doc.get("kind") or "Internal"),
-        resource.get("service.name", ""),
-        resource,
-        str((doc.get("scope") or {}).get("name") or ""),
-        str((doc.get("scope") or {}).get("version") or ""),
-        _str_map(doc.get("attributes")),
-        max(0, end - start),
-        str(doc.get("status_code") or "Unset"),
-        scrub_text(str(doc.get("status_message") or "")),
+    if not events and not links:
+        return _NO_EVENTS
+    return (
         [int(e["ts_ns"]) for e in events],
         [str(e["name"]) for e in events],
         [_str_map(e.get("attributes")) for e in events],
@@ -101,6 +112,33 @@ def span_row(doc: dict[str, Any]) -> list[Any]:
         [str(ln["span_id"]) for ln in links],
         [str(ln.get("trace_state") or "") for ln in links],
         [_str_map(ln.get("attributes")) for ln in links],
+    )
+
+
+def span_row(doc: dict[str, Any]) -> list[Any]:
+    """One decoded stream entry as a row of ``schema.INSERT_COLUMNS`` (credentials scrubbed again)."""
+    get = doc.get
+    start = int(doc["start_ns"])
+    end = int(get("end_ns") or start)
+    resource = _str_map(get("resource"))
+    scope = get("scope") or {}
+    return [
+        start,
+        str(doc["trace_id"]),
+        str(doc["span_id"]),
+        str(get("parent_span_id") or ""),
+        str(get("trace_state") or ""),
+        str(doc["name"]),
+        str(get("kind") or "Internal"),
+        resource.get("service.name", ""),
+        resource,
+        str(scope.get("name") or ""),
+        str(scope.get("version") or ""),
+        _str_map(get("attributes")),
+        max(0, end - start),
+        str(get("status_code") or "Unset"),
+        _to_str(str(get("status_message") or "")),
+        *_events_and_links(doc),
     ]
 
 
@@ -126,6 +164,7 @@ class Ingester:
         retention_days: int = 30,
         max_backoff_s: float = 30.0,
         after_insert: Callable[[int], None] | None = None,
+        min_insert_interval_s: float = 0.0,
     ) -> None:
         self.redis = redis_client
         self.history = history
@@ -138,6 +177,10 @@ class Ingester:
         self.retention_days = retention_days
         self.max_backoff_s = max_backoff_s
         self.after_insert = after_insert  # test hook: runs between INSERT and XACK
+        # While it keeps up, the ingester waits this long between inserts so that each one takes what
+        # arrived meanwhile: every insert writes a part per table, and small parts cost merges later.
+        self.min_insert_interval_s = min_insert_interval_s
+        self._caught_up_at: float | None = None  # when the last batch smaller than batch_size ended
         self.stats = IngesterStats()
         self._trim = redis_client.register_script(SPANS_TRIM_ACKED)
         self._migrated = False
@@ -177,10 +220,14 @@ class Ingester:
             if claimed and claimed[1]:
                 self._backlog_done = False  # read them back as our own pending entries
                 return self._read()
+        if self._caught_up_at is not None:
+            time.sleep(max(0.0, self._caught_up_at + self.min_insert_interval_s - time.monotonic()))
         got = self.redis.xreadgroup(
             GROUP, self.consumer, {self.stream: ">"}, count=self.batch_size, block=self.block_ms
         )
-        return got[0][1] if got else []
+        entries = got[0][1] if got else []
+        self._caught_up_at = time.monotonic() if len(entries) < self.batch_size else None
+        return entries
 
     def _ack_deleted(self, ids: list[bytes]) -> None:
         if ids:  # pending entries that the MAXLEN cap already removed: nothing to store
@@ -210,7 +257,17 @@ class Ingester:
         rows = self._rows(entries)
         ids = [entry_id for entry_id, _ in entries]
         if rows:
-            self.history.insert(schema.TABLE, rows, schema.INSERT_COLUMNS, dedup_token=batch_token(ids))
+            # Column-oriented: the driver writes each Native column straight from its list instead of
+            # transposing row by row (zip does that in C).
+            columns = list(zip(*rows, strict=True))
+            self.history.insert(
+                schema.TABLE,
+                columns,
+                schema.INSERT_COLUMNS,
+                dedup_token=batch_token(ids),
+                column_oriented=True,
+                column_types=schema.INSERT_TYPES,
+            )
             self.stats.inserted += len(rows)
         if self.after_insert is not None:
             self.after_insert(len(rows))
@@ -271,6 +328,7 @@ def build_from_settings(**kwargs: Any) -> Ingester:
     kwargs.setdefault("consumer", f"{DEFAULT_CONSUMER}-{socket.gethostname()}")
     # The client gives up on a read after DISPATCH_VALKEY_HEALTH_S: a blocking read stays well within it.
     kwargs.setdefault("block_ms", min(500, int(settings.DISPATCH_VALKEY_HEALTH_S * 500)))
+    kwargs.setdefault("min_insert_interval_s", INSERT_INTERVAL_S)
     return Ingester(
         client,
         history_client(),

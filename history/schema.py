@@ -106,6 +106,34 @@ INSERT_COLUMNS = [
     "Links.Attributes",
 ]
 
+_LC = "LowCardinality(String)"
+_ATTRS = "Map(LowCardinality(String), String)"
+# Their types as in CREATE TABLE below: an insert that names them needs no DESCRIBE round trip first.
+INSERT_TYPES = [
+    "DateTime64(9)",
+    "String",
+    "String",
+    "String",
+    "String",
+    _LC,
+    _LC,
+    _LC,
+    _ATTRS,
+    "String",
+    "String",
+    _ATTRS,
+    "UInt64",
+    _LC,
+    "String",
+    "Array(DateTime64(9))",
+    f"Array({_LC})",
+    f"Array({_ATTRS})",
+    "Array(String)",
+    "Array(String)",
+    "Array(String)",
+    f"Array({_ATTRS})",
+]
+
 # The execution columns the narrow table copies (names and types as in otel_traces).
 EXECUTION_COLUMNS = [
     "RequestId",

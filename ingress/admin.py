@@ -26,6 +26,8 @@ class ProducerKeyAdmin(admin.ModelAdmin):
         "enabled",
         "max_in_flight",
         "max_queued",
+        "tenant_weight",
+        "allow_sub_tenant",
         "created_at",
         "last_used_at",
     )

@@ -8,6 +8,9 @@ from django.db import models
 
 from pools.validation import validate_lane_id
 
+# A share a million times another's is already "all of it"; the cap keeps counters in float range.
+MAX_TENANT_WEIGHT = 1_000_000.0
+
 
 def validate_pool_list(value: str) -> None:
     pools = [p.strip() for p in value.split(",") if p.strip()]
@@ -54,6 +57,18 @@ class ProducerKey(models.Model):
         validators=[MinValueValidator(1)],
         help_text="Most requests of this key waiting to start, across every web process; more get 429.",
     )
+    tenant_weight = models.FloatField(
+        "tenant weight",
+        default=1.0,
+        help_text="Share of this key (tenant) inside a pool with tenant fairness, relative to the other "
+        "keys: 2 gets twice the service of 1 while both wait.",
+    )
+    allow_sub_tenant = models.BooleanField(
+        "allow sub-tenants",
+        default=False,
+        help_text="Let callers name a sub-tenant (the OpenAI 'user' field or an X-Dispatch-Tenant header), "
+        "each shared fairly inside this key's pools. Off: the whole key is one tenant.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField("last used", null=True, blank=True, editable=False)
 
@@ -70,5 +85,13 @@ class ProducerKey(models.Model):
 
     def clean(self) -> None:
         super().clean()
+        errors: dict[str, str] = {}
         if self.allowed_pools and self.default_pool and self.default_pool not in self.pools:
-            raise ValidationError({"default_pool": "The default pool must be one of the allowed pools."})
+            errors["default_pool"] = "The default pool must be one of the allowed pools."
+        weight = self.tenant_weight
+        if weight is not None and not 0 < weight <= MAX_TENANT_WEIGHT:
+            errors["tenant_weight"] = (
+                f"The tenant weight must be above 0 and at most {MAX_TENANT_WEIGHT:g} (1 is an equal share)."
+            )
+        if errors:
+            raise ValidationError(errors)

@@ -8,6 +8,7 @@ class PoolsConfig(AppConfig):
     def ready(self) -> None:
         from django.core import checks
 
-        from pools.checks import TAG, check_fabric_groups
+        from pools.checks import TAG, check_fabric_groups, check_valkey_url
 
         checks.register(check_fabric_groups, TAG)
+        checks.register(check_valkey_url, TAG)

@@ -2,6 +2,7 @@
 
 dispatch.E001  a group's configuration is refused by the scheduler (e.g. protected slots over the total)
 dispatch.E002  an enabled pool has no backend: neither its own nor its group's default
+dispatch.E003  ``VALKEY_URL`` is not a form the project reads (runtime.valkey.url)
 dispatch.W001  a backend's ``api_key_env`` names an environment variable that is not set here
 """
 
@@ -10,14 +11,32 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from django.conf import settings
 from django.core import checks
 from django.db import DatabaseError
 
 from pools import selectors
 from pools.models import FabricGroup
 from pools.validation import group_problems, pool_values
+from runtime.valkey.url import InvalidValkeyUrl, parse_sentinel
 
 TAG = "dispatch"
+
+
+def check_valkey_url(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A mistyped ``VALKEY_URL`` is named at start-up, not at the first view that reads Valkey."""
+    try:
+        parse_sentinel(str(settings.VALKEY_URL)) if settings.VALKEY_URL else None
+    except InvalidValkeyUrl as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint="redis://[:password@]host:port/db, or valkey+sentinel://[:password@]host1:26379,"
+                "host2:26379/MASTER_NAME/db for a primary behind Sentinel (README, docs/deploy.md)",
+                id="dispatch.E003",
+            )
+        ]
+    return []
 
 
 def check_fabric_groups(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:

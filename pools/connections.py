@@ -15,6 +15,8 @@ from django.conf import settings
 from runtime.errors import DispatchError
 from runtime.queue.keys import KeySpace
 from runtime.valkey import embedded
+from runtime.valkey.sync import sync_connect
+from runtime.valkey.url import parse_sentinel, redis_py_url
 
 # Valkey-side failures a view, admin action or command reports instead of crashing: redis-py's own
 # errors, sockets that fail before redis-py wraps them, an embedded server that cannot start, and a
@@ -43,7 +45,20 @@ def configure_channel_layers() -> None:
     config = settings.CHANNEL_LAYERS["default"].setdefault("CONFIG", {})
     redis_layer = settings.CHANNEL_LAYERS["default"]["BACKEND"].endswith("RedisChannelLayer")
     if not config.get("hosts") and redis_layer:
-        config["hosts"] = [valkey_url()]
+        config["hosts"] = [channel_layer_host(valkey_url())]
+
+
+def channel_layer_host(url: str) -> str | dict[str, object]:
+    """channels-redis' ``hosts`` entry for ``url``: its own sentinel form for a Sentinel URL."""
+    sentinel = parse_sentinel(url)
+    if sentinel is None:
+        return redis_py_url(url)
+    return {
+        "sentinels": list(sentinel.sentinels),
+        "master_name": sentinel.master_name,
+        "sentinel_kwargs": sentinel.sentinel_kwargs(),
+        **sentinel.connection_kwargs(),
+    }
 
 
 def sync_client() -> redis.Redis:
@@ -67,7 +82,6 @@ def valkey_client(client: redis.Redis | None = None) -> redis.Redis:
 def _client_for(url: str, health_s: float) -> redis.Redis:
     # A Valkey that stops answering (stopped, partitioned away) fails a read after health_s: a view or
     # the dashboard's refresh reports it as unreachable instead of hanging with it.
-    pool = redis.ConnectionPool.from_url(
+    return sync_connect(
         url, socket_timeout=health_s, socket_connect_timeout=min(2.0, health_s), socket_keepalive=True
     )
-    return redis.Redis(connection_pool=pool)

@@ -152,6 +152,10 @@ class FabricGroup(models.Model):
         LISTS = "lists", "lists: at most once (a claimed request whose dispatcher dies is lost, and counted)"
         DURABLE = "durable", "durable: at least once (a dead dispatcher's requests run again)"
 
+    class CostMode(models.TextChoices):
+        UNITS = "units", "units: cost_units, else 1 + 2 per image + 1 per page"
+        TOKENS = "tokens", "tokens: estimated prompt + output tokens, weighted by the pool's token weights"
+
     group_id = models.CharField(
         "group id",
         primary_key=True,
@@ -193,6 +197,13 @@ class FabricGroup(models.Model):
         validators=[MinValueValidator(1, "Total concurrency must be at least 1.")],
         help_text="Group-wide cap on in-flight calls, across all dispatchers of the group.",
     )
+    cost_mode = models.CharField(
+        "DRR cost",
+        max_length=8,
+        choices=CostMode.choices,
+        default=CostMode.UNITS,
+        help_text="What a request costs its pool's DRR credit between pools.",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     # Set by admin forms whose formset checks the group rules with the submitted pool values.
@@ -217,6 +228,11 @@ class FabricGroup(models.Model):
 
 class Pool(models.Model):
     """One lane of a group: producers push to ``list:llm:requests:{pool_id}``."""
+
+    class TenantFairness(models.TextChoices):
+        OFF = "off", "off: first come, first served inside the pool"
+        REQUESTS = "requests", "requests: every request of a tenant costs 1"
+        TOKENS = "tokens", "tokens: input and output tokens, weighted"
 
     group = models.ForeignKey(FabricGroup, on_delete=models.CASCADE, related_name="pools")
     pool_id = models.CharField(
@@ -288,6 +304,39 @@ class Pool(models.Model):
         "max requeues",
         default=3,
         help_text="Durable groups: times an expired lease puts a request back before it is a dead letter.",
+    )
+    tenant_fairness = models.CharField(
+        "tenant fairness",
+        max_length=8,
+        choices=TenantFairness.choices,
+        default=TenantFairness.OFF,
+        help_text="Fairness between the tenants (producer keys, or a key's sub-tenants) inside this pool's "
+        "share: off keeps first come, first served.",
+    )
+    tenant_input_weight = models.FloatField(
+        "tenant input weight",
+        default=1.0,
+        help_text="tokens mode: what one prompt token costs a tenant.",
+    )
+    tenant_output_weight = models.FloatField(
+        "tenant output weight",
+        default=4.0,
+        help_text="tokens mode: what one output token costs a tenant. Above the input weight because a "
+        "backend decodes output one token per step but prefills the prompt in parallel (hosted price "
+        "lists charge output 3-5x input).",
+    )
+    tenant_default_output_tokens = models.PositiveIntegerField(
+        "tenant default output tokens",
+        default=256,
+        help_text="tokens mode: output charged at launch for a call without max_tokens / "
+        "max_completion_tokens; the completion's usage corrects it.",
+    )
+    max_queued_per_tenant = models.PositiveIntegerField(
+        "max queued per tenant",
+        null=True,
+        blank=True,
+        help_text="Admission: one tenant's submits are refused (QueueFull naming it) while this many of "
+        "its requests wait. Blank: only max queued.",
     )
     sort_order = models.IntegerField(default=0, help_text="Position in the DRR ring.")
     updated_at = models.DateTimeField(auto_now=True)

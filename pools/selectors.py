@@ -134,6 +134,11 @@ def group_config(*, group: FabricGroup, version: int = 0) -> GroupConfig:
             backend_id=p.backend_id or "",
             max_queued=p.max_queued,
             max_queue_wait_s=p.max_queue_wait_s,
+            tenant_fairness=p.tenant_fairness,
+            tenant_input_weight=p.tenant_input_weight,
+            tenant_output_weight=p.tenant_output_weight,
+            tenant_default_output_tokens=p.tenant_default_output_tokens,
+            max_queued_per_tenant=p.max_queued_per_tenant,
         )
         for p in rows
     )
@@ -151,6 +156,7 @@ def group_config(*, group: FabricGroup, version: int = 0) -> GroupConfig:
         version=version,
         backend_id=group.backend_id or "",
         backends=tuple(backend_config(backend=b) for _, b in sorted(used.items())),
+        cost_mode=group.cost_mode,
     )
 
 

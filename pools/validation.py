@@ -8,6 +8,7 @@ Group rules (protected slots against the group total, duplicates) are the schedu
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -17,6 +18,8 @@ from django.core.exceptions import ValidationError
 
 from runtime.backends.redact import url_has_credentials
 from runtime.policy.scheduler import GroupPolicy, PoolPolicy, validate_policy
+from runtime.policy.tenants import MODES, TOKENS
+from runtime.policy.tokens import MAX_TOKENS
 
 ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 ID_RE = re.compile(ID_PATTERN)
@@ -101,12 +104,42 @@ def pool_value_errors(values: Mapping[str, Any]) -> dict[str, str]:
         errors["max_queued"] = "Max queued must be at least 1, or blank for an unbounded queue."
     if max_wait is not None and not max_wait > 0:
         errors["max_queue_wait_s"] = "Max queue wait must be more than 0 seconds, or blank for no limit."
+    errors.update(tenant_value_errors(values))
     if low is not None and low < 0:
         errors["min_concurrent"] = "Min concurrent must not be negative."
     elif low is not None and high is not None and high >= 1 and low > high:
         errors["min_concurrent"] = (
             f"Min concurrent ({low}) must not exceed max concurrent ({high}): "
             "protected slots cannot be more than the pool's hard cap."
+        )
+    return errors
+
+
+def tenant_value_errors(values: Mapping[str, Any]) -> dict[str, str]:
+    """A pool's tenant-fairness rules (issue 22), keyed by field name; missing values are skipped."""
+    errors: dict[str, str] = {}
+    mode = values.get("tenant_fairness")
+    if mode is not None and mode not in MODES:
+        errors["tenant_fairness"] = f"Tenant fairness must be one of {', '.join(MODES)}, not {mode!r}."
+    weights = {name: values.get(name) for name in ("tenant_input_weight", "tenant_output_weight")}
+    for name, weight in weights.items():
+        if weight is not None and not 0 <= weight < math.inf:
+            errors[name] = "A token weight must be a finite number, 0 or more."
+    if mode == TOKENS and not errors and all(w is not None and w == 0 for w in weights.values()):
+        errors["tenant_output_weight"] = (
+            "With tenant fairness in tokens, at least one token weight must be above 0: "
+            "otherwise every request costs nothing and no tenant is ever ahead."
+        )
+    output = values.get("tenant_default_output_tokens")
+    if output is not None and not 0 <= output <= MAX_TOKENS:
+        errors["tenant_default_output_tokens"] = f"Default output tokens must be between 0 and {MAX_TOKENS}."
+    per_tenant, max_queued = values.get("max_queued_per_tenant"), values.get("max_queued")
+    if per_tenant is not None and per_tenant < 1:
+        errors["max_queued_per_tenant"] = "Max queued per tenant must be at least 1, or blank for no cap."
+    elif per_tenant is not None and max_queued is not None and max_queued >= 1 and per_tenant > max_queued:
+        errors["max_queued_per_tenant"] = (
+            f"Max queued per tenant ({per_tenant}) must not exceed max queued ({max_queued}): "
+            "one tenant's cap above the pool's own never applies."
         )
     return errors
 
@@ -171,5 +204,6 @@ def group_problems(*, policy: str, total_concurrency: int, pools: Iterable[Mappi
 def pool_values(pool: Any) -> dict[str, Any]:
     """The fields :func:`group_problems` reads, from a Pool (or a published PoolConfig)."""
     fields = ("pool_id", "quantum", "max_concurrent", "min_concurrent", "max_burst_per_visit", "enabled",
-              "max_queued", "max_queue_wait_s")  # fmt: skip
+              "max_queued", "max_queue_wait_s", "tenant_fairness", "tenant_input_weight",
+              "tenant_output_weight", "tenant_default_output_tokens", "max_queued_per_tenant")  # fmt: skip
     return {name: getattr(pool, name) for name in fields}

@@ -50,6 +50,8 @@ class PoolInline(admin.TabularInline):
         "backend",
         "max_queued",
         "max_queue_wait_s",
+        "tenant_fairness",
+        "max_queued_per_tenant",
         "enabled",
         "paused",
         "sort_order",

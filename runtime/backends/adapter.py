@@ -26,17 +26,22 @@ anything is sent.
 from __future__ import annotations
 
 import asyncio
-import email.utils
-import math
 import ssl
-import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import orjson
 
+from runtime.backends.answers import (
+    SNIPPET,
+    Answer,
+    Completion,
+    Usage,
+    parse_retry_after,
+    parse_usage,
+    provider_message,
+)
 from runtime.backends.http.client import BackendHttpClient
 from runtime.backends.http.errors import LOWER_ERRORS, PoolWaitTimeout, backend_error
 from runtime.backends.http.headers import check_headers
@@ -48,92 +53,17 @@ from runtime.errors import (
     BackendTimeout,
 )
 
-_SNIPPET = 200
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """Token usage as the backend reported it; None where it did not."""
-
-    input_tokens: int | None
-    output_tokens: int | None
-    total_tokens: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """A successful chat completion."""
-
-    body: dict[str, Any]
-    usage: Usage | None
-    status_code: int
-    model: str | None
-
-
-class Answer(Protocol):
-    """A backend's whole HTTP answer: an ``httpx.Response`` (injected transports) or the default
-    client's :class:`~runtime.backends.body.BodyResponse`."""
-
-    @property
-    def status_code(self) -> int: ...
-
-    @property
-    def headers(self) -> Mapping[str, str]: ...
-
-    @property
-    def content(self) -> bytes: ...
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def parse_usage(body: Mapping[str, Any]) -> Usage | None:
-    """``usage.prompt_tokens/completion_tokens/total_tokens`` (or ``input_/output_tokens``), if any."""
-    usage = body.get("usage")
-    if not isinstance(usage, Mapping):
-        return None
-    prompt = _int_or_none(usage.get("prompt_tokens", usage.get("input_tokens")))
-    completion = _int_or_none(usage.get("completion_tokens", usage.get("output_tokens")))
-    total = _int_or_none(usage.get("total_tokens"))
-    if total is None and prompt is not None and completion is not None:
-        total = prompt + completion
-    if prompt is None and completion is None and total is None:
-        return None
-    return Usage(input_tokens=prompt, output_tokens=completion, total_tokens=total)
-
-
-def provider_message(content: bytes) -> str:
-    """The most useful text of an error body: OpenAI's ``error.message``, vLLM's ``message``, or a snippet."""
-    try:
-        body = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        body = None
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"]
-        for candidate in (error, body.get("message"), body.get("detail")):
-            if isinstance(candidate, str) and candidate:
-                return candidate
-    text = content[:_SNIPPET].decode("utf-8", "replace").strip()
-    return f"{text!r}" if text else "(empty body)"
-
-
-def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """Seconds a ``Retry-After`` header asks to wait (delta-seconds or an HTTP date); None if unreadable."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        seconds = when.timestamp() - (time.time() if now is None else now)
-    return max(0.0, seconds) if math.isfinite(seconds) else None
+__all__ = [
+    "Answer",
+    "BackendPool",
+    "Completion",
+    "OpenAIBackend",
+    "Usage",
+    "make_client",
+    "parse_retry_after",
+    "parse_usage",
+    "provider_message",
+]
 
 
 def _chat_url(base_url: str) -> str:
@@ -254,7 +184,7 @@ class OpenAIBackend:
             chunk = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise BackendInvalidResponse(
-                f"backend {self.display_url} streamed an event that is not JSON: {data[:_SNIPPET]!r}"
+                f"backend {self.display_url} streamed an event that is not JSON: {data[:SNIPPET]!r}"
             ) from exc
         if not isinstance(chunk, dict):
             raise BackendInvalidResponse(f"backend {self.display_url} streamed a chunk that is not an object")
@@ -299,7 +229,7 @@ class OpenAIBackend:
         try:
             body = orjson.loads(response.content)
         except orjson.JSONDecodeError as exc:
-            snippet = response.content[:_SNIPPET].decode("utf-8", "replace")
+            snippet = response.content[:SNIPPET].decode("utf-8", "replace")
             raise BackendInvalidResponse(
                 f"backend {self.display_url} answered HTTP {status} with a body that is not JSON: {snippet!r}"
             ) from exc

@@ -39,6 +39,7 @@ from runtime.backends.health import EndpointBreakers
 from runtime.backoff import Backoff
 from runtime.config import DispatcherSettings
 from runtime.dispatch import redelivery
+from runtime.dispatch.configuring import Configuring
 from runtime.dispatch.drops import DropRecorder
 from runtime.dispatch.execution import Executor, Running
 from runtime.dispatch.listener import ChangeListener
@@ -67,7 +68,7 @@ RETRY_POLL_S = 0.05
 __all__ = ["Dispatcher"]
 
 
-class Dispatcher(Rounds):
+class Dispatcher(Rounds, Configuring):
     """Schedules one fabric group's pools onto their backends. ``await run()`` until stopped."""
 
     def __init__(
@@ -216,60 +217,6 @@ class Dispatcher(Rounds):
                 self.settings.shutdown_grace_s,
             )
             await asyncio.wait(pending, timeout=5)
-
-    async def _wait_for_config(self) -> None:
-        while not self._stopping.is_set():
-            with contextlib.suppress(*REDIS_ERRORS):
-                if await self._reload_config():
-                    return
-            log.warning("no configuration published for fabric group %r yet; waiting", self.settings.group_id)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), 1.0)
-
-    async def _reload_config(self) -> bool:
-        """Applies the published configuration if it changed; True once a configuration is in force."""
-        raw = await self.client.get(self.keys.group_config(self.settings.group_id))
-        if raw:
-            self._consider_config(raw)
-        return self.config is not None
-
-    def _consider_config(self, raw: bytes | str) -> None:
-        """Applies a published configuration, or refuses it visibly (logged, counted, in the snapshot)."""
-        try:
-            config = GroupConfig.decode(raw)
-            if self.config is None or config.version != self.config.version or config != self.config:
-                if problems := scheduler.validate_policy(config.scheduler_policy()):
-                    raise ValueError("; ".join(problems))
-                self.apply_config(config)
-        except (DispatchError, ValueError, TypeError) as exc:
-            if raw != self._rejected_config:  # polled again and again: count each refused value once
-                self._rejected_config = raw
-                self.stats.config_rejected += 1
-                log.error(
-                    "dispatcher %s refused a configuration of fabric group %s and keeps version %s: %s",
-                    self.identity.dispatcher_id,
-                    self.settings.group_id,
-                    self.config.version if self.config else None,
-                    exc,
-                )
-
-    def apply_config(self, config: GroupConfig) -> None:
-        """Swaps in a new configuration; in-flight calls are untouched, credit of kept pools is kept."""
-        previous = {p.pool_id for p in self._policy.pools} if self._policy else set()
-        self.config = config
-        self._policy = config.scheduler_policy()
-        self.fleet.configure(config.backends)
-        for gone in previous - {p.pool_id for p in self._policy.pools}:
-            self._state.forget(gone)
-        self._wake.set()
-        log.info(
-            "fabric group %s configuration version %s: %d pools, policy %s, total %d",
-            config.group_id,
-            config.version,
-            len(self._policy.pools),
-            config.policy,
-            config.total_concurrency,
-        )
 
     # --- scheduling -------------------------------------------------------------------------------
     async def _schedule_loop(self) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -27,37 +26,33 @@ from runtime.backends.redact import redact_url
 from runtime.backoff import Backoff
 from runtime.config import DispatcherSettings
 from runtime.dispatch import redelivery
-from runtime.dispatch.stats import (
-    DROP_REPLY_PRODUCER_GONE,
-    DROP_REPLY_UNDELIVERED,
-    DROP_STALE_ATTEMPT,
-    DispatcherStats,
+from runtime.dispatch.results import (
+    FINISH_UNDELIVERED,
+    count_finish,
+    cut_by_shutdown,
+    reply_bytes,
+    span_outcome,
 )
+from runtime.dispatch.stats import DispatcherStats
 from runtime.dispatch.streaming import Fence, StreamRelay, StreamSummary, stream_timeout
 from runtime.errors import (
-    BackendHTTPError,
     BackendTimeout,
     Cancelled,
-    DeadLettered,
     DeadlineExceeded,
     DispatchError,
     Rejected,
     RequestExpired,
-    StreamInterrupted,
 )
 from runtime.queue import scripts
 from runtime.queue.dispatching import QueueOps
 from runtime.queue.leases import LeaseRecord
-from runtime.telemetry.spans import Identity, Outcome, content_attributes, record_span
+from runtime.telemetry.spans import Identity, content_attributes, record_span
 from runtime.valkey.client import REDIS_ERRORS
-from runtime.wire.contract import STATUS_ERROR, STATUS_OK, BackendAnswer, Envelope, Reply, Timing
+from runtime.wire.contract import Envelope, Timing
 from runtime.wire.groupconfig import GroupConfig
 
 log = logging.getLogger(__name__)
-# Endpoints are few and their redacted form never changes: parse each once, not once per call.
-_shown_url = functools.lru_cache(maxsize=64)(redact_url)
 FINISH_ATTEMPTS = 5
-FINISH_UNDELIVERED = -2  # Valkey failed on every try: the reply (or retry) is lost, and counted
 # A failure this close to the request's deadline was cut short by it: never retried.
 DEADLINE_SLACK_S = 0.05
 # A cancel can beat its call (claimed, call not started yet): such ids are kept this long, this many.
@@ -151,7 +146,7 @@ class Executor:
         except DispatchError as exc:
             error = exc
         except asyncio.CancelledError:
-            error, shutdown = self._cut_by_shutdown(run, summary)
+            error, shutdown = cut_by_shutdown(run.envelope, run.token, summary)
         except Exception as exc:  # a bug must still answer the producer and free the slot
             log.exception("unexpected error executing request %s", envelope.request_id)
             error = DispatchError(f"internal dispatcher error: {exc}")
@@ -161,10 +156,18 @@ class Executor:
             max(0.0, started - envelope.enqueued_at), ended - started, max(0.0, ended - envelope.enqueued_at)
         )
         settled = shutdown or (self._settle(run, config, error, ended, timing) if refused is None else None)
-        reply = settled.reply if settled is not None else self._reply(envelope, completion, error, timing)
+        reply = settled.reply if settled is not None else reply_bytes(envelope, completion, error, timing)
         code = await self._finish(run, reply, self._group_pools(config), settled)
-        self._count(code, error, settled)
-        self._record(run, endpoint, completion, error, started, ended, code, summary, settled)
+        count_finish(self.stats, code, error, settled)
+        outcome = span_outcome(
+            envelope, run.cost, endpoint, completion, error, started, ended, code, summary, settled
+        )
+        content = (
+            content_attributes(envelope, completion.body if completion else None)
+            if self.store_content
+            else None
+        )
+        record_span(self.tracer, envelope, self.identity, outcome, content=content)
 
     def _fence(self, run: Running) -> Fence:
         """What a streamed attempt relays under; in durable mode, the lease record its first chunk stores."""
@@ -175,26 +178,6 @@ class Executor:
             dispatcher_id=self.identity.dispatcher_id, cost=run.cost,
         )  # fmt: skip
         return Fence(run.member, run.token, dataclasses.replace(record, streamed=True).encode())
-
-    @staticmethod
-    def _cut_by_shutdown(
-        run: Running, summary: StreamSummary | None
-    ) -> tuple[DispatchError, redelivery.Settlement | None]:
-        """A call still running when the grace period ended: a durable one goes back to the head of its
-        pool (nothing of it reached the producer yet); a stream that did send chunks ends as
-        ``stream_interrupted``; any other is answered ``rejected``."""
-        request_id = run.envelope.request_id
-        if summary is not None and summary.relayed:
-            return StreamInterrupted(
-                f"request {request_id}: the dispatcher shut down after {summary.relayed} chunk(s) were sent"
-            ), None
-        if run.token:
-            error = Rejected(
-                f"request {request_id}: the dispatcher shut down before the call finished; queued again"
-            )
-            payload = redelivery.requeued(run.envelope).encode()
-            return error, redelivery.Settlement(scripts.SETTLE_REQUEUE, payload=payload, error=error)
-        return Rejected("the dispatcher shut down before the call finished"), None
 
     def _group_pools(self, config: GroupConfig) -> tuple[str, ...]:
         """The ids of the group's enabled pools, worked out once per published configuration."""
@@ -217,41 +200,6 @@ class Executor:
         return redelivery.settle_failure(
             run.envelope, error, pool.retry_policy(), now=ended, timing=timing, cut_by_deadline=cut
         )
-
-    def _count(self, code: int, error: DispatchError | None, settled: redelivery.Settlement | None) -> None:
-        if code == scripts.FINISH_STALE:
-            self.stats.dropped[DROP_STALE_ATTEMPT] += 1
-            return
-        if code == scripts.FINISH_PRODUCER_GONE:
-            self.stats.dropped[DROP_REPLY_PRODUCER_GONE] += 1
-        if code == FINISH_UNDELIVERED:
-            self.stats.dropped[DROP_REPLY_UNDELIVERED] += 1
-        if settled is not None and settled.kind == scripts.SETTLE_RETRY:
-            self.stats.retried += 1
-        elif settled is not None and settled.kind == scripts.SETTLE_REQUEUE:
-            self.stats.requeued += 1
-        elif settled is not None:
-            self.stats.dead_lettered += 1
-            self.stats.failed[DeadLettered.error_type] += 1
-        elif error is None:
-            self.stats.completed += 1
-        else:
-            self.stats.failed[error.error_type] += 1
-
-    def _reply(
-        self, envelope: Envelope, completion: Completion | None, error: DispatchError | None, timing: Timing
-    ) -> bytes:
-        if error is None and completion is not None:
-            return Reply(envelope.request_id, STATUS_OK, completion=completion.body, timing=timing).encode()
-        assert error is not None
-        return Reply(
-            envelope.request_id,
-            STATUS_ERROR,
-            error_type=error.error_type,
-            error_message=str(error),
-            timing=timing,
-            backend=backend_answer(error),
-        ).encode()
 
     async def _call_backend(
         self,
@@ -367,58 +315,3 @@ class Executor:
                 backoff = backoff or Backoff(*self.settings.reconnect_backoff_s)
                 await asyncio.sleep(backoff.next())
         return FINISH_UNDELIVERED
-
-    def _record(
-        self,
-        run: Running,
-        endpoint: str,
-        completion: Completion | None,
-        error: DispatchError | None,
-        started: float,
-        ended: float,
-        code: int,
-        summary: StreamSummary | None = None,
-        settled: redelivery.Settlement | None = None,
-    ) -> None:
-        usage = completion.usage if completion is not None else None
-        first_chunk_at = summary.first_chunk_at if summary is not None else None
-        status, drop_reason = STATUS_OK if error is None else STATUS_ERROR, ""
-        if code == scripts.FINISH_STALE:
-            status, drop_reason = "dropped", DROP_STALE_ATTEMPT
-        elif settled is not None and settled.kind == scripts.SETTLE_RETRY:
-            status = redelivery.STATUS_RETRY
-        elif settled is not None and settled.kind == scripts.SETTLE_REQUEUE:
-            status, drop_reason = redelivery.STATUS_REQUEUED, "shutdown"
-        elif code == scripts.FINISH_PRODUCER_GONE:
-            drop_reason = DROP_REPLY_PRODUCER_GONE
-        elif code == FINISH_UNDELIVERED:
-            drop_reason = DROP_REPLY_UNDELIVERED
-        shown = settled.error if settled is not None and settled.kind == scripts.SETTLE_DEAD else error
-        outcome = Outcome(
-            status,
-            started,
-            ended,
-            backend_url=_shown_url(endpoint),
-            error_type=shown.error_type if shown else "",
-            error_message=str(shown) if shown else "",
-            input_tokens=usage.input_tokens if usage else None,
-            output_tokens=usage.output_tokens if usage else None,
-            response_model=completion.model if completion else None,
-            reply_delivered=code == scripts.FINISH_DELIVERED,
-            cost=run.cost,
-            drop_reason=drop_reason,
-            time_to_first_token_s=first_chunk_at - started if first_chunk_at is not None else None,
-            chunk_count=summary.chunks if summary is not None else None,
-            attempt=run.envelope.attempt,
-        )
-        content: dict[str, Any] | None = None
-        if self.store_content:
-            content = content_attributes(run.envelope, completion.body if completion else None)
-        record_span(self.tracer, run.envelope, self.identity, outcome, content=content)
-
-
-def backend_answer(error: DispatchError) -> BackendAnswer | None:
-    """What the backend answered, for the reply: its status, Retry-After and own message."""
-    if not isinstance(error, BackendHTTPError):
-        return None
-    return BackendAnswer(error.status_code, error.backend_message, error.retry_after_s)

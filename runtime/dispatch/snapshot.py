@@ -24,7 +24,7 @@ from runtime.dispatch.stats import DispatcherStats
 from runtime.queue.dispatching import QueueView
 from runtime.queue.keys import KeySpace
 from runtime.telemetry.spans import Identity
-from runtime.valkey.client import REDIS_ERRORS
+from runtime.valkey.client import REDIS_ERRORS, valkey_server
 from runtime.wire.groupconfig import GroupConfig
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,8 @@ class DispatcherSnapshot(TypedDict):
     concurrency: int
     up_since: float
     valkey_ok: bool
+    valkey: str  # host:port of the Valkey it talks to now (after a failover, the new primary)
+    valkey_reconnected_at: float | None  # when that connection was opened (epoch seconds)
     stopping: bool
     in_flight: int
     group_in_flight: int
@@ -123,6 +125,8 @@ class SnapshotSource(Protocol):
     def started_at(self) -> float: ...
     @property
     def valkey_ok(self) -> bool: ...
+    @property
+    def client(self) -> aioredis.Redis: ...
     @property
     def stopping(self) -> bool: ...
     @property
@@ -171,6 +175,7 @@ def build_snapshot(dispatcher: SnapshotSource, *, now: float) -> DispatcherSnaps
             }
         )
     active = sorted(dispatcher.running.values(), key=lambda r: r.started_at)[:MAX_ACTIVE_LISTED]
+    valkey, reconnected_at = valkey_server(dispatcher.client)
     return {
         "schema": SNAPSHOT_SCHEMA,
         "at": round(now, 3),
@@ -183,6 +188,8 @@ def build_snapshot(dispatcher: SnapshotSource, *, now: float) -> DispatcherSnaps
         "concurrency": dispatcher.settings.concurrency,
         "up_since": round(dispatcher.started_at, 3),
         "valkey_ok": dispatcher.valkey_ok,
+        "valkey": valkey,
+        "valkey_reconnected_at": round(reconnected_at, 3) if reconnected_at is not None else None,
         "stopping": dispatcher.stopping,
         "in_flight": len(dispatcher.running),
         "group_in_flight": dispatcher.group_in_flight,

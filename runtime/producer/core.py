@@ -21,15 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
 from opentelemetry import trace
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from runtime.backends.adapter import OpenAIBackend
 from runtime.config import ProducerSettings
@@ -37,11 +34,11 @@ from runtime.errors import (
     DispatchError,
     ProducerClosed,
     QueueFull,
-    QueueUnavailable,
     RequestTimeout,
 )
 from runtime.policy.admission import KeyLimits
 from runtime.producer.direct import DirectPath
+from runtime.producer.enqueue import Enqueuer
 from runtime.producer.outcomes import (
     CompletionResult,
     ProducerStats,
@@ -54,25 +51,19 @@ from runtime.producer.outcomes import (
 from runtime.producer.pools import PoolRegistry
 from runtime.producer.pump import WAKE_SENTINEL, ReplyPump, Waiter
 from runtime.producer.streams import ChatStream, stream_call
-from runtime.queue.admission import KeyLease, KeyLeases
+from runtime.queue.admission import KeyLease
 from runtime.queue.keys import DEFAULT_KEYS, KeySpace
-from runtime.queue.leases import lease_member
-from runtime.queue.producing import ProducerOps
 from runtime.valkey.client import REDIS_ERRORS
-from runtime.valkey.persisted import PERSISTED, PersistedPusher
 from runtime.wire.contract import (
     ChatCall,
-    Envelope,
     Metadata,
     Reply,
-    StreamOptions,
 )
 from runtime.wire.groupconfig import GroupConfig
 
 __all__ = ["Producer"]
 
 log = logging.getLogger(__name__)
-_propagator = TraceContextTextMapPropagator()
 
 
 class Producer:
@@ -116,11 +107,17 @@ class Producer:
         self._closing = asyncio.Event()
         self._alive_key = keys.producer_alive(self.producer_id)
         self._reply_key = keys.replies(self.producer_id)
-        self._queue = ProducerOps(client, keys)
-        self._key_leases = KeyLeases(client, keys, self.settings.alive_ttl_s)
-        self.persistence = PersistedPusher(client, timeout_s=self.settings.persist_timeout_s)
-        # (group, reason) of durable pushes answered without their persistence, not yet in Valkey.
-        self._unpersisted: Counter[tuple[str, str]] = Counter()
+        self._enqueue = Enqueuer(
+            client,
+            keys,
+            producer_id=self.producer_id,
+            settings=self.settings,
+            pools=self._pools,
+            stats=self.stats,
+        )
+        self._queue = self._enqueue.queue
+        self._key_leases = self._enqueue.key_leases
+        self.persistence = self._enqueue.persistence
 
     def __repr__(self) -> str:
         mode = "direct" if self.direct_backend else "queued"
@@ -166,7 +163,7 @@ class Producer:
             inbox.put_nowait(closed_reply)
         if self.direct_backend is None:
             with contextlib.suppress(*REDIS_ERRORS):
-                await self._flush_unpersisted()
+                await self._enqueue.flush_unpersisted()
             with contextlib.suppress(*REDIS_ERRORS):
                 await self.client.delete(
                     self._alive_key,
@@ -226,7 +223,7 @@ class Producer:
                 with self._direct.slot(key, pool_id):
                     result = await self._direct.complete(backend, chat, request_id, pool_id, timeout_s)
             else:
-                lease = self._lease(key, pool_id, request_id, timeout_s)
+                lease = self._enqueue.lease(key, pool_id, request_id, timeout_s)
                 result = await self._submit_queued(
                     chat, request_id, pool_id, metadata, timeout_s, span, lease
                 )
@@ -258,14 +255,14 @@ class Producer:
         # gives up no later than the deadline the dispatcher bounds the call by, so a dispatcher that runs
         # into it answers after this timer (a late reply), never first (it did by the push's duration).
         expires_at = loop.time() + timeout_s
-        raw = self._envelope(chat, request_id, pool_id, metadata, timeout_s, span)
+        raw = self._enqueue.envelope(chat, request_id, pool_id, metadata, timeout_s, span)
         future: asyncio.Future[Reply] = loop.create_future()
         self._waiters[request_id] = Waiter(future, pool_id)
         # A timer on the reply's own future rather than asyncio.wait_for, which adds a second future,
         # done callbacks and its own timer to every submit.
         timer = loop.call_at(expires_at, _expire, future)
         try:
-            await self._push(pool_id, request_id, raw, lease, timeout_s)
+            await self._enqueue.push(pool_id, request_id, raw, lease, timeout_s)
             try:
                 reply = await future
             except TimeoutError:
@@ -288,54 +285,6 @@ class Producer:
             raise reply_error(reply)
         assert reply.completion is not None
         return CompletionResult(request_id, pool_id, reply.completion, reply.timing)
-
-    def _envelope(
-        self,
-        chat: ChatCall,
-        request_id: str,
-        pool_id: str,
-        metadata: Metadata,
-        timeout_s: float,
-        span: trace.Span,
-        stream: StreamOptions | None = None,
-    ) -> bytes:
-        carrier: dict[str, str] = {}
-        _propagator.inject(carrier, context=trace.set_span_in_context(span))
-        now = time.time()
-        envelope = Envelope(
-            request_id=request_id,
-            producer_id=self.producer_id,
-            pool_id=pool_id,
-            call=chat,
-            enqueued_at=now,
-            deadline=now + timeout_s,
-            trace=carrier,
-            metadata=metadata,
-            stream=stream,
-        )
-        return envelope.encode(max_bytes=self.settings.max_envelope_bytes)
-
-    async def _push(
-        self, pool_id: str, request_id: str, raw: bytes, lease: KeyLease | None = None, timeout_s: float = 0.0
-    ) -> None:
-        """Queues the envelope; QueueFull (nothing queued) when the pool's admission limits, or those of
-        the ingress key holding ``lease``, refuse it."""
-        limits = self._pools.limits(pool_id)
-        group = self._pools.view.groups.get(self._pools.group_of(pool_id) or "")
-        try:
-            if group is not None and group.durable:
-                outcome = await self._queue.push_persisted(
-                    self.persistence, pool_id, raw, limits, lease, replicas=group.persist_replicas
-                )
-                if outcome != PERSISTED:
-                    self.stats.unpersisted_pushes += 1
-                    self._unpersisted[(group.group_id, outcome)] += 1
-            else:
-                await self._queue.push(pool_id, raw, limits, lease)
-        except REDIS_ERRORS as exc:
-            raise QueueUnavailable(f"could not enqueue request {request_id}: {exc}") from exc
-        if lease is not None:
-            self._key_leases.hold(lease, timeout_s)
 
     def stream(
         self,
@@ -394,13 +343,6 @@ class Producer:
         group_id = self._pools.group_of(pool_id) or ""
         return submit_span(self._tracer, self.producer_id, group_id, request_id, pool_id, model, metadata)
 
-    def _lease(
-        self, key: KeyLimits | None, pool_id: str, request_id: str, timeout_s: float
-    ) -> KeyLease | None:
-        if key is None or not key.bounded:
-            return None
-        return self._key_leases.lease(key, lease_member(pool_id, request_id), timeout_s)
-
     async def _route(self, pool_id: str) -> OpenAIBackend | None:
         """None to queue the request; the backend to call when the pool's group has queueing disabled.
 
@@ -436,24 +378,9 @@ class Producer:
             try:
                 await self._mark_alive()
                 await self._key_leases.renew()
-                await self._flush_unpersisted()
+                await self._enqueue.flush_unpersisted()
             except REDIS_ERRORS as exc:
                 log.warning("producer %s could not refresh liveness: %s", self.producer_id, exc)
-
-    async def _flush_unpersisted(self) -> None:
-        """Adds the durable pushes answered without their persistence to their groups' counters
-        (``unpersisted:<outcome>``, shown on the dashboard): with the liveness refresh, off the hot path."""
-        pending, self._unpersisted = self._unpersisted, Counter()
-        if not pending:
-            return
-        try:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for (group_id, outcome), count in pending.items():
-                    pipe.hincrby(self.keys.counters(group_id), f"unpersisted:{outcome}", count)
-                await pipe.execute()
-        except REDIS_ERRORS:
-            self._unpersisted.update(pending)  # counted with the next refresh
-            raise
 
 
 def _expire(future: asyncio.Future[Reply]) -> None:

@@ -91,16 +91,16 @@ async def _queued_stream(
     producer: Producer, stream: ChatStream, span: trace.Span
 ) -> AsyncIterator[Mapping[str, Any]]:
     pool_id, request_id = stream.pool_id, stream.request_id
-    raw = producer._envelope(
+    raw = producer._enqueue.envelope(
         stream.call, request_id, pool_id, stream.metadata, stream.timeout_s, span,
         StreamOptions(include_usage=stream.include_usage),
     )  # fmt: skip
-    lease = producer._lease(stream.key, pool_id, request_id, stream.timeout_s)
+    lease = producer._enqueue.lease(stream.key, pool_id, request_id, stream.timeout_s)
     inbox: asyncio.Queue[Reply | StreamChunk] = asyncio.Queue()
     producer._replies.streams[request_id] = inbox
     finished = pushed = False
     try:
-        await producer._push(pool_id, request_id, raw, lease, stream.timeout_s)
+        await producer._enqueue.push(pool_id, request_id, raw, lease, stream.timeout_s)
         pushed = True
         deadline = time.monotonic() + stream.timeout_s
         while True:

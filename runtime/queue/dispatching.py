@@ -31,9 +31,13 @@ __all__ = [
     "Observation",
     "QueueOps",
     "QueueView",
+    "ScriptArgs",
     "TurnEnd",
+    "bury_args",
     "item_digest",
     "lease_member",
+    "promote_args",
+    "reap_args",
 ]
 
 
@@ -81,6 +85,53 @@ class TurnEnd:
     holder: str  # the dispatcher id that took the turn
     left_work: bool  # the round was cut by this dispatcher's own free slots: wake another
     wake_pool: str  # a pool of the group, whose wake list gets that token
+
+
+ScriptArgs = tuple[list[str], list[Any]]  # a script's KEYS and ARGV
+
+
+def reap_args(
+    keys: KeySpace, group_id: str, pool_ids: Sequence[str], backend_ids: Sequence[str] = ()
+) -> ScriptArgs:
+    """KEYS and ARGV of ``lua/reap.lua`` (which declares them) for a group, its pools and backends."""
+    script_keys = [
+        keys.group_inflight(group_id),
+        keys.lease_records(group_id),
+        keys.durable_leases(group_id),
+        keys.lease_tokens(group_id),
+        *map(keys.pool_inflight, pool_ids),
+        *map(keys.backend_inflight, backend_ids),
+    ]
+    return script_keys, [keys.requests("")]
+
+
+def promote_args(keys: KeySpace, pool_id: str) -> ScriptArgs:
+    """KEYS and ARGV of ``lua/promote.lua`` (which declares them) for one pool."""
+    return (
+        [keys.delayed(pool_id), keys.requests(pool_id), keys.wake_list(pool_id)],
+        [scripts.PROMOTE_BATCH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
+    )
+
+
+def bury_args(
+    keys: KeySpace,
+    raw: bytes,
+    *,
+    pool_id: str,
+    producer_id: str,
+    letter: bytes,
+    reply: bytes,
+    reply_ttl_s: float,
+) -> ScriptArgs:
+    """KEYS and ARGV of ``lua/bury.lua`` (which declares them): the head ``raw`` of a pool buried as
+    ``letter``, its producer answered with ``reply``."""
+    script_keys = [
+        keys.requests(pool_id),
+        keys.dead_letters(pool_id),
+        keys.producer_alive(producer_id),
+        keys.replies(producer_id),
+    ]
+    return script_keys, [item_digest(raw), letter, reply, int(reply_ttl_s * 1000)]
 
 
 # Expired leases (a killed dispatcher's) are reaped at observation at most this often: lease expiry is
@@ -153,13 +204,8 @@ class QueueOps:
                     [take_turn, turn.TURN_LEASE_MS, turn.FLEET_MEMBER_S, f"{take_turn} {local_slots}"],
                 )
             if reap:
-                pool_leases = [self.keys.pool_inflight(r.pool_id) for r in reads]
-                pool_leases += [self.keys.backend_inflight(b) for b in backend_ids]
-                self._reap.queue(
-                    pipe,
-                    [self._group_inflight, self._lease_records, self._durable, self._tokens, *pool_leases],
-                    [self.keys.requests("")],
-                )
+                pool_ids = [r.pool_id for r in reads]
+                self._reap.queue(pipe, *reap_args(self.keys, self.group_id, pool_ids, backend_ids))
             for read in reads:
                 keys = [self.keys.requests(read.pool_id), self.keys.pool_inflight(read.pool_id)]
                 args = [read.depth, read.pool_max, group_limit, int(read.display_head)]
@@ -312,11 +358,7 @@ class QueueOps:
 
         def build(pipe: Any) -> None:
             for pool_id in pool_ids:
-                self._promote.queue(
-                    pipe,
-                    [self.keys.delayed(pool_id), self.keys.requests(pool_id), self.keys.wake_list(pool_id)],
-                    [scripts.PROMOTE_BATCH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
-                )
+                self._promote.queue(pipe, *promote_args(self.keys, pool_id))
 
         return sum(int(n) for n in await run_pipeline(self.client, [self._promote], build))
 
@@ -329,11 +371,10 @@ class QueueOps:
         def build(pipe: Any) -> None:
             self._bury.queue(
                 pipe,
-                [
-                    self.keys.requests(pool_id), self.keys.dead_letters(pool_id),
-                    self.keys.producer_alive(producer_id), self.keys.replies(producer_id),
-                ],
-                [item_digest(raw), letter, reply, int(reply_ttl_s * 1000)],
+                *bury_args(
+                    self.keys, raw, pool_id=pool_id, producer_id=producer_id, letter=letter, reply=reply,
+                    reply_ttl_s=reply_ttl_s,
+                ),
             )  # fmt: skip
 
         [buried] = await run_pipeline(self.client, [self._bury], build)

@@ -48,6 +48,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from runtime.backends.redact import redact_url, url_has_credentials
 from runtime.queue.keys import SPAN_STREAM_MAXLEN, KeySpace
 from runtime.queue.scripts import SPANS_ADD
+from runtime.valkey.sync import sync_connect
 
 log = logging.getLogger(__name__)
 _propagator = TraceContextTextMapPropagator()
@@ -300,7 +301,7 @@ def configure_tracing(
         **(resource_attributes or {}),
     }
     provider = TracerProvider(resource=Resource(attributes))
-    client = redis.Redis.from_url(redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    client = sync_connect(redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
     exporter = ValkeyStreamSpanExporter(client, keys=keys, maxlen=maxlen)
     processor = CountingBatchSpanProcessor(
         exporter,

@@ -23,11 +23,13 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.utils import HIREDIS_AVAILABLE
 
 from runtime.valkey.pipelined import DEFAULT_HEALTH_S, PipelinedConnection, Target
+from runtime.valkey.url import SentinelUrl, parse_sentinel, redis_py_url
 
 # What "Valkey is unreachable right now" looks like from redis-py: retry with backoff, never crash.
 REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
@@ -43,6 +45,14 @@ class ValkeyClient(aioredis.Redis):
         if self.pipelined is not None:
             await self.pipelined.aclose()
         await super().aclose(close_connection_pool)
+        if isinstance(self.connection_pool, SentinelConnectionPool):
+            await self.connection_pool.sentinel_manager.aclose()
+
+
+class BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
+    """redis-py's sentinel pool (asks the sentinels for the primary on every new connection, drops
+    idle connections when it moved, and turns a READONLY reply into a connection error) that waits
+    for a free connection as :func:`connect`'s pool does."""
 
 
 class _RedisPyConnection:
@@ -74,6 +84,20 @@ class _RedisPyConnection:
         await self._client.aclose()
 
 
+def valkey_server(client: aioredis.Redis) -> tuple[str, float | None]:
+    """The address (host:port, never credentials) of the Valkey ``client``'s hot path talks to now, and
+    since when (epoch seconds; None when unknown): after a failover, the new primary's."""
+    pipelined = getattr(client, "pipelined", None)
+    if isinstance(pipelined, PipelinedConnection) and pipelined.address:
+        return pipelined.address, pipelined.connected_at
+    pool = client.connection_pool
+    if isinstance(pool, SentinelConnectionPool):
+        address = pool.master_address
+        return (f"{address[0]}:{address[1]}" if address else ""), None
+    kwargs = pool.connection_kwargs
+    return str(kwargs.get("path") or f"{kwargs.get('host', '')}:{kwargs.get('port', '')}"), None
+
+
 def dedicated_connection(client: aioredis.Redis) -> PipelinedConnection | _RedisPyConnection:
     """A connection of the caller's own to the client's server, for blocking commands (BLPOP, BLMPOP):
     on a shared connection they would hold everyone behind them, and one broken mid-wait (a Valkey
@@ -90,9 +114,9 @@ def _pipelined_target(pool: aioredis.ConnectionPool) -> Target | None:
 def connect(
     url: str, *, max_connections: int = 64, pool_timeout_s: float = 20.0, health_s: float = DEFAULT_HEALTH_S
 ) -> ValkeyClient:
-    """The runtime's client of ``url``; a command Valkey leaves unanswered for ``health_s`` fails."""
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url,
+    """The runtime's client of ``url`` (a server's, or a primary's through its sentinels: see
+    :mod:`runtime.valkey.url`); a command Valkey leaves unanswered for ``health_s`` fails."""
+    options: dict[str, Any] = dict(
         max_connections=max_connections,
         timeout=pool_timeout_s,
         socket_connect_timeout=min(5.0, health_s),
@@ -100,12 +124,27 @@ def connect(
         socket_keepalive=True,
         health_check_interval=15,
     )
+    sentinel = parse_sentinel(url)
+    pool: aioredis.ConnectionPool
+    if sentinel is None:
+        pool = aioredis.BlockingConnectionPool.from_url(redis_py_url(url), **options)
+    else:
+        pool = _sentinel_pool(sentinel, options)
     if HIREDIS_AVAILABLE:
         pool.connection_class = hiredis_packing(pool.connection_class)
     client = ValkeyClient(connection_pool=pool)
     target = _pipelined_target(pool)
     client.pipelined = PipelinedConnection(target) if target is not None else None
     return client
+
+
+def _sentinel_pool(url: SentinelUrl, options: dict[str, Any]) -> BlockingSentinelPool:
+    timeouts = {
+        "socket_timeout": options["socket_timeout"],
+        "socket_connect_timeout": options["socket_connect_timeout"],
+    }
+    manager = Sentinel(url.sentinels, sentinel_kwargs={**timeouts, **url.sentinel_kwargs()})
+    return BlockingSentinelPool(url.master_name, manager, **options, **url.connection_kwargs())
 
 
 class _HiredisPacking(AbstractConnection):

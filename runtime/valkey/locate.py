@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from runtime.valkey.embedded import EmbeddedValkeyError, running
+from runtime.valkey.url import parse_sentinel
 
 # The checkout's var/ directory; dispatch_project.settings uses the same default.
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "var"
@@ -21,10 +22,12 @@ def installation_url(environ: Mapping[str, str]) -> str:
     """The Valkey URL of this installation, from ``environ`` (pass ``os.environ``).
 
     Raises EmbeddedValkeyError, naming the data directory, when no URL is set and no embedded server
-    is running there.
+    is running there; InvalidValkeyUrl when the URL is none of the forms of :mod:`runtime.valkey.url`
+    (a server's, or the sentinel form).
     """
     url = environ.get("VALKEY_URL", "").strip()
     if url:
+        parse_sentinel(url)  # refuses a form no client here could open, before a script uses it
         return url
     data_dir = Path(environ.get("DISPATCH_DATA_DIR", "").strip() or DEFAULT_DATA_DIR).resolve()
     server = running(data_dir)

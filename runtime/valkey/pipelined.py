@@ -19,6 +19,10 @@ A server that stops answering without closing the socket (stopped, partitioned a
 while batches wait, Valkey must send something within ``Target.health_s`` (plus the time the head
 batch's blocking command may legitimately wait), else the connection is dropped as lost. Without
 this the waiting batches hung until TCP gave up, about two hours later.
+
+Behind Valkey Sentinel (a pool of :class:`redis.asyncio.sentinel.SentinelConnectionPool`), each connect
+asks the sentinels where the primary is now, and a READONLY reply (the server was demoted to a replica
+by a failover) is a loss too: the next batch connects to the new primary.
 """
 
 from __future__ import annotations
@@ -27,15 +31,16 @@ import asyncio
 import collections
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import hiredis
 from redis._parsers.base import BaseParser
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError, InvalidResponse
+from redis.exceptions import DataError, InvalidResponse, ReadOnlyError
 
 __all__ = ["PipelinedConnection", "Target"]
 
@@ -61,6 +66,8 @@ class Target:
     encoding: str | None = None  # decode bulk strings as the client does (decode_responses)
     # Waiting batches hear from Valkey within this (beyond a blocking command's own wait) or it is lost.
     health_s: float = DEFAULT_HEALTH_S
+    # Where the primary is now (host, port), asked on every connect instead of host/port (Sentinel).
+    locate: Callable[[], Awaitable[tuple[str, int]]] | None = None
 
     @classmethod
     def of_pool(cls, pool: Any) -> Target | None:
@@ -85,6 +92,7 @@ class Target:
             connect_timeout_s=kwargs.get("socket_connect_timeout") or 5.0,
             encoding=kwargs.get("encoding", "utf-8") if kwargs.get("decode_responses") else None,
             health_s=kwargs.get("socket_timeout") or DEFAULT_HEALTH_S,
+            locate=pool.get_master_address if isinstance(pool, SentinelConnectionPool) else None,
         )
 
 
@@ -145,6 +153,11 @@ class _Protocol(asyncio.Protocol):
         waiting = owner.waiting
         try:
             while (reply := self.reader.gets()) is not _NOT_YET:
+                if isinstance(reply, ReadOnlyError):  # a failover demoted this server: find the new one
+                    owner.lost(
+                        self, RedisConnectionError(f"Valkey at {owner.address} is now a replica: {reply}")
+                    )
+                    return
                 batch = waiting[0]
                 batch.results.append(reply)
                 batch.remaining -= 1
@@ -171,6 +184,8 @@ class PipelinedConnection:
         self._lock: asyncio.Lock | None = None
         self._closed = False
         self.connects = 0  # connections opened so far (the first, and one after each loss)
+        self.address = ""  # host:port (or socket path) of the latest connection
+        self.connected_at: float | None = None  # when it was opened (epoch seconds)
         self.silences = 0  # connections dropped because Valkey went quiet with batches waiting
         # Since when waiting batches have heard nothing (the last byte read, or the first batch sent).
         self.quiet_since = 0.0
@@ -178,7 +193,7 @@ class PipelinedConnection:
         self._watchdog: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:
-        where = self.target.unix_path or f"{self.target.host}:{self.target.port}"
+        where = self.address or self.target.unix_path or f"{self.target.host}:{self.target.port}"
         state = "open" if self.protocol is not None else "not connected"
         return f"<PipelinedConnection {where}/{self.target.db} {state} waiting={len(self.waiting)}>"
 
@@ -283,19 +298,19 @@ class PipelinedConnection:
 
     async def _open(self, loop: asyncio.AbstractEventLoop) -> None:
         target = self.target
+        host, port = (await target.locate()) if target.locate is not None else (target.host, target.port)
         async with asyncio.timeout(target.connect_timeout_s):
             if target.unix_path:
                 _, protocol = await loop.create_unix_connection(lambda: _Protocol(self), target.unix_path)
             else:
-                transport, protocol = await loop.create_connection(
-                    lambda: _Protocol(self), target.host, target.port
-                )
+                transport, protocol = await loop.create_connection(lambda: _Protocol(self), host, port)
                 sock = transport.get_extra_info("socket")
                 if sock is not None:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             self.protocol = protocol
             self.connects += 1
+            self.address, self.connected_at = target.unix_path or f"{host}:{port}", time.time()
             hello: list[Command] = []
             if target.password is not None:
                 hello.append(["AUTH", *([target.username] if target.username else []), target.password])

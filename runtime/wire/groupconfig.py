@@ -19,12 +19,16 @@ from runtime.errors import MalformedEnvelope
 from runtime.policy.admission import AdmissionLimits
 from runtime.policy.retry import RetryPolicy
 from runtime.policy.scheduler import GroupPolicy, PoolPolicy
+from runtime.policy.tenants import MODES, OFF, TOKENS, TenantCost
 from runtime.wire.backendconfig import BackendConfig
 
 POLICIES = ("fifo", "drr")
 LISTS = "lists"
 DURABLE = "durable"
 DELIVERIES = (LISTS, DURABLE)
+COST_UNITS = "units"  # the seed's: cost_units, else images and pages
+COST_TOKENS = "tokens"  # estimated tokens, weighted by the pool's token weights
+COST_MODES = (COST_UNITS, COST_TOKENS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,23 @@ class PoolConfig:
     backend_id: str = ""  # empty: the group's backend
     max_queued: int | None = None
     max_queue_wait_s: float | None = None
+    # Fairness between the pool's tenants (issue 22); the defaults decode configs published before it.
+    tenant_fairness: str = OFF
+    tenant_input_weight: float = 1.0
+    tenant_output_weight: float = 4.0
+    tenant_default_output_tokens: int = 256
+    max_queued_per_tenant: int | None = None
+
+    def token_weights(self) -> TenantCost:
+        """The pool's token weights whatever its tenant fairness: what a request costs its pool's DRR
+        credit in a group whose ``cost_mode`` is tokens (see :func:`runtime.policy.cost.token_cost`)."""
+        return TenantCost(TOKENS, self.tenant_input_weight, self.tenant_output_weight)
+
+    def tenant_cost(self) -> TenantCost | None:
+        """What a request costs a tenant of this pool; None when the pool is first come, first served."""
+        if self.tenant_fairness == OFF:
+            return None
+        return TenantCost(self.tenant_fairness, self.tenant_input_weight, self.tenant_output_weight)
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(self.max_attempts, self.retry_backoff_base_s, self.retry_backoff_cap_s)
@@ -98,6 +119,7 @@ class GroupConfig:
     api_key_env: str = ""
     queueing_enabled: bool = True
     delivery: str = LISTS
+    cost_mode: str = COST_UNITS  # what a request costs its pool's DRR credit
     name: str = ""
     pools: tuple[PoolConfig, ...] = field(default_factory=tuple)
     version: int = 0
@@ -187,9 +209,18 @@ class GroupConfig:
             raise MalformedEnvelope(f"group {config.group_id}: unknown policy {config.policy!r}")
         if config.delivery not in DELIVERIES:
             raise MalformedEnvelope(f"group {config.group_id}: unknown delivery {config.delivery!r}")
+        if config.cost_mode not in COST_MODES:
+            raise MalformedEnvelope(f"group {config.group_id}: unknown cost mode {config.cost_mode!r}")
+        for pool in config.pools:
+            if pool.tenant_fairness not in MODES:
+                raise MalformedEnvelope(
+                    f"group {config.group_id}: pool {pool.pool_id}: unknown tenant_fairness "
+                    f"{pool.tenant_fairness!r} (one of {', '.join(MODES)})"
+                )
         try:
             for pool in config.pools:
                 pool.retry_policy()
+                pool.tenant_cost()
         except ValueError as exc:
             raise MalformedEnvelope(f"group {config.group_id}: {exc}") from exc
         return config

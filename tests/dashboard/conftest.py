@@ -12,6 +12,7 @@ from pools.models import Backend, FabricGroup, Pool
 from runtime.queue.keys import KeySpace
 from tests.support.browser import stack  # noqa: F401 - the browser tests' fixture
 from tests.support.dashboard_live import point_dashboard_at
+from tests.support.sentinel_cluster import sentinel_cluster  # noqa: F401 - a primary, a replica, three sentinels
 
 
 @pytest.fixture(autouse=True)

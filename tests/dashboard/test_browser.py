@@ -255,3 +255,36 @@ async def test_a_dead_letter_shows_up_live_and_is_replayed_from_the_admin(stack,
         assert "Replayed dead letter request r-dead" in await page.locator(".messagelist").inner_text()
         [queued] = await aredis.lrange(keys.requests("backfill"), 0, -1)
         assert Envelope.decode(queued).request_id == "r-dead"
+
+
+async def test_the_runtime_table_shows_which_valkey_each_dispatcher_uses(
+    stack, aredis, keys, valkey_url
+) -> None:
+    """The real dispatcher's row names the server it is connected to; a dispatcher that moved to another
+    primary (a failover) shows that address and since when, live; one from before the field shows none."""
+    from tests.support.snapshots import pool, snap
+
+    def row(page, dispatcher_id: str):  # type: ignore[no-untyped-def]
+        return page.locator("#dispatchers tr", has=page.locator("code", has_text=dispatcher_id))
+
+    server = valkey_url.split("//", 1)[1].split("/", 1)[0]
+    async with live_dashboard(stack["url"]) as page:
+        real = row(page, "browser-d1").locator("code.valkey-server")
+        await real.wait_for(timeout=10_000)
+        assert await real.inner_text() == server
+        moved_at = time.time() - 5
+        moved = snap(
+            "moved-d3", time.time(), [pool("interactive")], group_id="demo",
+            valkey="10.0.0.22:6379", valkey_reconnected_at=moved_at,
+        )  # fmt: skip
+        older = snap("older-d4", time.time(), [pool("interactive")], group_id="demo")
+        await aredis.set(keys.snapshot("demo", "moved-d3"), orjson.dumps(moved), px=10_000)
+        await aredis.set(keys.snapshot("demo", "older-d4"), orjson.dumps(older), px=10_000)
+        address = row(page, "moved-d3").locator("code.valkey-server")
+        await address.wait_for(timeout=10_000)
+        assert await address.inner_text() == "10.0.0.22:6379"
+        since = await row(page, "moved-d3").locator("small", has_text="since").inner_text()
+        shown = await page.evaluate(f"new Date({moved_at} * 1000).toLocaleTimeString()")
+        assert since == f"since {shown}"
+        await row(page, "older-d4").wait_for(timeout=10_000)
+        assert await row(page, "older-d4").locator("code.valkey-server").count() == 0

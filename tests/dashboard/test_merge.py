@@ -116,6 +116,14 @@ def test_a_pool_only_one_dispatcher_knows_still_appears() -> None:
     assert view["pools"][1]["deficit"] == {"d2": 0}
 
 
+def test_which_valkey_a_dispatcher_uses_and_since_when_older_snapshots_have_neither() -> None:
+    new = snap("d1", NOW - 1, [], valkey="10.0.0.5:6379", valkey_reconnected_at=NOW - 30)
+    old = snap("d2", NOW - 1, [])  # a dispatcher from before the fields existed
+    rows = {row["dispatcher_id"]: row for row in merge_snapshots([new, old], now=NOW)["dispatchers"]}
+    assert (rows["d1"]["valkey"], rows["d1"]["valkey_reconnected_at"]) == ("10.0.0.5:6379", NOW - 30)
+    assert (rows["d2"]["valkey"], rows["d2"]["valkey_reconnected_at"]) == ("", None)
+
+
 def test_merge_is_pure() -> None:
     snapshots = [snap("d", NOW - 0.1, [pool("a", skips={"credit": 1})], failed={"x": 1})]
     before = repr(snapshots)

@@ -68,6 +68,11 @@ async def test_snapshot_reports_backlog_caps_pause_and_active_requests(aredis, k
     assert snap["group_id"] == "g" and snap["dispatcher_id"] == "d1" and snap["gateway_id"] == "gw-test"
     assert snap["policy"] == "drr" and snap["total_concurrency"] == 8 and snap["config_version"] == 1
     assert snap["valkey_ok"] is True and snap["stopping"] is False
+    # Which Valkey (the address its hot path connected to, never credentials) and since when.
+    kwargs = aredis.connection_pool.connection_kwargs
+    assert snap["valkey"] == f"{kwargs['host']}:{kwargs['port']}" and "@" not in snap["valkey"]
+    assert snap["up_since"] - 5 <= snap["valkey_reconnected_at"] <= snap["at"]
+    assert stored["valkey"] == snap["valkey"]
     assert abs(snap["at"] - time.time()) < 5 and snap["up_since"] <= snap["at"]
     assert snap["in_flight"] == 4 and snap["group_in_flight"] == 4
     interactive, backfill = snap["pools"]

@@ -283,3 +283,70 @@ def test_redelivered_batch_with_entries_capped_meanwhile_is_stored_once(
     assert sorted(r["RequestId"] for r in _spans(history)) == sorted(f"r{i}" for i in range(20))
     assert _count(history, schema.EXECUTIONS) == 0 and _count(history, schema.REQUEST_IDS) == 20
     assert sredis.xpending(keys.span_stream(), GROUP)["pending"] == 0
+
+
+def test_insert_types_are_the_tables_own(history: HistoryClient) -> None:
+    """The ingester names each column's type (no DESCRIBE per insert): they must be the table's."""
+    schema.migrate(history, retention_days=30)
+    described = {
+        r["name"]: r["type"] for r in history.query(f"DESCRIBE TABLE {schema.table_name(history)}")
+    }
+    assert [described[c] for c in schema.INSERT_COLUMNS] == schema.INSERT_TYPES
+
+
+@pytest.mark.parametrize(
+    ("value", "stored"),
+    [
+        ("plain", "plain"),
+        (3, "3"),
+        (0.25, "0.25"),
+        (True, "true"),
+        (False, "false"),
+        (None, "null"),
+        (["a", 2], '["a",2]'),
+        (SECRET_URL, redact_url(SECRET_URL)),
+        (f"502 from {SECRET_URL}", f"502 from {redact_url(SECRET_URL)}"),
+        ([SECRET_URL], orjson.dumps([redact_url(SECRET_URL)]).decode()),
+        ("x" * 600 + SECRET_URL, "x" * 600 + redact_url(SECRET_URL)),
+    ],
+)
+def test_attribute_values_are_stored_as_strings_without_credentials(value: object, stored: str) -> None:
+    from history.ingester import span_row
+    from tests.support.history_spans import execution_doc
+
+    doc = execution_doc()
+    doc["attributes"]["v"] = value
+    doc["events"] = [{"ts_ns": 1, "name": "e", "attributes": {"v": value}}]
+    for _ in range(2):  # the second time from the decoder's cache of scrubbed URLs
+        row = span_row(doc)
+        attrs = row[schema.INSERT_COLUMNS.index("SpanAttributes")]
+        events = row[schema.INSERT_COLUMNS.index("Events.Attributes")]
+        assert attrs["v"] == stored and events == [{"v": stored}]
+
+
+def test_while_keeping_up_an_insert_takes_what_arrived_since_the_last(
+    sredis: redis.Redis, history: HistoryClient, keys: KeySpace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each insert writes a part per table: a caught-up ingester waits out its interval, so spans that
+    arrive during the wait join the next insert instead of making one each."""
+    from history import ingester as module
+    from tests.support.history_spans import execution_doc
+
+    def export(n: int) -> None:
+        for _ in range(n):
+            sredis.xadd(keys.span_stream(), {"span": orjson.dumps(execution_doc())})
+
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:  # spans exported while the ingester waits
+        waits.append(seconds)
+        export(5)
+
+    ingester = Ingester(sredis, history, keys=keys, block_ms=50, batch_size=100, min_insert_interval_s=30)
+    export(5)
+    assert ingester.step() == 5  # a batch smaller than batch_size: it has caught up
+    monkeypatch.setattr(module.time, "sleep", sleep)
+    export(5)
+    assert ingester.step() == 10 and ingester.stats.batches == 2
+    assert len(waits) == 1 and 0 < waits[0] <= 30
+    assert _count(history, schema.TABLE) == 15

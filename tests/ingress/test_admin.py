@@ -60,7 +60,13 @@ def test_the_command_refuses_unknown_pools_and_a_foreign_default(pools: None) ->
 def test_the_admin_shows_a_new_key_once_and_revokes_it(admin_client: Client, pools: None) -> None:
     response = admin_client.post(
         "/admin/ingress/producerkey/add/",
-        {"name": "notebook", "allowed_pools": "gold", "default_pool": "gold", "enabled": "on"},
+        {
+            "name": "notebook",
+            "allowed_pools": "gold",
+            "default_pool": "gold",
+            "enabled": "on",
+            "tenant_weight": 1,
+        },
         follow=True,
     )
     assert response.status_code == 200
@@ -74,3 +80,36 @@ def test_the_admin_shows_a_new_key_once_and_revokes_it(admin_client: Client, poo
         "/admin/ingress/producerkey/", {"action": "revoke", "_selected_action": [key.pk]}, follow=True
     )
     assert selectors.producer_key_grant(raw_key=shown.group()) is None
+
+
+@pytest.mark.parametrize(
+    ("weight", "message"),
+    [
+        (0, "The tenant weight must be above 0 and at most 1e+06"),
+        (-2, "The tenant weight must be above 0"),
+        (2_000_000, "at most 1e+06"),
+        ("", "This field is required"),
+    ],
+)
+def test_the_admin_refuses_a_bad_tenant_weight(
+    admin_client: Client, pools: None, weight: object, message: str
+) -> None:
+    data = {
+        "name": "k",
+        "allowed_pools": "gold",
+        "default_pool": "gold",
+        "enabled": "on",
+        "tenant_weight": weight,
+    }
+    response = admin_client.post("/admin/ingress/producerkey/add/", data)
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert not ProducerKey.objects.exists()
+
+
+def test_a_key_keeps_its_tenant_weight_and_sub_tenant_switch(admin_client: Client, pools: None) -> None:
+    data = {"name": "k", "allowed_pools": "gold", "default_pool": "gold", "enabled": "on"}
+    data |= {"tenant_weight": 2.5, "allow_sub_tenant": "on"}
+    assert admin_client.post("/admin/ingress/producerkey/add/", data).status_code == 302
+    key = ProducerKey.objects.get(name="k")
+    assert (key.tenant_weight, key.allow_sub_tenant) == (2.5, True)

@@ -2,32 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from django.test import Client
 
 from pools.models import FabricGroup, Pool
-from tests.support.pools_admin import POOL_DEFAULTS, changelist_form, errors_of, existing_rows, group_form
+from tests.support.pools_admin import (
+    POOL_ADD,
+    POOL_DEFAULTS,
+    changelist_form,
+    errors_of,
+    existing_rows,
+    group_form,
+    pool_post,
+)
 
 pytestmark = pytest.mark.django_db
 
-POOL_ADD = "/admin/pools/pool/add/"
 GROUP_ADD = "/admin/pools/fabricgroup/add/"
 
 
-def pool_post(group: FabricGroup, **values: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "group": group.pk,
-        "pool_id": "new-pool",
-        **POOL_DEFAULTS,
-        **values,
-        "_save": "Save",
-    }
-    for flag in ("enabled", "paused"):
-        if data.pop(flag):
-            data[flag] = "on"
-    return data
 
 
 @pytest.mark.parametrize(

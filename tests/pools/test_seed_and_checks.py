@@ -109,6 +109,14 @@ def test_check_pool_without_backend() -> None:
     assert [(m.id, m.obj.pool_id) for m in messages] == [("dispatch.E002", "p")]
 
 
+def test_check_names_a_valkey_url_no_client_could_open(settings) -> None:
+    settings.VALKEY_URL = "sentinel://s1:26379/mymaster"
+    [message] = checks.run_checks(tags=[TAG])
+    assert message.id == "dispatch.E003" and "must start with one of" in message.msg
+    settings.VALKEY_URL = "valkey+sentinel://s1:26379,s2:26379,s3:26379/mymaster/0"
+    assert checks.run_checks(tags=[TAG]) == []
+
+
 def test_check_api_key_env_unset(monkeypatch) -> None:
     backend = Backend.objects.create(
         backend_id="b", base_url="http://b/", api_key_env="DISPATCH_TEST_UNSET_KEY"

@@ -10,6 +10,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from simulator.server import SimulatorConfig, SimulatorServer
+from tests.support.sentinel_cluster import sentinel_cluster  # noqa: F401 - a primary, a replica, three sentinels
 
 
 @pytest.fixture

@@ -88,3 +88,39 @@ def test_cost_monotonic_in_images_and_pages(images, pages):
 
     assert cost(images, pages) <= cost(images + 1, pages)
     assert cost(images, pages) <= cost(images, pages + 1)
+
+
+# ------------------------------------------------------------------ token cost (group cost_mode tokens)
+
+from runtime.policy.cost import token_cost  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("cost_units", "weighted", "expected"),
+    [
+        (None, 0, 1),  # nothing estimated: still the minimum
+        (None, 1, 1),
+        (None, 256, 1),
+        (None, 257, 2),  # rounded up
+        (None, 2024.0, 8),
+        (None, 10**12, 64),  # clamped to the maximum
+        (None, float("inf"), 64),
+        (None, float("nan"), 1),
+        (None, -50, 1),
+        (5, 10**6, 5),  # explicit cost_units still win
+    ],
+)
+def test_token_cost_table(cost_units: int | None, weighted: float, expected: int) -> None:
+    assert token_cost(DEFAULT, cost_units=cost_units, weighted_tokens=weighted) == expected
+
+
+@given(st.floats(allow_nan=False, min_value=0, max_value=1e9), st.floats(min_value=0, max_value=1e9))
+def test_token_cost_is_monotone_and_bounded(weighted: float, more: float) -> None:
+    low = token_cost(DEFAULT, cost_units=None, weighted_tokens=weighted)
+    high = token_cost(DEFAULT, cost_units=None, weighted_tokens=weighted + more)
+    assert DEFAULT.minimum <= low <= high <= DEFAULT.maximum
+
+
+def test_tokens_per_unit_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="tokens_per_unit"):
+        CostModel(tokens_per_unit=0)

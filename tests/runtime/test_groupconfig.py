@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import orjson
 import pytest
 
 from runtime.wire.backendconfig import BackendConfig
@@ -73,3 +74,39 @@ def test_a_replaced_config_answers_from_its_own_fields() -> None:
     moved = dataclasses.replace(CONFIG, backend_id="own")
     assert moved.route("plain").backend is OWN
     assert CONFIG.route("plain").backend is SHARED
+
+
+# -------------------------------------------------------------------- tenant fairness settings (issue 22)
+
+from runtime.errors import MalformedEnvelope  # noqa: E402
+
+
+def test_tenant_settings_round_trip() -> None:
+    pool = PoolConfig("p", tenant_fairness="tokens", tenant_output_weight=2.0, max_queued_per_tenant=5)
+    config = dataclasses.replace(CONFIG, pools=(pool,), cost_mode="tokens")
+    assert GroupConfig.decode(config.encode()) == config
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"cost_mode": "pages"}, "unknown cost mode 'pages'"),
+        ({"pools": [{"pool_id": "p", "tenant_fairness": "bytes"}]}, "unknown tenant_fairness 'bytes'"),
+        (
+            {"pools": [{"pool_id": "p", "tenant_fairness": "tokens", "tenant_input_weight": -1}]},
+            "input_weight",
+        ),
+    ],
+)
+def test_bad_tenant_settings_are_malformed(change: dict[str, object], message: str) -> None:
+    raw = orjson.loads(BARE.encode()) | change
+    with pytest.raises(MalformedEnvelope, match=message):
+        GroupConfig.decode(orjson.dumps(raw))
+
+
+def test_token_weights_hold_whatever_the_tenant_fairness() -> None:
+    pool = PoolConfig("p", tenant_input_weight=2.0, tenant_output_weight=3.0)
+    assert pool.tenant_cost() is None  # fairness off: FIFO inside the pool
+    assert pool.token_weights().of(10, 10) == 50.0  # still what the group's DRR counts in tokens mode
+    requests = dataclasses.replace(pool, tenant_fairness="requests").tenant_cost()
+    assert requests is not None and requests.of(10, 10) == 1.0

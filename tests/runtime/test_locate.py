@@ -8,10 +8,19 @@ import pytest
 
 from runtime.valkey import embedded
 from runtime.valkey.locate import installation_url
+from runtime.valkey.url import InvalidValkeyUrl
 
 
 def test_valkey_url_wins() -> None:
     assert installation_url({"VALKEY_URL": " redis://example:6379/2 "}) == "redis://example:6379/2"
+
+
+def test_the_sentinel_form_is_accepted_and_a_mistyped_url_refused_by_name() -> None:
+    url = "valkey+sentinel://:pw@s1:26379,s2/mymaster/0"
+    assert installation_url({"VALKEY_URL": url}) == url
+    with pytest.raises(InvalidValkeyUrl, match="names the master") as caught:
+        installation_url({"VALKEY_URL": "redis+sentinel://:pw@s1:26379,s2:26379"})
+    assert "pw" not in str(caught.value)
 
 
 def test_the_embedded_server_recorded_under_the_data_dir(private_valkey: embedded.EmbeddedValkey) -> None:

@@ -59,6 +59,11 @@ def point_dashboard_at(settings, url: str, keys: KeySpace) -> None:
     settings.CHANNEL_LAYERS = {
         "default": {
             "BACKEND": settings.CHANNEL_LAYERS["default"]["BACKEND"],
-            "CONFIG": {"hosts": [url], "prefix": f"{keys.prefix}asgi", "capacity": 500, "expiry": 30},
+            "CONFIG": {
+                "hosts": [connections.channel_layer_host(url)],
+                "prefix": f"{keys.prefix}asgi",
+                "capacity": 500,
+                "expiry": 30,
+            },
         }
     }

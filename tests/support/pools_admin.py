@@ -25,6 +25,11 @@ POOL_DEFAULTS = {
     "retry_backoff_base_s": 0.5,
     "retry_backoff_cap_s": 30.0,
     "max_requeues": 3,
+    "tenant_fairness": "off",
+    "tenant_input_weight": 1.0,
+    "tenant_output_weight": 4.0,
+    "tenant_default_output_tokens": 256,
+    "max_queued_per_tenant": "",
 }
 
 
@@ -38,6 +43,7 @@ def group_form(group: dict[str, Any], pools: list[dict[str, Any]], *, initial: i
     data: dict[str, Any] = {
         "name": group.get("name", ""),
         "policy": group.get("policy", "drr"),
+        "cost_mode": group.get("cost_mode", "units"),
         "backend": group.get("backend", ""),
         "total_concurrency": group.get("total_concurrency", 16),
         "delivery": group.get("delivery", "lists"),
@@ -134,3 +140,20 @@ def errors_of(response: Any) -> str:
         found += [str(m) for errors in changelist.formset.errors for ms in errors.values() for m in ms]
         found += [str(m) for m in changelist.formset.non_form_errors()]
     return "\n".join(found)
+
+
+POOL_ADD = "/admin/pools/pool/add/"
+
+
+def pool_post(group: FabricGroup, **values: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "group": group.pk,
+        "pool_id": "new-pool",
+        **POOL_DEFAULTS,
+        **values,
+        "_save": "Save",
+    }
+    for flag in ("enabled", "paused"):
+        if data.pop(flag):
+            data[flag] = "on"
+    return data

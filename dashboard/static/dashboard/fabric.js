@@ -241,13 +241,24 @@
     }).join(" ");
   }
 
+  // Which Valkey the dispatcher talks to (after a failover, the new primary) and since when.
+  function valkeyCell(d) {
+    var html = d.valkey_ok ? '<span class="pill ok">ok</span>' : '<span class="pill bad">unreachable</span>';
+    if (d.valkey) html += ' <code class="valkey-server">' + esc(d.valkey) + "</code>";
+    if (d.valkey_reconnected_at) {
+      var since = new Date(d.valkey_reconnected_at * 1000).toLocaleTimeString();
+      html += ' <small class="muted" title="connected to this Valkey at">since ' + esc(since) + "</small>";
+    }
+    return html;
+  }
+
   function dispatcherCells(d) {
     var up = d.up_since ? new Date(d.up_since * 1000).toLocaleString() : "–";
     return [
       { html: esc(d.gateway_id) },
       { html: "<code>" + esc(d.dispatcher_id) + "</code>" },
       { html: esc(up) + ' <small class="muted">(' + secs(d.uptime_s) + ")</small>" },
-      { html: d.valkey_ok ? '<span class="pill ok">ok</span>' : '<span class="pill bad">unreachable</span>' },
+      { html: valkeyCell(d) },
       { html: breakers(d.breakers) },
       { html: d.in_flight + " / " + esc(dash(d.concurrency)), cls: "num" },
       { html: String(d.completed), cls: "num" },

@@ -1,0 +1,218 @@
+"""Fairness between the tenants of a pool (issue 22).
+
+Run: ``python bench/bench_tenants.py --pure``. Times the pure tenant scheduler
+(:class:`runtime.policy.tenants.TenantLedger`) alone, per launch, as the number of backlogged tenants
+of one pool grows (10 / 1,000 / 10,000), median of several runs:
+
+* ``steady``: every tenant stays backlogged; a launch is pick + charge by the estimate, and a
+  completion (one launch later) corrects by the difference with the actual usage.
+* ``churn``: every tenant has one queued request; a launch is enter (at the floor) + pick + charge
+  + leave, the worst case for the backlog index.
+* ``plan``: what a dispatcher's round will do: build a view of the 16 lowest counters (what one
+  ``ZRANGE 0 15 WITHSCORES`` returns) and plan 8 launches from it (:func:`plan_picks`); per round.
+* ``scan``: ``steady`` with a linear scan for the minimum instead of the heap, for comparison: what
+  a pick would cost without the index.
+
+Then, still pure and in virtual time, token fairness between two always-backlogged tenants (weights
+1:1 and 2:1) on 8 slots: the worst share deviation over any 60 s window, and the largest service gap
+against the bound 2 x largest cost x concurrency.
+
+The noisy-neighbour, token-fairness and throughput scenarios with Valkey and dispatcher processes
+come with the dispatcher's integration (second phase of issue 22).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import machine, table
+from runtime.policy.tenants import TOKENS, TenantCost, TenantLedger, plan_picks
+
+TENANT_COUNTS = (10, 1_000, 10_000)
+RUNS = 5
+LAUNCHES = 20_000
+COST = TenantCost(TOKENS, 1.0, 4.0)
+
+
+def _requests(seed: int) -> list[tuple[tuple[int, int], tuple[int, int] | None]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(LAUNCHES):
+        estimate = (rng.randint(50, 2000), rng.randint(16, 512))
+        actual = None if rng.random() < 0.1 else (estimate[0], rng.randint(1, estimate[1]))
+        out.append((estimate, actual))
+    return out
+
+
+def _ledger(n: int, seed: int) -> TenantLedger:
+    rng = random.Random(seed)
+    weights = {f"t{i:05d}": rng.choice((1.0, 1.0, 2.0, 0.5)) for i in range(n)}
+    ledger = TenantLedger(weights=weights)
+    for tenant in weights:
+        ledger.enter(tenant)
+    return ledger
+
+
+def steady(n: int, seed: int, *, scan: bool = False) -> float:
+    """Nanoseconds per launch (pick + charge + the previous launch's correction)."""
+    ledger = _ledger(n, seed)
+    requests = _requests(seed)
+    previous: tuple[str, tuple[int, int], tuple[int, int] | None] | None = None
+    start = time.perf_counter_ns()
+    for estimate, actual in requests:
+        if scan:
+            tenant = min((ledger.counters[t], t) for t in ledger.backlogged)[1]
+        else:
+            tenant = ledger.pick()
+            assert tenant is not None
+        ledger.charge(tenant, COST.of(*estimate))
+        if previous is not None:
+            ledger.correct(previous[0], COST.correction(previous[1], previous[2]))
+        previous = (tenant, estimate, actual)
+    return (time.perf_counter_ns() - start) / len(requests)
+
+
+def churn(n: int, seed: int) -> float:
+    """Nanoseconds per launch when every launch empties its tenant's sub-queue and another enters."""
+    ledger = _ledger(n, seed)
+    requests = _requests(seed)
+    start = time.perf_counter_ns()
+    for estimate, _ in requests:
+        tenant = ledger.pick()
+        assert tenant is not None
+        ledger.charge(tenant, COST.of(*estimate))
+        ledger.leave(tenant)
+        ledger.enter(tenant)  # it comes back at once, at the floor or above
+    return (time.perf_counter_ns() - start) / len(requests)
+
+
+WINDOW = 16
+ROUND_LAUNCHES = 8
+ROUNDS = 300
+
+
+def plan(n: int, seed: int) -> float:
+    """Nanoseconds per round: a view of the WINDOW lowest counters, then ROUND_LAUNCHES picks.
+
+    Finding the lowest counters is the sorted set's work in Valkey (``ZRANGE``, O(log n + k)), so it
+    is done outside the timed part, here by a scan.
+    """
+    ledger = _ledger(n, seed)
+    rng = random.Random(seed)
+    heads = {t: [float(rng.randint(100, 4000)) for _ in range(4)] for t in ledger.counters}
+    queued = dict.fromkeys(ledger.counters, 100)
+    weights = {t: ledger.weight(t) for t in ledger.counters}
+    elapsed = 0
+    for _ in range(ROUNDS):
+        lowest = heapq.nsmallest(WINDOW + 1, ((c, t) for t, c in ledger.counters.items()))
+        start = time.perf_counter_ns()
+        seen = lowest[:WINDOW]
+        view = TenantLedger(
+            {t: c for c, t in seen}, [t for _, t in seen], weights={t: weights[t] for _, t in seen}
+        )
+        picks = plan_picks(
+            view, heads, queued, ROUND_LAUNCHES, horizon=lowest[WINDOW] if n > WINDOW else None
+        )
+        elapsed += time.perf_counter_ns() - start
+        for tenant, cost in picks:
+            ledger.charge(tenant, cost)  # what the claims do in Valkey
+    return elapsed / ROUNDS
+
+
+SIM_SECONDS = 600.0
+SIM_WINDOW_S = 60.0
+SIM_CONCURRENCY = 8
+
+
+def fairness(weights: tuple[float, float], seed: int) -> tuple[float, float, float]:
+    """Two always-backlogged tenants on a pool of SIM_CONCURRENCY slots, in virtual time: a call
+    lasts 20 ms + 10 ms per output token, charged its estimate at launch and corrected at the end.
+
+    Returns the largest deviation of a tenant's weighted-token share from its weight's share over
+    any 60 s window (sliding by 1 s, in %), the largest gap in weighted service between the two over
+    any interval, and that gap's bound (2 x largest cost x concurrency).
+    """
+    rng = random.Random(seed)
+    ledger = TenantLedger(weights={"a": weights[0], "b": weights[1]})
+    ledger.enter("a")
+    ledger.enter("b")
+    running: list[tuple[float, int, str, tuple[int, int], tuple[int, int]]] = []
+    served: list[tuple[float, str, float]] = []  # (end time, tenant, weighted cost)
+    clock, seq = 0.0, 0
+
+    def launch() -> None:
+        nonlocal seq
+        tenant = ledger.pick()
+        assert tenant is not None
+        estimate = (rng.randint(50, 2000), 512)
+        actual = (estimate[0], rng.randint(1, 512))
+        ledger.charge(tenant, COST.of(*estimate))
+        heapq.heappush(running, (clock + 0.02 + 0.01 * actual[1], seq, tenant, estimate, actual))
+        seq += 1
+
+    for _ in range(SIM_CONCURRENCY):
+        launch()
+    while clock < SIM_SECONDS:
+        clock, _, tenant, estimate, actual = heapq.heappop(running)
+        ledger.correct(tenant, COST.correction(estimate, actual))
+        served.append((clock, tenant, COST.of(*actual) / ledger.weight(tenant)))
+        launch()
+    gap, low, high = 0.0, 0.0, 0.0
+    for _, tenant, cost in served:
+        gap += cost if tenant == "a" else -cost
+        low, high = min(low, gap), max(high, gap)
+    worst = 0.0
+    expected = weights[0] / sum(weights)
+    for start in range(int(SIM_SECONDS - SIM_WINDOW_S)):
+        got = {"a": 0.0, "b": 0.0}
+        for end, tenant, cost in served:
+            if start <= end < start + SIM_WINDOW_S:
+                got[tenant] += cost * ledger.weight(tenant)
+        worst = max(worst, abs(got["a"] / (got["a"] + got["b"]) - expected) / expected * 100)
+    return worst, high - low, 2 * COST.of(2000, 512) * SIM_CONCURRENCY
+
+
+def scan(n: int, seed: int) -> float:
+    return steady(n, seed, scan=True)
+
+
+def main() -> None:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--pure", action="store_true", help="the pure tenant scheduler alone (no Valkey)")
+    parser.add_argument("--runs", type=int, default=RUNS)
+    args = parser.parse_args()
+    if not args.pure:
+        parser.error("only --pure exists yet: the Valkey scenarios come with the dispatcher's integration")
+    rows = []
+    for n in TENANT_COUNTS:
+        row: list[object] = [f"{n:,}"]
+        for scenario, runs in ((steady, args.runs), (churn, args.runs), (plan, args.runs), (scan, 1)):
+            times = [scenario(n, seed) for seed in range(runs)]
+            row.append(f"{statistics.median(times) / 1000:.2f}")
+        rows.append(row)
+    print(machine())
+    print(f"TenantLedger, µs per launch, median of {args.runs} runs x {LAUNCHES:,} launches (scan: 1 run)")
+    print(table(["backlogged tenants", "steady", "churn", "plan (per round)", "scan (no index)"], rows))
+    rows = []
+    for weights in ((1.0, 1.0), (2.0, 1.0)):
+        worst, gap, bound = fairness(weights, seed=1)
+        rows.append([f"{weights[0]:g}:{weights[1]:g}", f"{worst:.2f} %", f"{gap:,.0f}", f"{bound:,.0f}"])
+    print()
+    print(
+        f"Two backlogged tenants, {SIM_CONCURRENCY} slots, {SIM_SECONDS:.0f} virtual s "
+        "(calls 20 ms + 10 ms per output token; estimate 512 output tokens, actual 1-512)"
+    )
+    print(table(["weights", "worst 60 s share deviation", "largest gap", "bound 2 x M x C"], rows))
+
+
+if __name__ == "__main__":
+    main()
