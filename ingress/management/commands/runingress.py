@@ -19,6 +19,9 @@ GRACEFUL_SHUTDOWN_S = 10
 
 
 class Command(BaseCommand):
+    # Like daphne, no system checks at start: a pool without a backend (an error there) is answered per
+    # call with 503, and must not keep the ingress of every other pool down.
+    requires_system_checks: list[str] = []
     help = (
         "Serve the OpenAI-compatible /v1 ingress (chat completions, models) on uvicorn with uvloop and "
         "httptools, until SIGTERM/SIGINT. Each worker process is one producer."
