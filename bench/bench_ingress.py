@@ -287,6 +287,11 @@ def report(out: dict[str, list[float]], runs: int, quick: bool) -> dict[str, flo
         )
         cpu = ", ".join(f"{m[f'{server}:cpu_ms:{level}']:.2f} ms at {level}" for level in (1, 16, SLOTS))
         print(f"{server}: one process {rates}")
+        # On this 2-core machine every process of both paths shares the cores; with a core of its own,
+        # one ingress process could carry 1000 / (its CPU ms per call) calls/s.
+        capacity = 1000 / m[f"{server}:cpu_ms:16"]
+        print(f"{server}: one process with a core of its own: {capacity:.0f} calls/s at 16 "
+              f"= {capacity / m['direct:16:rate']:.2f}x this run's direct rate")  # fmt: skip
         print(f"{server}: CPU per call (load-independent): {cpu}; {chunks:.0f} chunks per stream, "
               f"added per chunk (p50) {per_chunk:+.3f} ms")  # fmt: skip
         figures = {

@@ -20,7 +20,8 @@ from django.core.management import CommandError, call_command
 
 from runtime.valkey.embedded import free_port
 from tests.ingress.stack import Stack
-from tests.waiting import port_open, wait_until, wait_until_sync
+from tests.ingress.test_streaming import assert_a_client_gone_mid_stream_cancels_the_call
+from tests.waiting import port_open, wait_until_sync
 
 HELLO = [{"role": "user", "content": "Hello"}]
 
@@ -78,20 +79,7 @@ async def test_a_stream_through_runingress(ingress: Ingress, alice_key: str) -> 
 async def test_a_client_gone_mid_stream_cancels_the_backend_call(
     stack: Stack, ingress: Ingress, alice_key: str
 ) -> None:
-    cancelled_before = stack.counter("failed:cancelled")
-    async with openai.AsyncOpenAI(base_url=ingress.url, api_key=alice_key) as api:
-        events = await api.chat.completions.create(
-            model="m", messages=HELLO, stream=True, max_tokens=400,  # type: ignore[arg-type]
-            extra_body={"sim": {"completion_tokens": 400, "itl_ms": 50}},
-            extra_headers={"X-Dispatch-Pool": "solo"},
-        )  # fmt: skip
-        async for _ in events:
-            break
-        await events.close()
-    # 400 tokens 50 ms apart would take 20 s: the call is cut off long before.
-    await wait_until(lambda: stack.counter("failed:cancelled") == cancelled_before + 1, 5, what="cancelled")
-    with stack.valkey() as valkey:
-        assert valkey.zcard(stack.keys.pool_inflight("solo")) == 0
+    await assert_a_client_gone_mid_stream_cancels_the_call(stack, ingress.url, alice_key)
 
 
 @pytest.mark.slow

@@ -73,8 +73,13 @@ async def test_an_error_before_the_first_chunk_is_a_status_code(stack: Stack, al
 
 
 async def test_a_client_gone_mid_stream_cancels_the_backend_call(stack: Stack, alice_key: str) -> None:
+    await assert_a_client_gone_mid_stream_cancels_the_call(stack, f"{stack.url}/v1", alice_key)
+
+
+async def assert_a_client_gone_mid_stream_cancels_the_call(stack: Stack, base_url: str, key: str) -> None:
+    """Through the ingress at ``base_url`` (daphne's or runingress's)."""
     cancelled_before = stack.counter("failed:cancelled")
-    async with openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=alice_key, max_retries=0) as api:
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0) as api:
         events = await api.chat.completions.create(
             model="m", messages=HELLO, stream=True, max_tokens=400, extra_body=paced(400, 50),  # type: ignore[arg-type]
             extra_headers={"X-Dispatch-Pool": "solo"},
