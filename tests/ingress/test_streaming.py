@@ -14,16 +14,10 @@ import pytest
 from runtime.producer import Producer
 from runtime.valkey.client import connect
 from tests.support.ingress_stack import ROOT, Stack
-from tests.support.waiting import wait_until, wait_until_sync
+from tests.support.streaming import HELLO, assert_a_client_gone_mid_stream_cancels_the_call, paced
+from tests.support.waiting import wait_until_sync
 
 pytestmark = pytest.mark.slow
-HELLO = [{"role": "user", "content": "Hello"}]
-
-
-def paced(tokens: int, itl_ms: int, ttft_ms: int = 0) -> dict[str, object]:
-    return {"sim": {"completion_tokens": tokens, "itl_ms": itl_ms, "ttft_ms": ttft_ms}}
-
-
 def test_chunks_arrive_before_the_call_ends(stack: Stack, alice_key: str) -> None:
     api = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=alice_key, max_retries=0)
     started = time.monotonic()
@@ -73,19 +67,7 @@ async def test_an_error_before_the_first_chunk_is_a_status_code(stack: Stack, al
 
 
 async def test_a_client_gone_mid_stream_cancels_the_backend_call(stack: Stack, alice_key: str) -> None:
-    cancelled_before = stack.counter("failed:cancelled")
-    async with openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=alice_key, max_retries=0) as api:
-        events = await api.chat.completions.create(
-            model="m", messages=HELLO, stream=True, max_tokens=400, extra_body=paced(400, 50),  # type: ignore[arg-type]
-            extra_headers={"X-Dispatch-Pool": "solo"},
-        )  # fmt: skip
-        async for _ in events:
-            break
-        await events.close()
-    # 400 tokens 50 ms apart would take 20 s: the call is cut off long before.
-    await wait_until(lambda: stack.counter("failed:cancelled") == cancelled_before + 1, 5, what="cancelled")
-    with stack.valkey() as valkey:
-        assert valkey.zcard(stack.keys.pool_inflight("solo")) == 0
+    await assert_a_client_gone_mid_stream_cancels_the_call(stack, f"{stack.url}/v1", alice_key)
 
 
 async def test_the_python_client_streams_too(stack: Stack) -> None:

@@ -78,7 +78,7 @@ def test_rundispatcher_refuses_bad_settings(group_g) -> None:
 
 @pytest.mark.slow
 def test_demo_brings_everything_up_and_ctrl_c_stops_it(tmp_path: Path) -> None:
-    port, sim_port = embedded.free_port(), embedded.free_port()
+    port, sim_port, ingress_port = embedded.free_port(), embedded.free_port(), embedded.free_port()
     env = {**os.environ, "DISPATCH_DATA_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     env.pop("VALKEY_URL", None)
     env.pop("DATABASE_URL", None)
@@ -91,6 +91,8 @@ def test_demo_brings_everything_up_and_ctrl_c_stops_it(tmp_path: Path) -> None:
             str(port),
             "--sim-port",
             str(sim_port),
+            "--ingress-port",
+            str(ingress_port),
             "--load-scale",
             "3",
         ],
@@ -119,6 +121,10 @@ def test_demo_brings_everything_up_and_ctrl_c_stops_it(tmp_path: Path) -> None:
             assert page.status_code == 200 and "interactive" in page.text
             metrics = web.get("/metrics").text
             assert 'llm_dispatch_queue_depth{fabric_group="demo",pool="backfill"}' in metrics
+        assert f"OpenAI API: http://127.0.0.1:{ingress_port}/v1" in "".join(lines)
+        # The ingress process answers /v1 (here: OpenAI's error for a call without a key).
+        refused = httpx.get(f"http://127.0.0.1:{ingress_port}/v1/models", timeout=10)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "missing_api_key"
         served = re.findall(r"interactive: sent \d+ ok (\d+)", "".join(lines))
         assert served and int(served[-1]) > 0
         os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C in the terminal sends

@@ -28,10 +28,11 @@ DOC = ROOT / "docs" / "deploy.md"
 SUBSTITUTIONS = {"%t": "/run", "$PORT": "8000", "$DISPATCH_GROUP": "demo"}
 INSTANCES = {  # a template unit's example instance
     "llm-dispatch-web@.service": "8001",
+    "llm-dispatch-ingress@.service": "8101",
     "llm-dispatch-dispatcher@.service": "demo",
     "llm-dispatch-valkey@.service": "primary",
 }
-PROCESS_KINDS = {"web", "dispatcher", "history", "release"}
+PROCESS_KINDS = {"web", "ingress", "dispatcher", "history", "release"}
 
 
 def unit_commands(path: Path) -> list[list[str]]:
@@ -73,7 +74,8 @@ def manage_command(argv: list[str]) -> tuple[str, list[str]] | None:
 def test_every_process_kind_has_a_unit_a_procfile_line_and_a_place_in_the_doc() -> None:
     units = {unit.name for unit in UNITS.glob("*.service")}
     assert {
-        "llm-dispatch-web@.service", "llm-dispatch-dispatcher@.service", "llm-dispatch-history.service",
+        "llm-dispatch-web@.service", "llm-dispatch-ingress@.service",
+        "llm-dispatch-dispatcher@.service", "llm-dispatch-history.service",
         "llm-dispatch-release.service", "llm-dispatch-valkey@.service",
         "llm-dispatch-valkey-sentinel.service", "clickhouse-server.service",
     } <= units  # fmt: skip
@@ -123,7 +125,10 @@ def test_each_manage_command_lists_the_options_the_files_use_in_its_help() -> No
     for _, argv in all_commands():
         if (found := manage_command(argv)) is not None:
             used.setdefault(found[0], set()).update(o.split("=")[0] for o in found[1] if o.startswith("--"))
-    expected = {"migrate", "collectstatic", "history_migrate", "pools_publish", "rundispatcher", "runhistory"}
+    expected = {
+        "migrate", "collectstatic", "history_migrate", "pools_publish", "runingress", "rundispatcher",
+        "runhistory",
+    }  # fmt: skip
     assert expected <= set(used)
     for name, options in sorted(used.items()):
         text = manage_help(name)

@@ -1,7 +1,8 @@
 """``manage.py demo``: everything on one machine, stopped together with Ctrl-C.
 
 Embedded Valkey, the simulator, the demo fabric group, the web server (which owns the embedded
-ClickHouse and runs the history ingester), a dispatcher and the load generator.
+ClickHouse and runs the history ingester), the OpenAI-compatible ingress (``runingress``), a dispatcher
+and the load generator.
 """
 
 from __future__ import annotations
@@ -56,6 +57,13 @@ class Command(BaseCommand):
             default=8100,
             help="simulator port, a free one if it is taken (default: %(default)s)",
         )
+        parser.add_argument(
+            "--ingress-port",
+            type=int,
+            default=8001,
+            help="port of the OpenAI-compatible /v1 ingress (runingress), a free one if it is taken "
+            "(default: %(default)s)",
+        )
         parser.add_argument("--no-load", action="store_true", help="do not start the load generator")
         parser.add_argument(
             "--load-scale",
@@ -91,6 +99,9 @@ class Command(BaseCommand):
         call_command("migrate", verbosity=0)
         sim_port = options["sim_port"] if port_free(options["sim_port"]) else embedded.free_port()
         endpoint = f"http://127.0.0.1:{sim_port}/v1"
+        ingress_port = options["ingress_port"]
+        if ingress_port == port or not port_free(ingress_port):
+            ingress_port = embedded.free_port()
         call_command(
             "seed_demo",
             endpoint=endpoint,
@@ -128,14 +139,21 @@ class Command(BaseCommand):
                     "dispatch_project.asgi:application",
                 ],
             )
+            # /v1 on its own process (uvicorn); the web server keeps serving /v1 too, for old URLs.
+            supervisor.start("ingress", [*manage, "runingress", "--port", str(ingress_port)])
             supervisor.start("dispatcher", [*manage, "rundispatcher", "--group", "demo", "--no-publish"])
-            if not wait_for_port(port, 60) or not wait_for_port(sim_port, 30):
-                raise CommandError(f"the web server or simulator did not start; see {data_dir / 'logs'}")
+            up = [wait_for_port(port, 60), wait_for_port(ingress_port, 30), wait_for_port(sim_port, 30)]
+            if not all(up):
+                raise CommandError(
+                    f"the web server, ingress or simulator did not start; see {data_dir / 'logs'}"
+                )
             self.stdout.write(
                 self.style.SUCCESS(
                     f"\nLLM Dispatch demo is up.\n  Dashboard: http://127.0.0.1:{port}/  (login admin / "
                     f"{options['admin_password']})\n  Admin:     http://127.0.0.1:{port}/admin/\n"
                     f"  History:   http://127.0.0.1:{port}/history/\n  Metrics:   http://127.0.0.1:{port}/metrics\n"
+                    f"  OpenAI API: http://127.0.0.1:{ingress_port}/v1  (a producer key: manage.py "
+                    f"create_producer_key)\n"
                     f"  Logs:      {data_dir / 'logs'}\nPress Ctrl-C to stop everything.\n"
                 )
             )
