@@ -117,7 +117,7 @@ async def test_the_primary_dies_under_load_and_traffic_resumes_on_the_promoted_r
             assert producer.stats.unpersisted_pushes == 0
             old = cluster.kill_primary()
             killed_at = time.monotonic()
-            new = cluster.wait_failover(old)
+            new = await asyncio.to_thread(cluster.wait_failover, old)  # the loop runs the backend
             await wait_until(
                 lambda: load.completed_since(killed_at) >= 30,
                 timeout=60,
