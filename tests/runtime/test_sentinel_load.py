@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import os
 import sys
 import time
@@ -28,6 +27,7 @@ from runtime.valkey.client import connect
 from runtime.wire.groupconfig import DURABLE, LISTS
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.ingress.stack import Stack
+from tests.runtime.test_backend_settings import KeyRecorder
 from tests.runtime.test_durable import keyed
 from tests.sentinel_cluster import SentinelCluster
 from tests.waiting import wait_until
@@ -160,35 +160,19 @@ async def test_the_primary_dies_under_load_and_traffic_resumes_on_the_promoted_r
 IN_FLIGHT = 8
 
 
-class GatedBackend:
+class GatedBackend(KeyRecorder):
     """An OpenAI-compatible backend holding every answer until ``gate`` opens: the calls end at a
     chosen moment (right after the kill, while no primary exists). Calls are counted by message."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.gate = asyncio.Event()
         self.calls: collections.Counter[str] = collections.Counter()
-        self.url = ""
 
     async def _chat(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.calls[body["messages"][0]["content"]] += 1
+        self.calls[(await request.json())["messages"][0]["content"]] += 1
         await self.gate.wait()
-        answer = {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-        reply = {"id": "c", "object": "chat.completion", "model": "m", "choices": [answer]}
-        return web.Response(body=orjson.dumps(reply), content_type="application/json")
-
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[GatedBackend]:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
-        runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
-        try:
-            yield self
-        finally:
-            await runner.cleanup()
+        return await super()._chat(request)
 
 
 def acknowledged_pushes(producer: Producer) -> set[str]:
@@ -215,7 +199,8 @@ async def test_calls_that_finish_during_the_failover_are_answered_and_never_coun
     counted for them. Before: FINISH gave up after ~1.5 s; in lists mode the calls were lost (and each
     counted twice, reply_undelivered then lost_in_flight), in durable mode counted reply_undelivered."""
     cluster = sentinel_cluster
-    async with GatedBackend().running() as backend:
+    backend = GatedBackend()
+    async with backend.running():
         stack = dispatcher_stack(tmp_path, cluster, keys, backend.url, delivery)
         client = connect(cluster.url, health_s=2.0)
         try:
