@@ -65,6 +65,9 @@ class DispatcherSettings:
     # How many items of each pool's head are read per scheduling round.
     peek_depth: int = 8
     reconnect_backoff_s: tuple[float, float] = (0.1, 5.0)
+    # How long a finished call's FINISH (its reply and lease release) is retried while Valkey fails: a
+    # Sentinel failover takes a few seconds, and the call's result is lost only past this.
+    finish_retry_s: float = 15.0
     backend_timeout_s: float = 120.0
     backend_connect_timeout_s: float = 5.0
     snapshot_interval_s: float = 0.25

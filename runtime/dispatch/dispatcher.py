@@ -55,7 +55,7 @@ from runtime.policy import scheduler
 from runtime.queue.dispatching import QueueOps, QueueView
 from runtime.queue.keys import DEFAULT_KEYS, KeySpace
 from runtime.telemetry.spans import Identity
-from runtime.valkey.client import REDIS_ERRORS
+from runtime.valkey.client import REDIS_ERRORS, failing_over
 from runtime.wire.contract import Envelope
 from runtime.wire.groupconfig import GroupConfig
 
@@ -108,6 +108,7 @@ class Dispatcher(Rounds, Configuring):
             queue=self.queue, settings=settings, backends=self.backends, breakers=self.fleet,
             stats=self.stats, tracer=self.tracer, identity=self.identity, secrets=dict(secrets or {}),
             store_content=store_content, on_valkey_error=self._valkey_lost,
+            on_finish_retrying=self._finish_retrying,
         )  # fmt: skip
         self.publisher = SnapshotStore(
             client, keys, group_id=settings.group_id, dispatcher_id=settings.dispatcher_id,
@@ -119,6 +120,7 @@ class Dispatcher(Rounds, Configuring):
         self.last_views: dict[str, QueueView] = {}
         self.group_in_flight = 0
         self.running: dict[str, Running] = {}  # by lease member
+        self.finishing: dict[str, Running] = {}  # done, FINISH waiting for Valkey: no slot, lease renewed
         self._heads_seen: dict[str, tuple[bytes, ...]] = {}
         self._rejected_config: bytes | str | None = None
         self._policy: scheduler.GroupPolicy | None = None
@@ -232,8 +234,10 @@ class Dispatcher(Rounds, Configuring):
                     progressed = await self.schedule_round()
             except REDIS_ERRORS as exc:
                 self._valkey_lost(exc)
+                pause = backoff.next(failing_over=failing_over(exc))
             except Exception:  # one bad item or one bug must not end dispatch for the whole group
                 self._internal_error("a scheduling round failed")
+                pause = backoff.next()
             else:
                 self._valkey_back()
                 backoff.reset()
@@ -243,7 +247,7 @@ class Dispatcher(Rounds, Configuring):
                 continue
             poll = False  # a failed round is retried after the backoff, not left to the fleet's poll
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), backoff.next())
+                await asyncio.wait_for(self._stopping.wait(), pause)
 
     async def _wait_for_work(self) -> bool:
         """Until woken (a token, a config change, stop: True) or the idle poll is due (False).
@@ -316,11 +320,20 @@ class Dispatcher(Rounds, Configuring):
         try:
             await self.executor.execute(run, self.config, refused)
         finally:
-            self.running.pop(run.member, None)
+            # A durable request requeued while this FINISH waited may run here again under the same member.
+            if self.running.get(run.member) is run:
+                del self.running[run.member]
+            if self.finishing.get(run.member) is run:
+                del self.finishing[run.member]
             # No round of our own: FINISH pushed a wake token, which goes to the dispatcher of the
             # group that has waited longest (maybe this one), so freed slots spread over the fleet.
             if self._waiting and len(self.running) < self._slots:
                 self._idle.set()
+
+    def _finish_retrying(self, run: Running) -> None:
+        """A done call whose FINISH waits for Valkey (failing over) frees its slot for dispatch."""
+        if self.running.get(run.member) is run:
+            self.finishing[run.member] = self.running.pop(run.member)
 
     # --- background helpers -----------------------------------------------------------------------
     async def _pause(self, seconds: float) -> bool:
@@ -348,7 +361,8 @@ class Dispatcher(Rounds, Configuring):
 
     async def _renew_leases(self) -> None:
         while not await self._pause(self.settings.lease_s / 3):
-            leases = [(r.pool_id, r.member, r.backend_id) for r in list(self.running.values())]
+            runs = [*self.running.values(), *self.finishing.values()]
+            leases = [(r.pool_id, r.member, r.backend_id) for r in runs]
             try:
                 await self.queue.renew(leases, self.settings.lease_s)
             except REDIS_ERRORS as exc:

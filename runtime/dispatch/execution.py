@@ -47,17 +47,21 @@ from runtime.queue import scripts
 from runtime.queue.dispatching import QueueOps
 from runtime.queue.leases import LeaseRecord
 from runtime.telemetry.spans import Identity, content_attributes, record_span
-from runtime.valkey.client import REDIS_ERRORS
+from runtime.valkey.client import REDIS_ERRORS, failing_over
 from runtime.wire.contract import Envelope, Timing
 from runtime.wire.groupconfig import GroupConfig
 
 log = logging.getLogger(__name__)
-FINISH_ATTEMPTS = 5
+# A FINISH Valkey refused is retried this often at most: a call waits little past the new primary.
+FINISH_BACKOFF_MAX_S = 1.0
 # A failure this close to the request's deadline was cut short by it: never retried.
 DEADLINE_SLACK_S = 0.05
 # A cancel can beat its call (claimed, call not started yet): such ids are kept this long, this many.
 EARLY_CANCEL_S = 30.0
 EARLY_CANCELS_MAX = 1024
+# A call whose FINISH gave up is remembered this long, this many: its lease is reaped later, uncounted.
+UNDELIVERED_KEPT_S = 600.0
+UNDELIVERED_MAX = 1024
 _T = TypeVar("_T")
 
 
@@ -91,6 +95,7 @@ class Executor:
         secrets: Mapping[str, str],
         store_content: bool,
         on_valkey_error: Callable[[BaseException], None],
+        on_finish_retrying: Callable[[Running], None] = lambda run: None,
     ) -> None:
         self.queue = queue
         self.settings = settings
@@ -102,8 +107,11 @@ class Executor:
         self.secrets = secrets
         self.store_content = store_content
         self.on_valkey_error = on_valkey_error
+        self.on_finish_retrying = on_finish_retrying
         self._calls: dict[str, asyncio.Future[Any]] = {}
         self._early_cancels: dict[str, float] = {}
+        # (pool, request id) of calls this executor counts the end of: running, or undelivered (until).
+        self._settling: dict[tuple[str, str], float] = {}
         self._group_pools_of: tuple[GroupConfig | None, tuple[str, ...]] = (None, ())
         self.relay = StreamRelay(
             queue.client, queue.keys, reply_ttl_s=settings.reply_ttl_s, group_id=queue.group_id
@@ -122,6 +130,23 @@ class Executor:
             self._early_cancels[request_id] = now
         return False
 
+    def settles(self, record: LeaseRecord) -> bool:
+        """Whether the call of an expired lease is this executor's to count: still running or finishing
+        (a lease can expire while Valkey fails over), or its reply was already counted undelivered."""
+        until = self._settling.get((record.pool_id, record.request_id))
+        return until is not None and (until == 0.0 or until > time.monotonic())
+
+    def _settled(self, run: Running, code: int) -> None:
+        key = (run.pool_id, run.envelope.request_id)
+        if code != FINISH_UNDELIVERED or run.token:  # a durable lease is requeued, never counted lost
+            self._settling.pop(key, None)
+            return
+        now = time.monotonic()
+        if len(self._settling) >= UNDELIVERED_MAX:
+            self._settling = {k: t for k, t in self._settling.items() if t == 0.0 or t > now}
+        if len(self._settling) < UNDELIVERED_MAX:
+            self._settling[key] = now + UNDELIVERED_KEPT_S
+
     async def execute(self, run: Running, config: GroupConfig, refused: DispatchError | None = None) -> None:
         """Calls the backend, replies, releases the lease and records the span; never raises.
 
@@ -135,6 +160,7 @@ class Executor:
         error: DispatchError | None = refused
         summary = StreamSummary() if envelope.stream is not None else None
         shutdown: redelivery.Settlement | None = None
+        self._settling[(run.pool_id, envelope.request_id)] = 0.0
         try:
             if refused is None:
                 fence = self._fence(run) if summary is not None else None
@@ -158,6 +184,7 @@ class Executor:
         settled = shutdown or (self._settle(run, config, error, ended, timing) if refused is None else None)
         reply = settled.reply if settled is not None else reply_bytes(envelope, completion, error, timing)
         code = await self._finish(run, reply, self._group_pools(config), settled)
+        self._settled(run, code)
         count_finish(self.stats, code, error, settled)
         outcome = span_outcome(
             envelope, run.cost, endpoint, completion, error, started, ended, code, summary, settled
@@ -291,9 +318,17 @@ class Executor:
         settled: redelivery.Settlement | None = None,
     ) -> int:
         """Delivers the reply (if the producer is alive) or stores the retry or dead letter, and releases
-        the lease, retrying Valkey briefly; a ``scripts.FINISH_*`` code, or FINISH_UNDELIVERED."""
+        the lease; a ``scripts.FINISH_*`` code, or FINISH_UNDELIVERED.
+
+        The call is done, so a Valkey error is retried for ``settings.finish_retry_s``: long enough to
+        outlast a Sentinel failover (a few seconds), after which the reply is lost and counted. The
+        dispatcher frees the call's slot at the first failure (``on_finish_retrying``) and goes on
+        renewing its lease; in durable mode the fencing token still refuses a FINISH whose lease was
+        reaped meanwhile (``FINISH_STALE``), so a requeued copy's reply is the only one.
+        """
         backoff: Backoff | None = None  # made on a first failure only: seeding its rng costs ~10 µs
-        for attempt in range(FINISH_ATTEMPTS):
+        give_up_at = 0.0
+        while True:
             try:
                 return await self.queue.finish(
                     pool_id=run.pool_id,
@@ -310,8 +345,12 @@ class Executor:
                 )
             except REDIS_ERRORS as exc:
                 self.on_valkey_error(exc)
-                if attempt == FINISH_ATTEMPTS - 1:
-                    break
-                backoff = backoff or Backoff(*self.settings.reconnect_backoff_s)
-                await asyncio.sleep(backoff.next())
-        return FINISH_UNDELIVERED
+                if backoff is None:
+                    initial = self.settings.reconnect_backoff_s[0]
+                    backoff = Backoff(initial, max(initial, FINISH_BACKOFF_MAX_S))
+                    give_up_at = time.monotonic() + self.settings.finish_retry_s
+                    self.on_finish_retrying(run)
+                pause = backoff.next(failing_over=failing_over(exc))
+                if time.monotonic() + pause > give_up_at:
+                    return FINISH_UNDELIVERED
+                await asyncio.sleep(pause)

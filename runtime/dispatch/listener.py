@@ -18,7 +18,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from runtime.backoff import Backoff
-from runtime.valkey.client import REDIS_ERRORS
+from runtime.valkey.client import REDIS_ERRORS, failing_over
 
 
 class ChangeListener:
@@ -56,7 +56,9 @@ class ChangeListener:
                 self.on_error(exc)
                 self.subscribed = frozenset()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.finished.wait(), self.backoff.next())
+                    await asyncio.wait_for(
+                        self.finished.wait(), self.backoff.next(failing_over=failing_over(exc))
+                    )
             finally:
                 with contextlib.suppress(*REDIS_ERRORS):
                     await pubsub.aclose()

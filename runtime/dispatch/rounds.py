@@ -161,7 +161,8 @@ class Rounds:
     async def _lost(self, records: tuple[LeaseRecord, ...]) -> None:
         """Expired leases nobody requeued: calls lost in flight, and durable streams interrupted after
         their first chunk (answered ``stream_interrupted``)."""
-        self.drops.lost(r for r in records if not r.streamed)
+        # A call of ours whose lease expired while Valkey was away is counted by its own FINISH.
+        self.drops.lost(r for r in records if not r.streamed and not self.executor.settles(r))
         streamed = [r for r in records if r.streamed]
         if streamed:
             await self.redeliveries.interrupted(streamed, self.executor.relay.answer)

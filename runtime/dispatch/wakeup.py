@@ -32,7 +32,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from runtime.backoff import Backoff
-from runtime.valkey.client import REDIS_ERRORS, dedicated_connection
+from runtime.valkey.client import REDIS_ERRORS, dedicated_connection, failing_over
 
 # How long one BLPOP blocks; short, so a finished dispatcher's waiter returns soon.
 WAKE_BLOCK_S = 0.5
@@ -90,7 +90,9 @@ class WakeWaiter:
             except REDIS_ERRORS as exc:
                 self.on_error(exc)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.finished.wait(), self.backoff.next())
+                    await asyncio.wait_for(
+                        self.finished.wait(), self.backoff.next(failing_over=failing_over(exc))
+                    )
                 continue
             self.backoff.reset()
             if token is not None:

@@ -25,7 +25,7 @@ from runtime.errors import MalformedEnvelope
 from runtime.producer.outcomes import ProducerStats
 from runtime.queue.keys import REPLY_LIST_TTL_S, KeySpace
 from runtime.queue.scripts import TAKE_REPLIES
-from runtime.valkey.client import REDIS_ERRORS, dedicated_connection
+from runtime.valkey.client import REDIS_ERRORS, dedicated_connection, failing_over
 from runtime.wire.contract import Reply, StreamChunk, decode_reply_item
 
 __all__ = ["ANSWERED_MEMORY", "PUMP_BACKOFF_S", "REPLY_BATCH", "REPLY_BLOCK_S", "ReplyPump", "Waiter"]
@@ -102,7 +102,7 @@ class ReplyPump:
                 backoff.reset()
             except (*REDIS_ERRORS, RedisError) as exc:
                 self.stats.pump_reconnects += 1
-                pause = backoff.next()
+                pause = backoff.next(failing_over=failing_over(exc))
                 log.warning(
                     "producer %s reply pump lost Valkey (%s); retrying in %.1fs", self.producer_id, exc, pause
                 )

@@ -23,8 +23,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.utils import HIREDIS_AVAILABLE
 
@@ -33,6 +34,27 @@ from runtime.valkey.url import SentinelUrl, parse_sentinel, redis_py_url
 
 # What "Valkey is unreachable right now" looks like from redis-py: retry with backoff, never crash.
 REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+# How the pipelined connection says a failover demoted its server (runtime.valkey.pipelined).
+_DEMOTED = "is now a replica"
+
+
+def failing_over(exc: BaseException) -> bool:
+    """Whether ``exc`` says Valkey answers but has no primary to offer right now: the sentinels name
+    none, the primary refuses the connection (it died; the sentinels have not noticed yet) or calls
+    itself a replica. A new primary is then seconds away (:class:`runtime.backoff.Backoff`). A Valkey
+    that does not answer at all (a timeout) is not failing over."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, MasterNotFoundError | ReadOnlyError | ConnectionRefusedError):
+            return True
+        if isinstance(error, RedisConnectionError) and (
+            _DEMOTED in str(error) or "Connection refused" in str(error)
+        ):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 class ValkeyClient(aioredis.Redis):

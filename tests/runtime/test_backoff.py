@@ -7,8 +7,13 @@ import random
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from redis.asyncio.sentinel import MasterNotFoundError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from runtime.backoff import Backoff
+from runtime.backoff import FAILOVER_PAUSE_S, Backoff
+from runtime.valkey.client import failing_over
 
 
 @pytest.mark.parametrize(
@@ -49,3 +54,44 @@ def test_never_above_the_cap_nor_below_half_the_first_delay(initial, factor, att
     backoff = Backoff(initial, initial * factor)
     for _ in range(attempts):
         assert initial / 2 <= backoff.next() <= initial * factor
+
+
+def test_a_failover_is_retried_at_a_short_fixed_pause_for_the_window_then_backs_off() -> None:
+    backoff = Backoff(0.1, 5.0, rng=random.Random(3), failover_window_s=2.0)
+    for _ in range(5):
+        backoff.next()  # an outage already under way: the ceiling is 3.2 s
+    pauses = []
+    while (pause := backoff.next(failing_over=True)) <= FAILOVER_PAUSE_S:
+        pauses.append(pause)
+    assert all(FAILOVER_PAUSE_S / 2 <= p <= FAILOVER_PAUSE_S for p in pauses)
+    assert 2.0 <= sum(pauses) < 2.0 + FAILOVER_PAUSE_S  # bounded by the window, then the capped backoff
+    assert 1.6 <= pause <= 3.2
+    backoff.reset()
+    assert backoff.next(failing_over=True) <= FAILOVER_PAUSE_S  # a new failover gets a new window
+
+
+@pytest.mark.parametrize(
+    ("error", "failing"),
+    [
+        (MasterNotFoundError("No master found for 'dispatchmaster'"), True),
+        (RedisConnectionError("Valkey at 127.0.0.1:7000 is now a replica: READONLY"), True),
+        (ReadOnlyError("You can't write against a read only replica."), True),
+        (RedisConnectionError("Error 111 connecting to 127.0.0.1:7000. Connection refused."), True),
+        (ConnectionRefusedError(111, "Connect call failed"), True),
+        (RedisConnectionError("Valkey sent nothing for 2.1s with answers owed"), False),
+        (RedisTimeoutError("Timeout reading from 127.0.0.1:7000"), False),
+        (RedisConnectionError("Connection to Valkey lost: closed"), False),
+    ],
+)
+def test_what_counts_as_a_failover_in_progress(error: BaseException, failing: bool) -> None:
+    assert failing_over(error) is failing
+
+
+def test_a_refused_connect_is_a_failover_through_its_cause() -> None:
+    try:
+        try:
+            raise ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 7000)")
+        except OSError as exc:
+            raise RedisConnectionError("could not connect to Valkey") from exc
+    except RedisConnectionError as wrapped:
+        assert failing_over(wrapped)

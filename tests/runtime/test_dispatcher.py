@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 
@@ -10,7 +11,14 @@ import orjson
 import pytest
 
 from runtime.config import ProducerSettings
-from runtime.dispatch.stats import DROP_EXPIRED, DROP_MALFORMED, DROP_PRODUCER_GONE, DROP_REPLY_PRODUCER_GONE
+from runtime.dispatch.stats import (
+    DROP_EXPIRED,
+    DROP_LOST_IN_FLIGHT,
+    DROP_MALFORMED,
+    DROP_PRODUCER_GONE,
+    DROP_REPLY_PRODUCER_GONE,
+    DROP_REPLY_UNDELIVERED,
+)
 from runtime.errors import (
     BackendConnectError,
     BackendHTTPError,
@@ -236,6 +244,57 @@ async def test_dispatcher_survives_a_valkey_restart(private_valkey, keys, sim) -
             assert result.completion["choices"]
             assert dispatcher.stats.completed == 2
             assert outages == 1  # one outage, logged once, not a reconnect storm
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+async def test_a_reply_lost_with_valkey_is_counted_once_as_undelivered(private_valkey, keys, sim) -> None:
+    """Lists mode: Valkey killed while a call runs and restarted (from its append-only file) only after
+    the call's FINISH gave up. The reply is lost and counted ``reply_undelivered``; the lease FINISH could
+    not release comes back with the file, expires and is reaped, and is not counted a second time as
+    ``lost_in_flight`` (before: both, one lost call counted twice)."""
+    from runtime.valkey import embedded
+    from runtime.valkey.client import connect
+
+    client = connect(private_valkey.url, health_s=1.0)
+    await client.config_set("appendfsync", "always")  # the claim's lease survives the kill
+    try:
+        async with (
+            running_dispatcher(
+                client, keys, one_pool_group(sim.url), lease_s=2.0, finish_retry_s=1.0,
+                reconnect_backoff_s=(0.1, 0.5),
+            ) as dispatcher,
+            Producer(client, keys=keys) as producer,
+        ):  # fmt: skip
+            call = asyncio.create_task(
+                producer.submit(slow_call(500), pool_id="default", timeout=6, request_id="lost")
+            )
+            await wait_until(lambda: dispatcher.running, timeout=10, what="the call in flight")
+            os.kill(private_valkey.pid, signal.SIGKILL)
+            await wait_until(
+                lambda: dispatcher.stats.dropped[DROP_REPLY_UNDELIVERED] == 1,
+                timeout=15,
+                what="FINISH giving up",
+            )
+            embedded.start(private_valkey.data_dir, port=private_valkey.port)
+            checker = connect(private_valkey.url)  # no pooled connection of the killed server's
+            try:
+
+                async def reaped() -> bool:
+                    return await checker.zcard(keys.group_inflight("g")) == 0  # type: ignore[no-any-return]
+
+                await wait_until(reaped, timeout=15, what="the lease reaped")
+            finally:
+                await checker.aclose()
+            rounds = dispatcher.stats.rounds
+            await wait_until(
+                lambda: dispatcher.stats.rounds >= rounds + 2, timeout=10, what="two more rounds"
+            )
+            assert dispatcher.stats.dropped[DROP_LOST_IN_FLIGHT] == 0
+            assert dispatcher.stats.dropped[DROP_REPLY_UNDELIVERED] == 1
+            assert isinstance((await asyncio.gather(call, return_exceptions=True))[0], RequestTimeout)
     finally:
         await client.aclose()
 

@@ -2,7 +2,9 @@
 
 Durable: every request the producer had acknowledged is answered exactly once (the AOF brings back the
 queue, the leases and the producer's liveness; a lease that expired meanwhile runs its request again,
-and the producer keeps the first reply). Lists: what the crash took is counted, never silent.
+and the producer keeps the first reply). Lists: a call that finished while Valkey was down is answered
+once it is back (its FINISH keeps trying); one whose FINISH gave up first is counted, never silent
+(tests/runtime/test_dispatcher.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from collections.abc import AsyncIterator
 import pytest
 import redis
 
-from runtime.errors import DispatchError
 from runtime.producer import Producer
 from runtime.queue import groups
 from runtime.valkey import embedded
@@ -98,7 +99,10 @@ async def test_durable_work_survives_a_valkey_kill_and_each_request_is_answered_
 
 
 @pytest.mark.timeout(180)
-async def test_lists_work_lost_to_a_valkey_kill_is_counted(private_valkey, keys, backend) -> None:
+async def test_lists_calls_that_finish_while_valkey_is_down_are_answered_when_it_is_back(
+    private_valkey, keys, backend
+) -> None:
+    """Before issue 21's fix FINISH gave up after ~1.5 s: these 4 calls were lost (reply_undelivered)."""
     client = connect(private_valkey.url)
     await groups.publish(client, keys, group(backend.url, LISTS))
     dispatcher = start_dispatcher(private_valkey.url, keys.prefix, "g", "d", concurrency=4, lease_s=LEASE_S)
@@ -115,13 +119,14 @@ async def test_lists_work_lost_to_a_valkey_kill_is_counted(private_valkey, keys,
             await asyncio.sleep(2.5)
             embedded.start(private_valkey.data_dir)
             outcomes = await asyncio.gather(*calls, return_exceptions=True)
-            assert all(isinstance(o, DispatchError) for o in outcomes), outcomes
+            assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
         with redis.Redis.from_url(private_valkey.url) as check:
             await wait_until(
-                lambda: int(check.hget(keys.counters("g"), "dropped:reply_undelivered") or 0) == 4,
+                lambda: int(check.hget(keys.counters("g"), "completed") or 0) >= 4,
                 timeout=15,
-                what="4 undelivered replies counted",
+                what="4 completions counted",
             )
+            assert int(check.hget(keys.counters("g"), "dropped:reply_undelivered") or 0) == 0
     finally:
         stop_dispatcher(dispatcher)
         await client.aclose()
