@@ -54,6 +54,7 @@ from runtime.producer.outcomes import (
 from runtime.producer.pools import PoolRegistry
 from runtime.producer.pump import WAKE_SENTINEL, ReplyPump, Waiter
 from runtime.producer.streams import ChatStream, stream_call
+from runtime.producer.tenancy import UNTAGGED_TAG, TenantTag, fair_push, withdraw_member
 from runtime.queue.admission import KeyLease, KeyLeases
 from runtime.queue.keys import DEFAULT_KEYS, KeySpace
 from runtime.queue.leases import lease_member
@@ -203,18 +204,23 @@ class Producer:
         timeout: float | None = None,
         request_id: str | None = None,
         key: KeyLimits | None = None,
+        tenant: str | None = None,
+        tenant_weight: float = 1.0,
     ) -> CompletionResult:
         """Runs one chat completion through ``pool_id``; returns it or raises a DispatchError.
 
         Cancelling the caller withdraws the request: still queued, it is taken out of its list and never
         runs; already running, its dispatcher is told to cut the backend call off. ``key`` (an ingress
-        key's limits) is admitted with the push, over the whole fleet; a refusal is QueueFull.
+        key's limits) is admitted with the push, over the whole fleet; a refusal is QueueFull. ``tenant``
+        (weighted by ``tenant_weight``) is who the request is fair to inside a pool with
+        ``tenant_fairness`` on; a tenant at the pool's ``max_queued_per_tenant`` is QueueFull.
         """
         if self._closed or not self._started:
             raise ProducerClosed(
                 f"producer {self.producer_id} is {'closed' if self._closed else 'not started'}"
             )
         chat = call if isinstance(call, ChatCall) else ChatCall.from_openai(call)
+        tag = UNTAGGED_TAG if tenant is None and tenant_weight == 1.0 else TenantTag.of(tenant, tenant_weight)
         timeout_s = self.settings.default_timeout_s if timeout is None else timeout
         request_id = request_id or uuid.uuid4().hex
         metadata = metadata or Metadata()
@@ -228,7 +234,7 @@ class Producer:
             else:
                 lease = self._lease(key, pool_id, request_id, timeout_s)
                 result = await self._submit_queued(
-                    chat, request_id, pool_id, metadata, timeout_s, span, lease
+                    chat, request_id, pool_id, metadata, timeout_s, span, lease, tag
                 )
         except QueueFull as exc:
             self.stats.rejected += 1
@@ -252,20 +258,21 @@ class Producer:
         timeout_s: float,
         span: trace.Span,
         lease: KeyLease | None = None,
+        tag: TenantTag = UNTAGGED_TAG,
     ) -> CompletionResult:
         loop = asyncio.get_running_loop()
         # Counted from before the envelope's deadline is set, not from the end of the push: the caller
         # gives up no later than the deadline the dispatcher bounds the call by, so a dispatcher that runs
         # into it answers after this timer (a late reply), never first (it did by the push's duration).
         expires_at = loop.time() + timeout_s
-        raw = self._envelope(chat, request_id, pool_id, metadata, timeout_s, span)
+        raw = self._envelope(chat, request_id, pool_id, metadata, timeout_s, span, tenant=tag.tenant)
         future: asyncio.Future[Reply] = loop.create_future()
         self._waiters[request_id] = Waiter(future, pool_id)
         # A timer on the reply's own future rather than asyncio.wait_for, which adds a second future,
         # done callbacks and its own timer to every submit.
         timer = loop.call_at(expires_at, _expire, future)
         try:
-            await self._push(pool_id, request_id, raw, lease, timeout_s)
+            await self._push(pool_id, request_id, raw, lease, timeout_s, tag)
             try:
                 reply = await future
             except TimeoutError:
@@ -276,7 +283,7 @@ class Producer:
         except asyncio.CancelledError:
             # Cancelled while the push was on its way too: the push was written, so the withdrawal that
             # follows it on the connection finds the request queued (it was left behind before).
-            if await self.withdraw(pool_id, request_id, raw):
+            if await self.withdraw(pool_id, request_id, raw, tag):
                 withdrawn_span(span)
             raise
         finally:
@@ -298,6 +305,8 @@ class Producer:
         timeout_s: float,
         span: trace.Span,
         stream: StreamOptions | None = None,
+        *,
+        tenant: str | None = None,
     ) -> bytes:
         carrier: dict[str, str] = {}
         _propagator.inject(carrier, context=trace.set_span_in_context(span))
@@ -312,26 +321,40 @@ class Producer:
             trace=carrier,
             metadata=metadata,
             stream=stream,
+            tenant=tenant,
         )
         return envelope.encode(max_bytes=self.settings.max_envelope_bytes)
 
     async def _push(
-        self, pool_id: str, request_id: str, raw: bytes, lease: KeyLease | None = None, timeout_s: float = 0.0
+        self,
+        pool_id: str,
+        request_id: str,
+        raw: bytes,
+        lease: KeyLease | None = None,
+        timeout_s: float = 0.0,
+        tag: TenantTag = UNTAGGED_TAG,
     ) -> None:
         """Queues the envelope; QueueFull (nothing queued) when the pool's admission limits, or those of
         the ingress key holding ``lease``, refuse it."""
         limits = self._pools.limits(pool_id)
         group = self._pools.view.groups.get(self._pools.group_of(pool_id) or "")
+        tenant = fair_push(group.pool(pool_id), tag) if group is not None else None
         try:
             if group is not None and group.durable:
                 outcome = await self._queue.push_persisted(
-                    self.persistence, pool_id, raw, limits, lease, replicas=group.persist_replicas
+                    self.persistence,
+                    pool_id,
+                    raw,
+                    limits,
+                    lease,
+                    replicas=group.persist_replicas,
+                    tenant=tenant,
                 )
                 if outcome != PERSISTED:
                     self.stats.unpersisted_pushes += 1
                     self._unpersisted[(group.group_id, outcome)] += 1
             else:
-                await self._queue.push(pool_id, raw, limits, lease)
+                await self._queue.push(pool_id, raw, limits, lease, tenant)
         except REDIS_ERRORS as exc:
             raise QueueUnavailable(f"could not enqueue request {request_id}: {exc}") from exc
         if lease is not None:
@@ -347,6 +370,8 @@ class Producer:
         request_id: str | None = None,
         include_usage: bool | None = None,
         key: KeyLimits | None = None,
+        tenant: str | None = None,
+        tenant_weight: float = 1.0,
     ) -> ChatStream:
         """Streams one chat completion through ``pool_id``: ``async for chunk in producer.stream(...)``
         yields OpenAI ``chat.completion.chunk`` objects as the backend sends them.
@@ -363,6 +388,7 @@ class Producer:
                 f"producer {self.producer_id} is {'closed' if self._closed else 'not started'}"
             )
         call, include_usage = stream_call(call, include_usage)
+        tag = UNTAGGED_TAG if tenant is None and tenant_weight == 1.0 else TenantTag.of(tenant, tenant_weight)
         return ChatStream(
             self,
             call,
@@ -372,9 +398,12 @@ class Producer:
             request_id=request_id or uuid.uuid4().hex,
             include_usage=bool(include_usage),
             key=key,
+            tag=tag,
         )
 
-    async def withdraw(self, pool_id: str, request_id: str, raw: bytes) -> bool:
+    async def withdraw(
+        self, pool_id: str, request_id: str, raw: bytes, tag: TenantTag = UNTAGGED_TAG
+    ) -> bool:
         """Takes a queued request back out of its list, or its retry out of the pool's delayed set
         (counted ``dropped:cancelled`` in its group); one a dispatcher already claimed is cancelled
         through the group's cancel channel. True when it was still queued (no dispatcher will record
@@ -382,7 +411,9 @@ class Producer:
         self.stats.cancelled += 1
         group_id = self._pools.group_of(pool_id)
         try:
-            removed = await self._queue.withdraw(pool_id, request_id, self.producer_id, raw, group_id)
+            group = self._pools.view.groups.get(group_id or "")
+            tenant = withdraw_member(group.pool(pool_id) if group is not None else None, tag)
+            removed = await self._queue.withdraw(pool_id, request_id, self.producer_id, raw, group_id, tenant)
         except REDIS_ERRORS as exc:
             log.warning("producer %s could not withdraw request %s: %s", self.producer_id, request_id, exc)
             return False

@@ -54,6 +54,9 @@ KEY_LEASE_RENEW = source("key_lease_renew")
 READ_REGISTRY = source("read_registry")
 WITHDRAW = source("withdraw")
 TAKE_REPLIES = source("take_replies")
+# A fair pool's (tenant_fairness on, issue 22; see runtime.queue.tenants)
+TENANT_PUSH = source("tenant_push")
+TENANT_WITHDRAW = source("tenant_withdraw")
 
 # --- operators and tools ---------------------------------------------------------------------------
 DEAD_LETTER_TAKE = source("dead_letter_take")
