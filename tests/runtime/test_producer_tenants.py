@@ -19,7 +19,9 @@ NO_BACKEND = "http://127.0.0.1:9/v1"  # nothing listens: no dispatcher runs in t
 
 
 def fair_group(**pool: object):  # type: ignore[no-untyped-def]
-    return replace(one_pool_group(NO_BACKEND), pools=(PoolConfig("default", tenant_fairness="tokens", **pool),))
+    return replace(
+        one_pool_group(NO_BACKEND), pools=(PoolConfig("default", tenant_fairness="tokens", **pool),)
+    )
 
 
 async def test_a_fair_pools_submit_queues_on_its_tenants_list(aredis, keys) -> None:

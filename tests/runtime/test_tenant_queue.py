@@ -30,7 +30,9 @@ async def backlogged(client: aioredis.Redis, keys: KeySpace) -> list[tuple[str, 
     return [(m.decode(), s) for m, s in await client.zrange(keys.tenants(POOL), 0, -1, withscores=True)]
 
 
-async def test_a_tenants_push_goes_to_its_own_list_and_enters_it(aredis: aioredis.Redis, keys: KeySpace) -> None:
+async def test_a_tenants_push_goes_to_its_own_list_and_enters_it(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
     ops = ProducerOps(aredis, keys)
     assert await ops.push(POOL, b"a1", OPEN, tenant=TenantPush("acme", 2.0)) == 1
     assert await ops.push(POOL, b"a2", OPEN, tenant=TenantPush("acme", 2.0)) == 2
