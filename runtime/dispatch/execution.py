@@ -26,7 +26,7 @@ from runtime.backends.fleet import BackendFleet
 from runtime.backends.redact import redact_url
 from runtime.backoff import Backoff
 from runtime.config import DispatcherSettings
-from runtime.dispatch import redelivery
+from runtime.dispatch import redelivery, tenant_round
 from runtime.dispatch.stats import (
     DROP_REPLY_PRODUCER_GONE,
     DROP_REPLY_UNDELIVERED,
@@ -163,6 +163,8 @@ class Executor:
         settled = shutdown or (self._settle(run, config, error, ended, timing) if refused is None else None)
         reply = settled.reply if settled is not None else self._reply(envelope, completion, error, timing)
         code = await self._finish(run, reply, self._group_pools(config), settled)
+        if self.queue.charges:  # a fair pool's call: its usage corrects its tenant's charge (issue 22)
+            await tenant_round.correct(self.queue, run.member, completion, config.pool(run.pool_id))
         self._count(code, error, settled)
         self._record(run, endpoint, completion, error, started, ended, code, summary, settled)
 

@@ -46,6 +46,9 @@ SCRAPE_LEASE = source("scrape_lease")
 SCRAPE_RELEASE = source("scrape_release")
 WAKE = source("wake")  # the wake-token push on its own
 DRAIN = source("drain")  # the drain count on its own
+TENANT_OBSERVE = source("tenant_observe")  # a fair pool's (issue 22; see runtime.queue.tenant_dispatch)
+TENANT_CLAIM = source("tenant_claim")
+TENANT_CORRECT = source("tenant_correct")
 
 # --- producer side ---------------------------------------------------------------------------------
 PUSH = source("push")

@@ -2,6 +2,7 @@
 -- KEYS: producer alive key, replies list, group lease zset, pool lease zset, lease records hash,
 --       pool wake list, fencing tokens hash, durable envelopes hash, delayed zset, dead-letter list,
 --       backend lease zset, the pool's requests list, then the requests list of every pool of the group
+--       (a fair pool's: its backlogged tenants zset; either exists only while the pool has backlog)
 -- ARGV: reply bytes (empty: release only), reply list TTL ms, lease member, wake token cap, token TTL ms,
 --       fencing token ('' unfenced: lists mode), settlement (SETTLE_*), the retry's next envelope or the
 --       dead letter, the retry's due time
@@ -20,7 +21,7 @@ redis.call('HDEL', KEYS[8], ARGV[3])
 redis.call('ZREM', KEYS[11], ARGV[3])
 if ARGV[7] == 'requeue' then redis.call('LPUSH', KEYS[12], ARGV[8]) end
 for i = 12, #KEYS do
-  if redis.call('LLEN', KEYS[i]) > 0 then
+  if redis.call('EXISTS', KEYS[i]) == 1 then
 --! wake key=KEYS[6] cap=ARGV[4] ttl=ARGV[5]
     break
   end

@@ -1,0 +1,121 @@
+"""Fairness between the tenants of one pool with real Valkey, real dispatchers and the simulator over
+HTTP (issue 22, phase 2): a noisy neighbour, charges and their correction from ``usage``."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from runtime.policy.tenants import TenantCost
+from runtime.policy.tokens import estimate_tokens
+from runtime.producer import Producer
+from runtime.queue import groups
+from runtime.wire.groupconfig import GroupConfig, PoolConfig
+from tests.runtime.harness import running_dispatcher, wait_until
+
+POOL = "chat"
+
+
+def one_fair_pool(url: str, fairness: str, *, slots: int = 2, **pool: object) -> GroupConfig:
+    return GroupConfig(
+        group_id="tenants",
+        policy="drr",
+        total_concurrency=slots,
+        default_endpoint_url=url,
+        version=1,
+        pools=(PoolConfig(POOL, max_concurrent=slots, tenant_fairness=fairness, **pool),),  # type: ignore[arg-type]
+    )
+
+
+def call(text: str, latency_ms: float = 40, max_tokens: int = 16) -> dict:
+    return {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "sim": {"latency_ms": latency_ms},
+    }
+
+
+async def queued(client, keys, n: int) -> None:  # type: ignore[no-untyped-def]
+    async def enough() -> bool:
+        return (
+            int(await client.get(keys.pool_queued(POOL)) or 0) + await client.llen(keys.requests(POOL)) >= n
+        )
+
+    await wait_until(enough, timeout=20, what=f"{n} calls queued")
+
+
+async def noisy_neighbour(aredis, keys, sim, fairness: str) -> int:  # type: ignore[no-untyped-def]
+    """Tenant A queues 30 calls, then tenant B 3 (2 slots): how many of A's finished before B's last."""
+    config = one_fair_pool(sim.url, fairness)
+    await groups.publish(aredis, keys, config)
+    order: list[str] = []
+
+    async def submit(producer: Producer, tenant: str, i: int) -> None:
+        await producer.submit(call(f"{tenant} {i}"), pool_id=POOL, timeout=60, tenant=tenant)
+        order.append(tenant)
+
+    async with Producer(aredis, keys=keys) as producer:
+        noisy = [asyncio.create_task(submit(producer, "key-a", i)) for i in range(30)]
+        await queued(aredis, keys, 30)
+        async with running_dispatcher(aredis, keys, config, concurrency=2):
+            await wait_until(lambda: len(order) >= 2, timeout=20, what="A's first calls")
+            quiet = [asyncio.create_task(submit(producer, "key-b", i)) for i in range(3)]
+            await asyncio.wait_for(asyncio.gather(*quiet), 30)
+            a_before = order.count("key-a")
+            await asyncio.wait_for(asyncio.gather(*noisy), 60)
+    return a_before
+
+
+async def test_a_quiet_tenant_waits_for_a_slot_not_behind_a_noisy_ones_backlog(aredis, keys, sim) -> None:
+    a_before = await noisy_neighbour(aredis, keys, sim, "tokens")
+    # B enters at A's counter: from then on they alternate. A finished what was running or launched
+    # before B queued, then one per B call; never its backlog of 30.
+    assert a_before <= 12, f"{a_before} of A's calls finished before B's last"
+    assert await aredis.zcard(keys.tenants(POOL)) == 0
+    assert int(await aredis.get(keys.pool_queued(POOL))) == 0
+
+
+async def test_with_fairness_off_the_quiet_tenant_waits_behind_the_backlog(aredis, keys, sim) -> None:
+    a_before = await noisy_neighbour(aredis, keys, sim, "off")
+    assert a_before >= 28, f"only {a_before} of A's calls finished before B's last"
+    assert not await aredis.exists(keys.tenants(POOL), keys.pool_queued(POOL))
+
+
+async def test_charges_follow_usage_and_weights(aredis, keys, sim) -> None:
+    config = one_fair_pool(sim.url, "tokens", slots=1)
+    async with (
+        Producer(aredis, keys=keys) as producer,
+        running_dispatcher(aredis, keys, config, concurrency=1) as dispatcher,
+    ):
+        done = await producer.submit(call("x" * 40, latency_ms=0), pool_id=POOL, timeout=30, tenant="key-1")
+        usage = done.completion["usage"]
+        second = await producer.submit(
+            call("x" * 40, latency_ms=0), pool_id=POOL, timeout=30, tenant="key-2", tenant_weight=2.0
+        )
+        usage_2 = second.completion["usage"]
+        await wait_until(lambda: not dispatcher.queue.charges, timeout=10, what="corrections sent")
+    counters = {k.decode(): float(v) for k, v in (await aredis.hgetall(keys.tenant_counters(POOL))).items()}
+    # Charged the estimate at launch, corrected to the usage the simulator reported: 1 x input + 4 x output.
+    actual = 1.0 * usage["prompt_tokens"] + 4.0 * usage["completion_tokens"]
+    actual_2 = 1.0 * usage_2["prompt_tokens"] + 4.0 * usage_2["completion_tokens"]
+    assert counters["key-1"] == pytest.approx(actual)
+    # key-1 left the backlog at its launch, charged its estimate: that is the floor key-2 entered at;
+    # then key-2 paid half as much per token.
+    estimate = TenantCost().of(*estimate_tokens(call("x" * 40)["messages"], {"max_tokens": 16}, 256))
+    assert counters["*last"] == pytest.approx(estimate + estimate / 2)  # key-2, as it left at launch
+    assert counters["key-2"] == pytest.approx(estimate + actual_2 / 2)
+
+
+async def test_requests_mode_charges_one_per_request(aredis, keys, sim) -> None:
+    config = replace(one_fair_pool(sim.url, "requests", slots=1))
+    async with (
+        Producer(aredis, keys=keys) as producer,
+        running_dispatcher(aredis, keys, config, concurrency=1) as dispatcher,
+    ):
+        for _ in range(3):
+            await producer.submit(call("hi", latency_ms=0), pool_id=POOL, timeout=30, tenant="key-1")
+        await wait_until(lambda: not dispatcher.queue.charges, timeout=10, what="corrections sent")
+    assert float(await aredis.hget(keys.tenant_counters(POOL), "key-1")) == 3.0
