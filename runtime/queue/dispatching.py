@@ -28,6 +28,7 @@ from runtime.queue.tenant_dispatch import (
     correct_call,
     observe_call,
     parse_view,
+    promote_call,
 )
 from runtime.valkey.batch import ScriptBatcher
 from runtime.valkey.lua import run_pipeline
@@ -136,6 +137,7 @@ class QueueOps:
         self._tenant_observe = script("tenant_observe")
         self._tenant_claim = script("tenant_claim")
         self._tenant_correct = script("tenant_correct").bind(client)
+        self._tenant_promote = script("tenant_promote")
 
     async def observe(
         self,
@@ -370,13 +372,17 @@ class QueueOps:
 
         def build(pipe: Any) -> None:
             for pool_id in pool_ids:
+                if pool_id in self.fair_pools:  # back onto each retry's tenant's list
+                    self._tenant_promote.queue(pipe, *promote_call(self.keys, pool_id))
+                    continue
                 self._promote.queue(
                     pipe,
                     [self.keys.delayed(pool_id), self.keys.requests(pool_id), self.keys.wake_list(pool_id)],
                     [scripts.PROMOTE_BATCH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
                 )
 
-        return sum(int(n) for n in await run_pipeline(self.client, [self._promote], build))
+        scripts_used = [self._promote, self._tenant_promote]
+        return sum(int(n) for n in await run_pipeline(self.client, scripts_used, build))
 
     async def bury(
         self, raw: bytes, *, pool_id: str, producer_id: str, letter: bytes, reply: bytes, reply_ttl_s: float

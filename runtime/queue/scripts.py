@@ -49,6 +49,7 @@ DRAIN = source("drain")  # the drain count on its own
 TENANT_OBSERVE = source("tenant_observe")  # a fair pool's (issue 22; see runtime.queue.tenant_dispatch)
 TENANT_CLAIM = source("tenant_claim")
 TENANT_CORRECT = source("tenant_correct")
+TENANT_PROMOTE = source("tenant_promote")
 
 # --- producer side ---------------------------------------------------------------------------------
 PUSH = source("push")

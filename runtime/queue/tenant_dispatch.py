@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.queue.keys import KeySpace
+from runtime.queue import scripts
+from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
 
 __all__ = [
     "TENANT_VIEW_WIDTH",
@@ -26,6 +27,7 @@ __all__ = [
     "correct_call",
     "observe_call",
     "parse_view",
+    "promote_call",
 ]
 
 TENANT_VIEW_WIDTH = 16  # tenants viewed per observation (W); one more is read as the horizon
@@ -108,6 +110,17 @@ def claim_keys(keys: KeySpace, pool_id: str, pick: FairPick) -> tuple[str, list[
         keys.tenant_counters(pool_id),
         keys.pool_queued(pool_id),
     ]
+
+
+def promote_call(keys: KeySpace, pool_id: str) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of ``lua/tenant_promote.lua``."""
+    return (
+        [
+            keys.delayed(pool_id), keys.requests(pool_id), keys.wake_list(pool_id), keys.tenants(pool_id),
+            keys.tenant_counters(pool_id), keys.pool_queued(pool_id),
+        ],
+        [scripts.PROMOTE_BATCH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, keys.tenant_requests(pool_id, "")],
+    )  # fmt: skip
 
 
 def correct_call(keys: KeySpace, pool_id: str, tenant: str, correction: float) -> tuple[list[str], list[Any]]:

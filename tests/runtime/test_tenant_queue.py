@@ -1,9 +1,11 @@
-"""A fair pool's push and withdrawal against a real Valkey (issue 22, phase 2): each tenant's own list,
-the enter rule of :class:`runtime.policy.tenants.TenantLedger`, the pool's count key, per-tenant caps."""
+"""A fair pool's push, withdrawal and promoted retries against a real Valkey (issue 22, phase 2): each
+tenant's own list, the enter rule of :class:`runtime.policy.tenants.TenantLedger`, the pool's count key,
+per-tenant caps."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import redis.asyncio as aioredis
@@ -12,10 +14,11 @@ from runtime.errors import QueueFull
 from runtime.policy.admission import AdmissionLimits, KeyLimits
 from runtime.policy.tenants import TenantLedger
 from runtime.queue.admission import KeyLease
+from runtime.queue.dispatching import QueueOps
 from runtime.queue.keys import KeySpace
 from runtime.queue.producing import ProducerOps
 from runtime.queue.tenants import TenantPush
-from runtime.wire.contract import envelope_prefix
+from runtime.wire.contract import ChatCall, Envelope, envelope_prefix
 
 POOL = "chat"
 OPEN = AdmissionLimits()
@@ -154,3 +157,24 @@ async def test_withdrawing_the_last_request_makes_the_tenant_leave(
     assert await aredis.hget(keys.counters("g"), "dropped:cancelled") == b"1"
     assert not await ops.withdraw(POOL, "r1", "p1", raw, "g", tenant="acme")  # nothing counted twice
     assert int(await aredis.get(keys.pool_queued(POOL))) == 1
+
+
+def envelope(request_id: str, tenant: str | None) -> bytes:
+    call = ChatCall.from_openai({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    return Envelope(request_id, "p1", POOL, call, time.time(), tenant=tenant, attempt=2).encode()
+
+
+async def test_a_due_retry_goes_back_to_its_tenants_list(aredis: aioredis.Redis, keys: KeySpace) -> None:
+    ops = ProducerOps(aredis, keys)
+    await ops.push(POOL, b"waiting", OPEN, tenant=TenantPush("bolt"))  # bolt waits at counter 0
+    await aredis.hset(keys.tenant_counters(POOL), mapping={"acme": 9.0, "bolt": 0.0})
+    acme, untagged = envelope("r1", "acme"), envelope("r2", None)
+    await aredis.zadd(keys.delayed(POOL), {acme: 1.0, untagged: 2.0})
+    queue = QueueOps(aredis, keys, "g")
+    queue.fair_pools = frozenset({POOL})
+    assert await queue.promote([POOL]) == 2
+    assert await aredis.lrange(keys.tenant_requests(POOL, "acme"), 0, -1) == [acme]
+    assert await aredis.lrange(keys.requests(POOL), 0, -1) == [untagged]
+    assert int(await aredis.get(keys.pool_queued(POOL))) == 3
+    assert await backlogged(aredis, keys) == [("*", 0.0), ("bolt", 0.0), ("acme", 9.0)]
+    assert await aredis.zcard(keys.delayed(POOL)) == 0
