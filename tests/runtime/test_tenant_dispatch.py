@@ -1,18 +1,25 @@
 """Fairness between the tenants of one pool with real Valkey, real dispatchers and the simulator over
-HTTP (issue 22, phase 2): a noisy neighbour, charges and their correction from ``usage``."""
+HTTP (issue 22, phase 2): a noisy neighbour, charges and their correction from ``usage`` (or none), a
+tenant back from idle, two dispatcher processes on one pool's tenants."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
+from aiohttp import web
 
 from runtime.policy.tenants import TenantCost
 from runtime.policy.tokens import estimate_tokens
 from runtime.producer import Producer
 from runtime.queue import groups
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
+from simulator.server import SimulatorConfig, SimulatorServer
+from tests.runtime.dispatcher_proc import start_dispatcher
 from tests.runtime.harness import running_dispatcher, wait_until
 
 POOL = "chat"
@@ -119,3 +126,115 @@ async def test_requests_mode_charges_one_per_request(aredis, keys, sim) -> None:
             await producer.submit(call("hi", latency_ms=0), pool_id=POOL, timeout=30, tenant="key-1")
         await wait_until(lambda: not dispatcher.queue.charges, timeout=10, what="corrections sent")
     assert float(await aredis.hget(keys.tenant_counters(POOL), "key-1")) == 3.0
+
+
+@contextlib.asynccontextmanager
+async def backend_without_usage() -> AsyncIterator[str]:
+    """A small real OpenAI-compatible server whose completions report no ``usage``."""
+
+    async def complete(request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response(
+            {
+                "id": "c1", "object": "chat.completion", "created": 0, "model": body["model"],
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+                ],
+            }
+        )  # fmt: skip
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", complete)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_backend_without_usage_leaves_the_estimate_as_the_charge(aredis, keys) -> None:
+    async with backend_without_usage() as url:
+        config = one_fair_pool(url, "tokens", slots=1)
+        async with (
+            Producer(aredis, keys=keys) as producer,
+            running_dispatcher(aredis, keys, config, concurrency=1) as dispatcher,
+        ):
+            done = await producer.submit(
+                call("y" * 80, max_tokens=50), pool_id=POOL, timeout=30, tenant="key-3"
+            )
+            assert "usage" not in done.completion
+            await wait_until(lambda: not dispatcher.queue.charges, timeout=10, what="the charge settled")
+    estimate = TenantCost().of(*estimate_tokens(call("y" * 80)["messages"], {"max_tokens": 50}, 256))
+    assert float(await aredis.hget(keys.tenant_counters(POOL), "key-3")) == pytest.approx(estimate)
+
+
+async def test_a_tenant_back_from_idle_banks_no_credit(aredis, keys, sim) -> None:
+    config = one_fair_pool(sim.url, "tokens", slots=1)
+    async with (
+        Producer(aredis, keys=keys) as producer,
+        running_dispatcher(aredis, keys, config, concurrency=1) as dispatcher,
+    ):
+        await producer.submit(call("a", latency_ms=0), pool_id=POOL, timeout=30, tenant="key-a")
+        await wait_until(lambda: not dispatcher.queue.charges, timeout=10, what="a's charge settled")
+        away = float(await aredis.hget(keys.tenant_counters(POOL), "key-a"))
+        # While a is away, b keeps a backlog and its counter climbs far past a's.
+        busy = [
+            asyncio.create_task(
+                producer.submit(call("b", latency_ms=60), pool_id=POOL, timeout=60, tenant="key-b")
+            )
+            for _ in range(8)
+        ]
+        await wait_until(lambda: sum(t.done() for t in busy) >= 4, timeout=20, what="b's first calls")
+        b_now = float(await aredis.zscore(keys.tenants(POOL), "key-b"))
+        assert b_now > away
+        back = asyncio.create_task(
+            producer.submit(call("a", latency_ms=0), pool_id=POOL, timeout=60, tenant="key-a")
+        )
+        await wait_until(lambda: aredis.zscore(keys.tenants(POOL), "key-a"), timeout=10, what="a back")
+        entered = float(await aredis.zscore(keys.tenants(POOL), "key-a"))
+        # a re-enters at b's counter (the floor), not at its own lower one: no burst of catch-up.
+        assert entered >= b_now
+        await asyncio.wait_for(asyncio.gather(back, *busy), 60)
+
+
+@pytest.mark.slow
+async def test_two_dispatcher_processes_share_a_fair_pool_without_double_runs(
+    aredis, keys, valkey_url
+) -> None:
+    async with SimulatorServer(SimulatorConfig()) as sim:
+        config = replace(one_fair_pool(sim.url, "tokens", slots=4), group_id="tenants-fleet")
+        await groups.publish(aredis, keys, config)
+        procs = [
+            start_dispatcher(valkey_url, keys.prefix, "tenants-fleet", f"d{i}", concurrency=2)
+            for i in range(2)
+        ]
+        try:
+            async with Producer(aredis, keys=keys) as producer:
+                tasks = [
+                    asyncio.create_task(
+                        producer.submit(
+                            {**call(f"t{i % 5} {i}", latency_ms=10), "user": f"u{i}"},
+                            pool_id=POOL, timeout=60, tenant=f"key-{i % 5}",
+                        )
+                    )
+                    for i in range(150)
+                ]  # fmt: skip
+                results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            codes = [proc.wait(20) for proc in procs]
+    assert codes == [0, 0] and len(results) == 150
+    assert set(sim.calls_by_user.values()) == {1} and len(sim.calls_by_user) == 150  # each ran once
+    assert sim.peak_active <= 4
+    assert int(await aredis.get(keys.pool_queued(POOL))) == 0
+    assert await aredis.zcard(keys.tenants(POOL)) == 0
+    # Every charge was corrected to the usage reported: the counters add up to the work done.
+    counters = await aredis.hgetall(keys.tenant_counters(POOL))
+    served = sum(
+        1.0 * r.completion["usage"]["prompt_tokens"] + 4.0 * r.completion["usage"]["completion_tokens"]
+        for r in results
+    )
+    assert sum(float(v) for k, v in counters.items() if k != b"*last") == pytest.approx(served)
