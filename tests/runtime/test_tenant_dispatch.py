@@ -238,3 +238,38 @@ async def test_two_dispatcher_processes_share_a_fair_pool_without_double_runs(
         for r in results
     )
     assert sum(float(v) for k, v in counters.items() if k != b"*last") == pytest.approx(served)
+
+
+@pytest.mark.slow
+async def test_pool_shares_are_unchanged_by_the_tenants_inside_a_pool(aredis, keys, sim) -> None:
+    config = GroupConfig(
+        group_id="tenants-shares",
+        policy="drr",
+        total_concurrency=4,
+        default_endpoint_url=sim.url,
+        version=1,
+        pools=(
+            PoolConfig("fair", quantum=1, max_concurrent=4, tenant_fairness="tokens"),
+            PoolConfig("plain", quantum=3, max_concurrent=4),
+        ),
+    )
+    await groups.publish(aredis, keys, config)
+    async with Producer(aredis, keys=keys) as producer:
+        tasks = [
+            asyncio.create_task(
+                producer.submit(
+                    call(f"{i}", latency_ms=5), pool_id="fair", timeout=120, tenant=f"key-{i % 20}"
+                )
+            )
+            for i in range(300)
+        ] + [
+            asyncio.create_task(producer.submit(call(f"{i}", latency_ms=5), pool_id="plain", timeout=120))
+            for i in range(300)
+        ]
+        await wait_until(lambda: aredis.llen(keys.requests("plain")), timeout=20, what="plain's backlog")
+        async with running_dispatcher(aredis, keys, config, concurrency=4) as dispatcher:
+            launched = dispatcher.stats.launched_by_pool
+            await wait_until(lambda: launched["fair"] + launched["plain"] >= 200, timeout=30)
+            ratio = launched["plain"] / max(1, launched["fair"])
+            await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    assert 2.4 <= ratio <= 3.8, f"plain:fair was {ratio:.2f}, expected about 3 as with no tenants"
