@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -17,6 +18,9 @@ from runtime.policy.tenants import TenantCost
 from runtime.policy.tokens import estimate_tokens
 from runtime.producer import Producer
 from runtime.queue import groups
+from runtime.queue.leases import LeaseRecord
+from runtime.telemetry import semconv
+from runtime.wire.contract import ChatCall, Envelope
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.runtime.dispatcher_proc import start_dispatcher
@@ -273,3 +277,29 @@ async def test_pool_shares_are_unchanged_by_the_tenants_inside_a_pool(aredis, ke
             ratio = launched["plain"] / max(1, launched["fair"])
             await asyncio.wait_for(asyncio.gather(*tasks), 60)
     assert 2.4 <= ratio <= 3.8, f"plain:fair was {ratio:.2f}, expected about 3 as with no tenants"
+
+
+async def test_the_dispatch_span_and_the_lease_record_carry_the_tenant(aredis, keys, sim, spans) -> None:
+    provider, exporter = spans
+    config = one_fair_pool(sim.url, "tokens", slots=1)
+    async with (
+        Producer(aredis, keys=keys) as producer,
+        running_dispatcher(aredis, keys, config, concurrency=1, tracer=provider.get_tracer("t")),
+    ):
+        await producer.submit(call("hi", latency_ms=0), pool_id=POOL, timeout=30, tenant="key-5:bob")
+        await producer.submit(call("hi", latency_ms=0), pool_id=POOL, timeout=30)
+    dispatched = [
+        s for s in exporter.get_finished_spans() if s.attributes[semconv.SPAN_KIND_ROLE] == "dispatcher"
+    ]
+    assert [s.attributes.get(semconv.TENANT) for s in dispatched] == ["key-5:bob", None]
+    envelope = Envelope.decode(
+        Envelope("r1", "p1", POOL, ChatCall.from_openai(call("hi")), time.time(), tenant="key-5:bob").encode()
+    )
+    raw = LeaseRecord.encode_of(envelope, pool_id=POOL, claimed_at=time.time(), dispatcher_id="d", cost=1)
+    record = LeaseRecord.decode(raw)
+    assert record is not None and record.tenant == "key-5:bob" and record.subject().tenant == "key-5:bob"
+    assert LeaseRecord.decode(record.encode()) == record
+    untagged = LeaseRecord.encode_of(
+        replace(envelope, tenant=None), pool_id=POOL, claimed_at=0, dispatcher_id="d", cost=1
+    )
+    assert b"tenant" not in untagged  # an untagged call's record is the seed's
