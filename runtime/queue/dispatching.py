@@ -270,8 +270,9 @@ class QueueOps:
                     self._claim.queue(pipe, keys, args)
                     continue
                 keys[0], tenant_keys = claim_keys(self.keys, req.pool_id, pick)
-                charge = repr(pick.charge) if req.mode == "launch" else "0"
-                self._tenant_claim.queue(pipe, [*keys, *tenant_keys], [*args, pick.tenant, charge])
+                launch = req.mode == "launch"
+                charge, cost = (repr(pick.charge), repr(pick.charge * pick.weight)) if launch else ("0", "0")
+                self._tenant_claim.queue(pipe, [*keys, *tenant_keys], [*args, pick.tenant, charge, cost])
             if end_turn is not None:
                 self._release.queue(
                     pipe,
@@ -358,7 +359,7 @@ class QueueOps:
         if charged is None or not correction:
             return
         pool_id, pick = charged
-        await self._tenant_correct(*correct_call(self.keys, pool_id, pick.tenant, correction / pick.weight))
+        await self._tenant_correct(*correct_call(self.keys, pool_id, pick, correction))
 
     def charged(self, member: str) -> FairPick | None:
         """The pick of one of this dispatcher's running fair-pool calls (None: not a fair pool's)."""

@@ -71,6 +71,11 @@ class KeySpace:
         """Hash tenant -> weight, written by each submit from its key's ``tenant_weight``."""
         return f"{self.prefix}hash:llm:tenant-weights:{pool_id}"
 
+    def tenant_served(self, pool_id: str) -> str:
+        """Hash tenant -> the (unweighted) cost it was served: estimates at launch, corrected by usage
+        on completion (the operator's per-tenant metrics read its top tenants)."""
+        return f"{self.prefix}hash:llm:tenant-served:{pool_id}"
+
     def pool_queued(self, pool_id: str) -> str:
         """Requests queued in a fair pool across all its lists (summing LLENs is O(tenants))."""
         return f"{self.prefix}key:llm:queued:{pool_id}"

@@ -109,6 +109,7 @@ def claim_keys(keys: KeySpace, pool_id: str, pick: FairPick) -> tuple[str, list[
         keys.tenants(pool_id),
         keys.tenant_counters(pool_id),
         keys.pool_queued(pool_id),
+        keys.tenant_served(pool_id),
     ]
 
 
@@ -123,6 +124,11 @@ def promote_call(keys: KeySpace, pool_id: str) -> tuple[list[str], list[Any]]:
     )  # fmt: skip
 
 
-def correct_call(keys: KeySpace, pool_id: str, tenant: str, correction: float) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of ``lua/tenant_correct.lua``."""
-    return [keys.tenants(pool_id), keys.tenant_counters(pool_id)], [tenant, repr(correction)]
+def correct_call(
+    keys: KeySpace, pool_id: str, pick: FairPick, correction: float
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of ``lua/tenant_correct.lua`` (``correction`` before the tenant's weight)."""
+    return (
+        [keys.tenants(pool_id), keys.tenant_counters(pool_id), keys.tenant_served(pool_id)],
+        [pick.tenant, repr(correction / pick.weight), repr(correction)],
+    )

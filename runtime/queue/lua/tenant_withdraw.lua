@@ -12,12 +12,7 @@ if removed > 0 then
 --! leave zset=KEYS[3] counters=KEYS[4] tenant=ARGV[4]
   end
 else
-  for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-    if string.sub(member, 1, #ARGV[3]) == ARGV[3] then
-      removed = redis.call('ZREM', KEYS[2], member)
-      break
-    end
-  end
+--! delayed_take
 end
 if removed > 0 and KEYS[6] then redis.call('HINCRBY', KEYS[6], ARGV[2], 1) end
 return removed
