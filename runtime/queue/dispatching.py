@@ -29,6 +29,7 @@ from runtime.queue.tenant_dispatch import (
     observe_call,
     parse_view,
     promote_call,
+    reap_fair_args,
 )
 from runtime.valkey.batch import ScriptBatcher
 from runtime.valkey.lua import run_pipeline
@@ -176,7 +177,7 @@ class QueueOps:
                 self._reap.queue(
                     pipe,
                     [self._group_inflight, self._lease_records, self._durable, self._tokens, *pool_leases],
-                    [self.keys.requests("")],
+                    [self.keys.requests(""), *reap_fair_args(self.keys, self.fair_pools)],
                 )
             for read in reads:
                 if read.pool_id in self.fair_pools:

@@ -11,7 +11,7 @@ increments, so two dispatchers' never drift; the SHA-1 check makes a raced head 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ __all__ = [
     "observe_call",
     "parse_view",
     "promote_call",
+    "reap_fair_args",
 ]
 
 TENANT_VIEW_WIDTH = 16  # tenants viewed per observation (W); one more is read as the horizon
@@ -122,6 +123,21 @@ def promote_call(keys: KeySpace, pool_id: str) -> tuple[list[str], list[Any]]:
         ],
         [scripts.PROMOTE_BATCH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, keys.tenant_requests(pool_id, "")],
     )  # fmt: skip
+
+
+def reap_fair_args(keys: KeySpace, fair_pools: Collection[str]) -> list[str]:
+    """What REAP needs to requeue a fair pool's durable request onto its tenant's list (nothing when
+    the group has no fair pool: the seed's reap)."""
+    if not fair_pools:
+        return []
+    tenant_lists = keys.tenant_requests("\x00", "").split("\x00")[0]  # the prefix up to the pool id
+    return [
+        tenant_lists,
+        keys.tenants(""),
+        keys.tenant_counters(""),
+        keys.pool_queued(""),
+        *sorted(fair_pools),
+    ]
 
 
 def correct_call(

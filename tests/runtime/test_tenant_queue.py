@@ -14,7 +14,7 @@ from runtime.errors import QueueFull
 from runtime.policy.admission import AdmissionLimits, KeyLimits
 from runtime.policy.tenants import TenantLedger
 from runtime.queue.admission import KeyLease
-from runtime.queue.dispatching import QueueOps
+from runtime.queue.dispatching import QueueOps, lease_member
 from runtime.queue.keys import KeySpace
 from runtime.queue.producing import ProducerOps
 from runtime.queue.tenants import TenantPush
@@ -178,3 +178,32 @@ async def test_a_due_retry_goes_back_to_its_tenants_list(aredis: aioredis.Redis,
     assert int(await aredis.get(keys.pool_queued(POOL))) == 3
     assert await backlogged(aredis, keys) == [("*", 0.0), ("bolt", 0.0), ("acme", 9.0)]
     assert await aredis.zcard(keys.delayed(POOL)) == 0
+
+
+async def test_an_expired_durable_lease_requeues_onto_its_tenants_list(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
+    lost, untagged = envelope("r1", "acme"), envelope("r2", None)
+    for request_id, raw in (("r1", lost), ("r2", untagged)):
+        member = lease_member(POOL, request_id)
+        await aredis.zadd(keys.group_inflight("g"), {member: 1.0})  # expired long ago
+        await aredis.hset(keys.durable_leases("g"), member, raw)
+    await aredis.hset(keys.tenant_counters(POOL), mapping={"acme": 7.0})
+    seen = await QueueOps(aredis, keys, "g").observe([], 8, fair=[POOL])
+    assert sorted(seen.requeued) == sorted([lost, untagged])
+    assert await aredis.lrange(keys.tenant_requests(POOL, "acme"), 0, -1) == [lost]
+    assert await aredis.lrange(keys.requests(POOL), 0, -1) == [untagged]
+    assert int(await aredis.get(keys.pool_queued(POOL))) == 2
+    assert await backlogged(aredis, keys) == [("*", 0.0), ("acme", 7.0)]
+
+
+async def test_without_fair_pools_the_reap_requeues_as_the_seed_did(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
+    raw = envelope("r1", "acme")
+    member = lease_member(POOL, "r1")
+    await aredis.zadd(keys.group_inflight("g"), {member: 1.0})
+    await aredis.hset(keys.durable_leases("g"), member, raw)
+    await QueueOps(aredis, keys, "g").observe([], 8)
+    assert await aredis.lrange(keys.requests(POOL), 0, -1) == [raw]  # a tagged request in an off pool
+    assert not await aredis.exists(keys.pool_queued(POOL), keys.tenants(POOL))
