@@ -30,6 +30,7 @@ from runtime.queue.tenant_dispatch import (
     parse_view,
     promote_call,
     reap_fair_args,
+    requeue_fair_args,
 )
 from runtime.valkey.batch import ScriptBatcher
 from runtime.valkey.lua import run_pipeline
@@ -326,6 +327,8 @@ class QueueOps:
         (``FINISH_STALE``). While one of ``group_pools`` has backlog, the freed slot wakes one idle
         dispatcher of the group.
         """
+        # A fair pool's request going back goes to its tenant's list (lua/_tenant_requeue.lua).
+        requeue_fair = settlement == scripts.SETTLE_REQUEUE and pool_id in self.fair_pools
         code = await self._finishes.run(
             [
                 self.keys.producer_alive(producer_id),
@@ -345,6 +348,7 @@ class QueueOps:
             [
                 reply, int(reply_ttl_s * 1000), member, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, token, settlement,
                 payload, due_at,
+                *(requeue_fair_args(self.keys, pool_id) if requeue_fair else ()),
             ],
         )  # fmt: skip
         return int(code)

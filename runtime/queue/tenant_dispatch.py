@@ -29,6 +29,7 @@ __all__ = [
     "parse_view",
     "promote_call",
     "reap_fair_args",
+    "requeue_fair_args",
 ]
 
 TENANT_VIEW_WIDTH = 16  # tenants viewed per observation (W); one more is read as the horizon
@@ -138,6 +139,14 @@ def reap_fair_args(keys: KeySpace, fair_pools: Collection[str]) -> list[str]:
         keys.pool_queued(""),
         *sorted(fair_pools),
     ]
+
+
+def requeue_fair_args(keys: KeySpace, pool_id: str) -> list[str]:
+    """FINISH's extra arguments for a fair pool's requeue (a durable call its dispatcher shut down on)."""
+    return [
+        keys.tenant_requests(pool_id, ""), keys.tenants(pool_id), keys.tenant_counters(pool_id),
+        keys.pool_queued(pool_id),
+    ]  # fmt: skip
 
 
 def correct_call(

@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from runtime.errors import QueueFull
 from runtime.policy.admission import AdmissionLimits, KeyLimits
 from runtime.policy.tenants import TenantLedger
+from runtime.queue import scripts
 from runtime.queue.admission import KeyLease
 from runtime.queue.dispatching import QueueOps, lease_member
 from runtime.queue.keys import KeySpace
@@ -207,3 +208,21 @@ async def test_without_fair_pools_the_reap_requeues_as_the_seed_did(
     await QueueOps(aredis, keys, "g").observe([], 8)
     assert await aredis.lrange(keys.requests(POOL), 0, -1) == [raw]  # a tagged request in an off pool
     assert not await aredis.exists(keys.pool_queued(POOL), keys.tenants(POOL))
+
+
+async def test_a_shutdowns_requeue_goes_back_to_the_tenants_list(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
+    raw = envelope("r1", "acme")
+    queue = QueueOps(aredis, keys, "g")
+    queue.fair_pools = frozenset({POOL})
+    code = await queue.finish(
+        pool_id=POOL, producer_id="p1", member=lease_member(POOL, "r1"), reply=b"", reply_ttl_s=60,
+        group_pools=[POOL], settlement=scripts.SETTLE_REQUEUE, payload=raw,
+    )  # fmt: skip
+    assert code == scripts.FINISH_REQUEUED
+    assert await aredis.lrange(keys.tenant_requests(POOL, "acme"), 0, -1) == [raw]
+    assert await aredis.llen(keys.requests(POOL)) == 0
+    assert int(await aredis.get(keys.pool_queued(POOL))) == 1
+    assert await backlogged(aredis, keys) == [("acme", 0.0)]
+    assert await aredis.llen(keys.wake_list(POOL)) == 1  # the pool has backlog again: one dispatcher woken

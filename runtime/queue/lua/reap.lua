@@ -24,15 +24,9 @@ local function requeue(pool, envelope)
     redis.call('LPUSH', ARGV[1] .. pool, envelope)
     return
   end
-  local ok, decoded = pcall(cjson.decode, envelope)
-  local tenant = '*'
-  if ok and type(decoded) == 'table' and type(decoded.tenant) == 'string' then tenant = decoded.tenant end
-  local list = tenant == '*' and ARGV[1] .. pool or ARGV[2] .. pool .. ':' .. tenant
-  local zset, counters = ARGV[3] .. pool, ARGV[4] .. pool
-  redis.call('INCR', ARGV[5] .. pool)
-  if redis.call('LPUSH', list, envelope) == 1 then
---! enter zset=zset counters=counters tenant=tenant
-  end
+  local seed, lists, zset, counters, count = ARGV[1] .. pool, ARGV[2] .. pool .. ':', ARGV[3] .. pool,
+    ARGV[4] .. pool, ARGV[5] .. pool
+--! tenant_requeue envelope=envelope seed=seed lists=lists zset=zset counters=counters count=count
 end
 for i = #expired, 1, -1 do
   local member = expired[i]
