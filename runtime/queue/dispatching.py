@@ -26,6 +26,7 @@ from runtime.queue.tenant_dispatch import (
     FairView,
     claim_keys,
     correct_call,
+    forget_call,
     observe_call,
     parse_view,
     promote_call,
@@ -140,6 +141,7 @@ class QueueOps:
         self._tenant_claim = script("tenant_claim")
         self._tenant_correct = script("tenant_correct").bind(client)
         self._tenant_promote = script("tenant_promote")
+        self._tenant_forget = script("tenant_forget")
 
     async def observe(
         self,
@@ -180,6 +182,7 @@ class QueueOps:
                     [self._group_inflight, self._lease_records, self._durable, self._tokens, *pool_leases],
                     [self.keys.requests(""), *reap_fair_args(self.keys, self.fair_pools)],
                 )
+                self._queue_forgets(pipe)
             for read in reads:
                 if read.pool_id in self.fair_pools:
                     self._tenant_observe.queue(
@@ -195,7 +198,7 @@ class QueueOps:
                 self._observe.queue(pipe, [*keys, self._group_inflight], args)
             pipe.zcard(self._group_inflight)
 
-        scripts_used = [self._acquire, self._reap, self._observe, self._tenant_observe]
+        scripts_used = [self._acquire, self._reap, self._tenant_forget, self._observe, self._tenant_observe]
         results = await run_pipeline(self.client, scripts_used, build)
         if take_turn:
             got, fleet = results[0]
@@ -209,7 +212,7 @@ class QueueOps:
             records = (LeaseRecord.decode(raw) for raw in lost_raw)
             lost = tuple(r for r in records if r is not None)
             requeued = tuple(requeued_raw)
-            results = results[1:]
+            results = results[1 + len(self.fair_pools) :]  # the idle cleanups' counts
         views: dict[str, QueueView] = {}
         fair_views: dict[str, FairView] = {}
         for read, (backlog, in_flight, heads_read, heads, *horizon) in zip(reads, results[:-1], strict=True):
@@ -352,6 +355,11 @@ class QueueOps:
             ],
         )  # fmt: skip
         return int(code)
+
+    def _queue_forgets(self, pipe: Any) -> None:
+        """Each fair pool's idle cleanup, a slice of its counters hash at a time (in reap's interval)."""
+        for pool_id in sorted(self.fair_pools):
+            self._tenant_forget.queue(pipe, *forget_call(self.keys, pool_id))
 
     def _backlog_key(self, pool_id: str) -> str:
         """A key that exists exactly while the pool has backlog: its list, or a fair pool's tenants."""

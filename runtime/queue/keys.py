@@ -76,6 +76,10 @@ class KeySpace:
         on completion (the operator's per-tenant metrics read its top tenants)."""
         return f"{self.prefix}hash:llm:tenant-served:{pool_id}"
 
+    def tenant_scan(self, pool_id: str) -> str:
+        """The HSCAN cursor of a fair pool's idle cleanup of its counters hash."""
+        return f"{self.prefix}key:llm:tenant-scan:{pool_id}"
+
     def pool_queued(self, pool_id: str) -> str:
         """Requests queued in a fair pool across all its lists (summing LLENs is O(tenants))."""
         return f"{self.prefix}key:llm:queued:{pool_id}"

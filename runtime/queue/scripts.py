@@ -50,6 +50,7 @@ TENANT_OBSERVE = source("tenant_observe")  # a fair pool's (issue 22; see runtim
 TENANT_CLAIM = source("tenant_claim")
 TENANT_CORRECT = source("tenant_correct")
 TENANT_PROMOTE = source("tenant_promote")
+TENANT_FORGET = source("tenant_forget")
 
 # --- producer side ---------------------------------------------------------------------------------
 PUSH = source("push")

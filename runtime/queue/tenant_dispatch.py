@@ -25,6 +25,7 @@ __all__ = [
     "TenantHeads",
     "claim_keys",
     "correct_call",
+    "forget_call",
     "observe_call",
     "parse_view",
     "promote_call",
@@ -147,6 +148,18 @@ def requeue_fair_args(keys: KeySpace, pool_id: str) -> list[str]:
         keys.tenant_requests(pool_id, ""), keys.tenants(pool_id), keys.tenant_counters(pool_id),
         keys.pool_queued(pool_id),
     ]  # fmt: skip
+
+
+FORGET_SCAN = 256  # counters hash fields an idle cleanup looks at per pool and reap
+
+
+def forget_call(keys: KeySpace, pool_id: str) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of ``lua/tenant_forget.lua``."""
+    return (
+        [keys.tenant_counters(pool_id), keys.tenants(pool_id), keys.tenant_weights(pool_id),
+         keys.tenant_scan(pool_id)],
+        [FORGET_SCAN],
+    )  # fmt: skip
 
 
 def correct_call(

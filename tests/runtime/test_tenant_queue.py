@@ -226,3 +226,22 @@ async def test_a_shutdowns_requeue_goes_back_to_the_tenants_list(
     assert int(await aredis.get(keys.pool_queued(POOL))) == 1
     assert await backlogged(aredis, keys) == [("acme", 0.0)]
     assert await aredis.llen(keys.wake_list(POOL)) == 1  # the pool has backlog again: one dispatcher woken
+
+
+async def test_the_reap_forgets_idle_tenants_at_or_below_the_floor(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
+    ops = ProducerOps(aredis, keys)
+    await aredis.hset(
+        keys.tenant_counters(POOL), mapping={"old": 3.0, "even": 5.0, "ahead": 9.0, "*last": 2.0}
+    )
+    await aredis.hset(keys.tenant_weights(POOL), mapping={"old": 1.0, "ahead": 2.0})
+    await aredis.hset(keys.tenant_counters(POOL), "busy", 5.0)
+    await ops.push(POOL, b"r1", OPEN, tenant=TenantPush("busy"))  # backlogged at 5: the floor
+    await QueueOps(aredis, keys, "g").observe([], 8, fair=[POOL])
+    remaining = await counters(aredis, keys)
+    # Idle and at or below the floor: forgotten (they would re-enter at the floor anyway); above it,
+    # or backlogged: kept; the last leaver's counter too.
+    assert remaining == {"busy": 5.0, "ahead": 9.0, "*last": 2.0}
+    assert await aredis.hgetall(keys.tenant_weights(POOL)) == {b"ahead": b"2.0", b"busy": b"1.0"}
+    assert not await aredis.exists(keys.tenant_scan(POOL))  # one slice covered the hash: cursor back to 0
