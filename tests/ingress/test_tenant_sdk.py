@@ -70,7 +70,7 @@ def test_two_keys_share_one_fair_pool(stack: Stack) -> None:
             done.result(60)
         assert valkey.zcard(stack.keys.tenants(POOL)) == 0
         assert int(valkey.get(stack.keys.pool_queued(POOL))) == 0
-        counters = valkey.hgetall(stack.keys.tenant_counters(POOL))
+        served = valkey.hgetall(stack.keys.tenant_served(POOL))
     # The quiet key waited for the slot and the call on it, not for the noisy key's backlog of 8+.
     assert noisy_before <= 4, order
-    assert f"key-{key_id(stack, 'quiet')}:carol".encode() in counters  # its sub-tenant, from `user`
+    assert f"key-{key_id(stack, 'quiet')}:carol".encode() in served  # its sub-tenant, from `user`
