@@ -54,7 +54,7 @@ from runtime.producer.outcomes import (
 from runtime.producer.pools import PoolRegistry
 from runtime.producer.pump import WAKE_SENTINEL, ReplyPump, Waiter
 from runtime.producer.streams import ChatStream, stream_call
-from runtime.producer.tenancy import UNTAGGED_TAG, TenantTag, fair_push, withdraw_member
+from runtime.producer.tenancy import UNTAGGED_TAG, TenantTag, fair_push, tag_span, withdraw_member
 from runtime.queue.admission import KeyLease, KeyLeases
 from runtime.queue.keys import DEFAULT_KEYS, KeySpace
 from runtime.queue.leases import lease_member
@@ -225,6 +225,7 @@ class Producer:
         request_id = request_id or uuid.uuid4().hex
         metadata = metadata or Metadata()
         span = self._submit_span(request_id, pool_id, chat.model, metadata)
+        tag_span(span, tag)
         self.stats.submitted += 1
         try:
             backend = self.direct_backend or await self._route(pool_id)

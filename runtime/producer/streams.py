@@ -17,7 +17,7 @@ from opentelemetry import trace
 from runtime.errors import DispatchError, QueueFull, RequestTimeout
 from runtime.policy.admission import KeyLimits
 from runtime.producer.outcomes import fail_span, refused_span, reply_error, withdrawn_span
-from runtime.producer.tenancy import UNTAGGED_TAG, TenantTag
+from runtime.producer.tenancy import UNTAGGED_TAG, TenantTag, tag_span
 from runtime.wire.contract import ChatCall, Metadata, Reply, StreamChunk, StreamOptions, Timing
 
 if TYPE_CHECKING:
@@ -74,6 +74,7 @@ async def stream_events(producer: Producer, stream: ChatStream) -> AsyncIterator
         producer.stats.completed += 1
         return
     span = producer._submit_span(request_id, pool_id, stream.call.model, stream.metadata)
+    tag_span(span, stream.tag)
     try:
         async with contextlib.aclosing(_queued_stream(producer, stream, span)) as events:  # type: ignore[type-var]
             async for event in events:

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opentelemetry import trace
+
 from runtime.policy.tenants import OFF, validate_tenant_weight
 from runtime.queue.keys import UNTAGGED
 from runtime.queue.tenants import TenantPush
+from runtime.telemetry import semconv
 from runtime.wire.groupconfig import PoolConfig
 from runtime.wire.tenant import check_tenant
 
-__all__ = ["UNTAGGED_TAG", "TenantTag", "fair_push", "withdraw_member"]
+__all__ = ["UNTAGGED_TAG", "TenantTag", "fair_push", "tag_span", "withdraw_member"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +35,12 @@ class TenantTag:
 
 
 UNTAGGED_TAG = TenantTag()
+
+
+def tag_span(span: trace.Span, tag: TenantTag) -> None:
+    """The submit span names the tenant (the dispatch span does too); untagged: no attribute."""
+    if tag.tenant is not None:
+        span.set_attribute(semconv.TENANT, tag.tenant)
 
 
 def _fair(pool: PoolConfig | None) -> bool:

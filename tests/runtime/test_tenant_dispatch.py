@@ -290,11 +290,11 @@ async def test_pool_shares_are_unchanged_by_the_tenants_inside_a_pool(aredis, ke
     assert 2.4 <= ratio <= 3.8, f"plain:fair was {ratio:.2f}, expected about 3 as with no tenants"
 
 
-async def test_the_dispatch_span_and_the_lease_record_carry_the_tenant(aredis, keys, sim, spans) -> None:
+async def test_the_spans_and_the_lease_record_carry_the_tenant(aredis, keys, sim, spans) -> None:
     provider, exporter = spans
     config = one_fair_pool(sim.url, "tokens", slots=1)
     async with (
-        Producer(aredis, keys=keys) as producer,
+        Producer(aredis, keys=keys, tracer=provider.get_tracer("p")) as producer,
         running_dispatcher(aredis, keys, config, concurrency=1, tracer=provider.get_tracer("t")),
     ):
         await producer.submit(call("hi", latency_ms=0), pool_id=POOL, timeout=30, tenant="key-5:bob")
@@ -303,6 +303,10 @@ async def test_the_dispatch_span_and_the_lease_record_carry_the_tenant(aredis, k
         s for s in exporter.get_finished_spans() if s.attributes[semconv.SPAN_KIND_ROLE] == "dispatcher"
     ]
     assert [s.attributes.get(semconv.TENANT) for s in dispatched] == ["key-5:bob", None]
+    submitted = [
+        s for s in exporter.get_finished_spans() if s.attributes[semconv.SPAN_KIND_ROLE] == "producer"
+    ]
+    assert [s.attributes.get(semconv.TENANT) for s in submitted] == ["key-5:bob", None]
     envelope = Envelope.decode(
         Envelope("r1", "p1", POOL, ChatCall.from_openai(call("hi")), time.time(), tenant="key-5:bob").encode()
     )
