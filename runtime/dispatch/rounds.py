@@ -101,7 +101,7 @@ class Rounds:
             for pool_id, reason in plan.refusals.items()
         }
         holder = self.identity.dispatcher_id if policy.pools else ""
-        fair = tenant_round.fair_pools(self.config)
+        fair = tenant_round.fair_pools(self.config, self.queue)
         seen = await self.queue.observe(
             plan.reads, policy.total_concurrency, take_turn=holder, local_slots=self.settings.concurrency,
             backend_ids=sorted(self.fleet.backends), fair=fair,

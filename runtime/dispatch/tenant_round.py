@@ -27,11 +27,17 @@ log = logging.getLogger(__name__)
 __all__ = ["correct", "fair_pools", "plan_fair"]
 
 
-def fair_pools(config: GroupConfig | None) -> frozenset[str]:
-    """The group's enabled pools whose tenants share them fairly."""
+def fair_pools(config: GroupConfig | None, queue: QueueOps | None = None) -> frozenset[str]:
+    """The group's enabled pools whose tenants share them fairly, and those switched off while their
+    tenants' lists still held work (as ``queue`` last saw them): read by tenant until drained, else
+    that work would sit in lists nobody reads."""
     if config is None:
         return frozenset()
-    return frozenset(p.pool_id for p in config.enabled_pools if p.tenant_fairness != OFF)
+    fair = {p.pool_id for p in config.enabled_pools if p.tenant_fairness != OFF}
+    if queue is not None and queue.fair_backlog:
+        enabled = {p.pool_id for p in config.enabled_pools}
+        fair.update(p for p, backlog in queue.fair_backlog.items() if backlog > 0 and p in enabled)
+    return frozenset(fair)
 
 
 def _estimate(peek: PeekCache, raw: bytes, pool: PoolConfig) -> TokenCount:

@@ -135,6 +135,7 @@ class QueueOps:
         # Fair pools (tenant_fairness on, issue 22): which pools are, the planned heads of each (their
         # tenant and charge, set by the round's plan), and the picks of this dispatcher's running calls.
         self.fair_pools: frozenset[str] = frozenset()
+        self.fair_backlog: dict[str, int] = {}  # each fair pool's queued count, as last observed
         self.fair_picks: dict[str, dict[bytes, FairPick]] = {}
         self.charges: dict[str, tuple[str, FairPick]] = {}  # lease member -> (pool id, pick)
         self._tenant_observe = script("tenant_observe")
@@ -223,6 +224,7 @@ class QueueOps:
                 views[read.pool_id] = QueueView(int(backlog), (), int(in_flight), False, heads[0])
             else:
                 views[read.pool_id] = QueueView(int(backlog), tuple(heads), int(in_flight), bool(heads_read))
+        self.fair_backlog = {pool_id: views[pool_id].backlog for pool_id in fair_views}
         return Observation(views, int(results[-1]), lost, requeued, fair_views)
 
     async def take_poll(self, interval_s: float) -> bool:

@@ -318,3 +318,26 @@ async def test_the_spans_and_the_lease_record_carry_the_tenant(aredis, keys, sim
         replace(envelope, tenant=None), pool_id=POOL, claimed_at=0, dispatcher_id="d", cost=1
     )
     assert b"tenant" not in untagged  # an untagged call's record is the seed's
+
+
+async def test_a_pool_switched_off_with_tenants_queued_drains_them(aredis, keys, sim) -> None:
+    fair = one_fair_pool(sim.url, "tokens", slots=1)
+    async with (
+        Producer(aredis, keys=keys) as producer,
+        running_dispatcher(aredis, keys, fair, concurrency=1) as dispatcher,
+    ):
+        slow = [
+            asyncio.create_task(
+                producer.submit(call(f"{i}", latency_ms=100), pool_id=POOL, timeout=60, tenant=f"key-{i % 3}")
+            )
+            for i in range(9)
+        ]
+        await wait_until(lambda: dispatcher.stats.launched_by_pool[POOL] >= 1, timeout=10, what="a launch")
+        off = replace(fair, version=2, pools=(replace(fair.pools[0], tenant_fairness="off"),))
+        await groups.publish(aredis, keys, off)
+        await wait_until(lambda: dispatcher.config is not None and dispatcher.config.version == 2, timeout=10)
+        late = await producer.submit(call("late", latency_ms=0), pool_id=POOL, timeout=60, tenant="key-9")
+        await asyncio.wait_for(asyncio.gather(*slow), 30)  # none left behind in a tenant's list
+    assert late.completion["choices"]
+    assert int(await aredis.get(keys.pool_queued(POOL))) == 0
+    assert not await aredis.keys(f"{keys.prefix}list:llm:tenant-requests:*")
