@@ -17,8 +17,8 @@ Then, still pure and in virtual time, token fairness between two always-backlogg
 1:1 and 2:1) on 8 slots: the worst share deviation over any 60 s window, and the largest service gap
 against the bound 2 x largest cost x concurrency.
 
-The noisy-neighbour, token-fairness and throughput scenarios with Valkey and dispatcher processes
-come with the dispatcher's integration (second phase of issue 22).
+Without ``--pure``: the noisy-neighbour, token-fairness and throughput scenarios with a private
+Valkey, a simulator process and a dispatcher process (``bench/_tenants_live.py`` says what each does).
 """
 
 from __future__ import annotations
@@ -191,7 +191,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=RUNS)
     args = parser.parse_args()
     if not args.pure:
-        parser.error("only --pure exists yet: the Valkey scenarios come with the dispatcher's integration")
+        live(min(args.runs, 3))
+        return
     rows = []
     for n in TENANT_COUNTS:
         row: list[object] = [f"{n:,}"]
@@ -212,6 +213,33 @@ def main() -> None:
         "(calls 20 ms + 10 ms per output token; estimate 512 output tokens, actual 1-512)"
     )
     print(table(["weights", "worst 60 s share deviation", "largest gap", "bound 2 x M x C"], rows))
+
+
+def live(runs: int) -> None:
+    from bench import _tenants_live
+
+    results = _tenants_live.run(runs)
+    print(machine())
+    print(
+        "Noisy neighbour: one pool, 4 slots, 40 ms calls; A queues 600, B submits every 100 ms "
+        f"(median of {runs})"
+    )
+    rows = [
+        [mode, f"{r['b_p50']:.0f}", f"{r['b_p99']:.0f}", f"{r['next_p99']:.0f}"]
+        for mode, r in ((m, results[f"noisy:{m}"]) for m in ("off", "tokens"))
+    ]
+    print(table(["fairness", "B wait p50 ms", "B wait p99 ms", "submission to next completion p99 ms"], rows))
+    print()
+    print("Token fairness: two backlogged tenants, 8 slots, 6 s; A's calls 64 output tokens, B's 16")
+    rows = []
+    for name in ("1:1", "2:1"):
+        share, wanted = results[f"share:{name}"]
+        rows.append([name, f"{share * 100:.1f} %", f"{wanted * 100:.1f} %"])
+    print(table(["weights A:B", "A's share of weighted tokens served", "A's weighted share"], rows))
+    print()
+    print(f"Throughput: 4,000 zero-latency calls from 1,000 tenants, 256 in flight (median of {runs})")
+    rows = [[m, f"{results[f'rate:{m}']:.0f}"] for m in ("off", "tokens")]
+    print(table(["fairness", "completions/s"], rows))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ drops from the group's cumulative counter hash, so they survive dispatcher resta
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterator
@@ -16,6 +17,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from dashboard import merge, selectors
+from dashboard.tenant_metrics import TenantFamilies
+from pools.connections import VALKEY_ERRORS
 
 log = logging.getLogger(__name__)
 PREFIX = "llm_dispatch"
@@ -216,6 +219,7 @@ class FabricCollector:
 
     def collect(self) -> Iterator[Metric]:
         families = _Families()
+        tenants = TenantFamilies()
         ok = True
         now = time.time()
         for group_id in _group_ids():
@@ -225,8 +229,12 @@ class FabricCollector:
             ok = ok and not view.get("valkey_error")
             view["pools"] = [_with_live_depth(p, view) for p in view["pools"]]
             families.add_group(view)
+            if ok:
+                with contextlib.suppress(*VALKEY_ERRORS):
+                    tenants.add(group_id, [p["pool_id"] for p in configured])
         families.valkey_up.add_metric([], 1 if ok else 0)
         yield from families.all()
+        yield from tenants.all()
 
 
 def _with_live_depth(pool: dict[str, Any], view: merge.FabricView) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from ingress.http import (
 from ingress.models_list import ModelLister
 from ingress.selectors import KeyGrant
 from ingress.streaming import send_stream
+from ingress.tenancy import call_tenant
 from runtime.errors import DispatchError, MalformedEnvelope, QueueUnavailable
 from runtime.producer import Producer
 from runtime.valkey.client import REDIS_ERRORS
@@ -156,6 +157,7 @@ class Ingress:
         stream, include_usage = parse_stream(body)
         try:
             call = ChatCall.from_openai(body)
+            tenant = call_tenant(grant, headers, body)
         except MalformedEnvelope as exc:
             raise api_error_for(exc) from exc
         producer = await self.producer()
@@ -167,14 +169,15 @@ class Ingress:
             if stream:
                 chat_stream = producer.stream(
                     call, pool_id=pool_id, metadata=metadata, timeout=timeout_s, request_id=request_id,
-                    include_usage=include_usage, key=key,
+                    include_usage=include_usage, key=key, tenant=tenant, tenant_weight=grant.tenant_weight,
                 )  # fmt: skip
                 ids = [(REQUEST_ID_HEADER, request_id)]
                 await until_disconnect(receive, send_stream(send, chat_stream, ids))
                 return
             submit = producer.submit(
-                call, pool_id=pool_id, metadata=metadata, timeout=timeout_s, request_id=request_id, key=key
-            )
+                call, pool_id=pool_id, metadata=metadata, timeout=timeout_s, request_id=request_id, key=key,
+                tenant=tenant, tenant_weight=grant.tenant_weight,
+            )  # fmt: skip
             result = await until_disconnect(receive, submit)
             if result is None:
                 return

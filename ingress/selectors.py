@@ -19,6 +19,8 @@ class KeyGrant:
     default_pool: str
     max_in_flight: int | None
     max_queued: int | None
+    tenant_weight: float = 1.0  # its share inside a pool with tenant fairness (issue 22)
+    allow_sub_tenant: bool = False
 
     def limits(self) -> KeyLimits | None:
         """The key's limits for the producer's admission script; None when it has none."""
@@ -44,4 +46,6 @@ def producer_key_grant(*, raw_key: str) -> KeyGrant | None:
         default_pool=key.default_pool,
         max_in_flight=key.max_in_flight,
         max_queued=key.max_queued,
+        tenant_weight=key.tenant_weight,
+        allow_sub_tenant=key.allow_sub_tenant,
     )

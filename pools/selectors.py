@@ -170,14 +170,17 @@ def group_published_config(*, group_id: str) -> GroupConfig | None:
 
 
 def queue_lengths_read(*, pool_ids: list[str], client: redis.Redis | None = None) -> dict[str, int]:
-    """Pending requests per pool (LLEN of each lane) in one round trip; raises VALKEY_ERRORS."""
+    """Pending requests per pool (LLEN of each lane, or a fair pool's queued count across its tenants'
+    lists, which only a pool with tenant fairness keeps) in one round trip; raises VALKEY_ERRORS."""
     if not pool_ids:
         return {}
     keys = key_space()
     pipe = valkey_client(client).pipeline(transaction=False)
     for pool_id in pool_ids:
         pipe.llen(keys.requests(pool_id))
-    return dict(zip(pool_ids, (int(n) for n in pipe.execute()), strict=True))
+        pipe.get(keys.pool_queued(pool_id))
+    read = pipe.execute()
+    return {pool_id: max(int(read[2 * i]), int(read[2 * i + 1] or 0)) for i, pool_id in enumerate(pool_ids)}
 
 
 def pool_queue_lengths(*, pool_ids: list[str]) -> dict[str, int]:

@@ -25,7 +25,7 @@ from runtime.backends.fleet import BackendFleet
 from runtime.backends.redact import redact_url
 from runtime.backoff import Backoff
 from runtime.config import DispatcherSettings
-from runtime.dispatch import redelivery
+from runtime.dispatch import redelivery, tenant_round
 from runtime.dispatch.results import (
     FINISH_UNDELIVERED,
     count_finish,
@@ -185,6 +185,8 @@ class Executor:
         reply = settled.reply if settled is not None else reply_bytes(envelope, completion, error, timing)
         code = await self._finish(run, reply, self._group_pools(config), settled)
         self._settled(run, code)
+        if self.queue.charges:  # a fair pool's call: its usage corrects its tenant's charge (issue 22)
+            await tenant_round.correct(self.queue, run.member, completion, config.pool(run.pool_id))
         count_finish(self.stats, code, error, settled)
         outcome = span_outcome(
             envelope, run.cost, endpoint, completion, error, started, ended, code, summary, settled

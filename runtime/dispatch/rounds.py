@@ -22,7 +22,7 @@ from runtime.backends.breaker import BLOCKED_REASON
 from runtime.backends.fleet import BackendFleet
 from runtime.backends.gate import SKIP_BACKEND_CAP, SKIP_BACKEND_RETRY_AFTER, SKIP_BACKEND_SATURATED
 from runtime.config import DispatcherSettings
-from runtime.dispatch import redelivery
+from runtime.dispatch import redelivery, tenant_round
 from runtime.dispatch.drops import DropRecorder
 from runtime.dispatch.execution import Executor, Running
 from runtime.dispatch.peek import PeekCache, PeekedItem, usable_heads
@@ -101,10 +101,13 @@ class Rounds:
             for pool_id, reason in plan.refusals.items()
         }
         holder = self.identity.dispatcher_id if policy.pools else ""
+        fair = tenant_round.fair_pools(self.config, self.queue)
         seen = await self.queue.observe(
             plan.reads, policy.total_concurrency, take_turn=holder, local_slots=self.settings.concurrency,
-            backend_ids=sorted(self.fleet.backends),
+            backend_ids=sorted(self.fleet.backends), fair=fair,
         )  # fmt: skip
+        if seen.fair:  # a fair pool's heads, in its tenants' order (issue 22)
+            tenant_round.plan_fair(self.queue, self._peek, self.config, seen, self.settings.peek_depth)
         self.group_in_flight, self.last_views = seen.group_in_flight, seen.views
         if seen.lost:  # reaped by this observe, whether or not the turn is ours: counted here or nowhere
             await self._lost(seen.lost)

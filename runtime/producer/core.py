@@ -51,6 +51,7 @@ from runtime.producer.outcomes import (
 from runtime.producer.pools import PoolRegistry
 from runtime.producer.pump import WAKE_SENTINEL, ReplyPump, Waiter
 from runtime.producer.streams import ChatStream, stream_call
+from runtime.producer.tenancy import UNTAGGED_TAG, TenantTag, tag_span, withdraw_member
 from runtime.queue.admission import KeyLease
 from runtime.queue.keys import DEFAULT_KEYS, KeySpace
 from runtime.valkey.client import REDIS_ERRORS
@@ -200,22 +201,28 @@ class Producer:
         timeout: float | None = None,
         request_id: str | None = None,
         key: KeyLimits | None = None,
+        tenant: str | None = None,
+        tenant_weight: float = 1.0,
     ) -> CompletionResult:
         """Runs one chat completion through ``pool_id``; returns it or raises a DispatchError.
 
         Cancelling the caller withdraws the request: still queued, it is taken out of its list and never
         runs; already running, its dispatcher is told to cut the backend call off. ``key`` (an ingress
-        key's limits) is admitted with the push, over the whole fleet; a refusal is QueueFull.
+        key's limits) is admitted with the push, over the whole fleet; a refusal is QueueFull. ``tenant``
+        (weighted by ``tenant_weight``) is who the request is fair to inside a pool with
+        ``tenant_fairness`` on; a tenant at the pool's ``max_queued_per_tenant`` is QueueFull.
         """
         if self._closed or not self._started:
             raise ProducerClosed(
                 f"producer {self.producer_id} is {'closed' if self._closed else 'not started'}"
             )
         chat = call if isinstance(call, ChatCall) else ChatCall.from_openai(call)
+        tag = UNTAGGED_TAG if tenant is None and tenant_weight == 1.0 else TenantTag.of(tenant, tenant_weight)
         timeout_s = self.settings.default_timeout_s if timeout is None else timeout
         request_id = request_id or uuid.uuid4().hex
         metadata = metadata or Metadata()
         span = self._submit_span(request_id, pool_id, chat.model, metadata)
+        tag_span(span, tag)
         self.stats.submitted += 1
         try:
             backend = self.direct_backend or await self._route(pool_id)
@@ -225,7 +232,7 @@ class Producer:
             else:
                 lease = self._enqueue.lease(key, pool_id, request_id, timeout_s)
                 result = await self._submit_queued(
-                    chat, request_id, pool_id, metadata, timeout_s, span, lease
+                    chat, request_id, pool_id, metadata, timeout_s, span, lease, tag
                 )
         except QueueFull as exc:
             self.stats.rejected += 1
@@ -249,20 +256,21 @@ class Producer:
         timeout_s: float,
         span: trace.Span,
         lease: KeyLease | None = None,
+        tag: TenantTag = UNTAGGED_TAG,
     ) -> CompletionResult:
         loop = asyncio.get_running_loop()
         # Counted from before the envelope's deadline is set, not from the end of the push: the caller
         # gives up no later than the deadline the dispatcher bounds the call by, so a dispatcher that runs
         # into it answers after this timer (a late reply), never first (it did by the push's duration).
         expires_at = loop.time() + timeout_s
-        raw = self._enqueue.envelope(chat, request_id, pool_id, metadata, timeout_s, span)
+        raw = self._enqueue.envelope(chat, request_id, pool_id, metadata, timeout_s, span, tenant=tag.tenant)
         future: asyncio.Future[Reply] = loop.create_future()
         self._waiters[request_id] = Waiter(future, pool_id)
         # A timer on the reply's own future rather than asyncio.wait_for, which adds a second future,
         # done callbacks and its own timer to every submit.
         timer = loop.call_at(expires_at, _expire, future)
         try:
-            await self._enqueue.push(pool_id, request_id, raw, lease, timeout_s)
+            await self._enqueue.push(pool_id, request_id, raw, lease, timeout_s, tag)
             try:
                 reply = await future
             except TimeoutError:
@@ -273,7 +281,7 @@ class Producer:
         except asyncio.CancelledError:
             # Cancelled while the push was on its way too: the push was written, so the withdrawal that
             # follows it on the connection finds the request queued (it was left behind before).
-            if await self.withdraw(pool_id, request_id, raw):
+            if await self.withdraw(pool_id, request_id, raw, tag):
                 withdrawn_span(span)
             raise
         finally:
@@ -296,6 +304,8 @@ class Producer:
         request_id: str | None = None,
         include_usage: bool | None = None,
         key: KeyLimits | None = None,
+        tenant: str | None = None,
+        tenant_weight: float = 1.0,
     ) -> ChatStream:
         """Streams one chat completion through ``pool_id``: ``async for chunk in producer.stream(...)``
         yields OpenAI ``chat.completion.chunk`` objects as the backend sends them.
@@ -312,6 +322,7 @@ class Producer:
                 f"producer {self.producer_id} is {'closed' if self._closed else 'not started'}"
             )
         call, include_usage = stream_call(call, include_usage)
+        tag = UNTAGGED_TAG if tenant is None and tenant_weight == 1.0 else TenantTag.of(tenant, tenant_weight)
         return ChatStream(
             self,
             call,
@@ -321,9 +332,12 @@ class Producer:
             request_id=request_id or uuid.uuid4().hex,
             include_usage=bool(include_usage),
             key=key,
+            tag=tag,
         )
 
-    async def withdraw(self, pool_id: str, request_id: str, raw: bytes) -> bool:
+    async def withdraw(
+        self, pool_id: str, request_id: str, raw: bytes, tag: TenantTag = UNTAGGED_TAG
+    ) -> bool:
         """Takes a queued request back out of its list, or its retry out of the pool's delayed set
         (counted ``dropped:cancelled`` in its group); one a dispatcher already claimed is cancelled
         through the group's cancel channel. True when it was still queued (no dispatcher will record
@@ -331,7 +345,9 @@ class Producer:
         self.stats.cancelled += 1
         group_id = self._pools.group_of(pool_id)
         try:
-            removed = await self._queue.withdraw(pool_id, request_id, self.producer_id, raw, group_id)
+            group = self._pools.view.groups.get(group_id or "")
+            tenant = withdraw_member(group.pool(pool_id) if group is not None else None, tag)
+            removed = await self._queue.withdraw(pool_id, request_id, self.producer_id, raw, group_id, tenant)
         except REDIS_ERRORS as exc:
             log.warning("producer %s could not withdraw request %s: %s", self.producer_id, request_id, exc)
             return False

@@ -19,6 +19,7 @@ from runtime.errors import QueueUnavailable
 from runtime.policy.admission import KeyLimits
 from runtime.producer.outcomes import ProducerStats
 from runtime.producer.pools import PoolRegistry
+from runtime.producer.tenancy import UNTAGGED_TAG, TenantTag, fair_push
 from runtime.queue.admission import KeyLease, KeyLeases
 from runtime.queue.keys import KeySpace
 from runtime.queue.leases import lease_member
@@ -69,6 +70,8 @@ class Enqueuer:
         timeout_s: float,
         span: trace.Span,
         stream: StreamOptions | None = None,
+        *,
+        tenant: str | None = None,
     ) -> bytes:
         carrier: dict[str, str] = {}
         _propagator.inject(carrier, context=trace.set_span_in_context(span))
@@ -83,6 +86,7 @@ class Enqueuer:
             trace=carrier,
             metadata=metadata,
             stream=stream,
+            tenant=tenant,
         )
         return envelope.encode(max_bytes=self.settings.max_envelope_bytes)
 
@@ -94,22 +98,35 @@ class Enqueuer:
         return self.key_leases.lease(key, lease_member(pool_id, request_id), timeout_s)
 
     async def push(
-        self, pool_id: str, request_id: str, raw: bytes, lease: KeyLease | None = None, timeout_s: float = 0.0
+        self,
+        pool_id: str,
+        request_id: str,
+        raw: bytes,
+        lease: KeyLease | None = None,
+        timeout_s: float = 0.0,
+        tag: TenantTag = UNTAGGED_TAG,
     ) -> None:
-        """Queues the envelope; QueueFull (nothing queued) when the pool's admission limits, or those of
-        the ingress key holding ``lease``, refuse it."""
+        """Queues the envelope; QueueFull (nothing queued) when the pool's admission limits, those of
+        the ingress key holding ``lease``, or (in a fair pool) its tenant's cap refuse it."""
         limits = self.pools.limits(pool_id)
         group = self.pools.view.groups.get(self.pools.group_of(pool_id) or "")
+        tenant = fair_push(group.pool(pool_id), tag) if group is not None else None
         try:
             if group is not None and group.durable:
                 outcome = await self.queue.push_persisted(
-                    self.persistence, pool_id, raw, limits, lease, replicas=group.persist_replicas
+                    self.persistence,
+                    pool_id,
+                    raw,
+                    limits,
+                    lease,
+                    replicas=group.persist_replicas,
+                    tenant=tenant,
                 )
                 if outcome != PERSISTED:
                     self.stats.unpersisted_pushes += 1
                     self.unpersisted[(group.group_id, outcome)] += 1
             else:
-                await self.queue.push(pool_id, raw, limits, lease)
+                await self.queue.push(pool_id, raw, limits, lease, tenant)
         except REDIS_ERRORS as exc:
             raise QueueUnavailable(f"could not enqueue request {request_id}: {exc}") from exc
         if lease is not None:

@@ -17,6 +17,7 @@ from opentelemetry import trace
 from runtime.errors import DispatchError, QueueFull, RequestTimeout
 from runtime.policy.admission import KeyLimits
 from runtime.producer.outcomes import fail_span, refused_span, reply_error, withdrawn_span
+from runtime.producer.tenancy import UNTAGGED_TAG, TenantTag, tag_span
 from runtime.wire.contract import ChatCall, Metadata, Reply, StreamChunk, StreamOptions, Timing
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ class ChatStream:
     request_id: str
     include_usage: bool = False
     key: KeyLimits | None = None
+    tag: TenantTag = UNTAGGED_TAG
     queue_wait_s: float | None = None
     timing: Timing | None = None
 
@@ -72,6 +74,7 @@ async def stream_events(producer: Producer, stream: ChatStream) -> AsyncIterator
         producer.stats.completed += 1
         return
     span = producer._submit_span(request_id, pool_id, stream.call.model, stream.metadata)
+    tag_span(span, stream.tag)
     try:
         async with contextlib.aclosing(_queued_stream(producer, stream, span)) as events:  # type: ignore[type-var]
             async for event in events:
@@ -93,14 +96,14 @@ async def _queued_stream(
     pool_id, request_id = stream.pool_id, stream.request_id
     raw = producer._enqueue.envelope(
         stream.call, request_id, pool_id, stream.metadata, stream.timeout_s, span,
-        StreamOptions(include_usage=stream.include_usage),
+        StreamOptions(include_usage=stream.include_usage), tenant=stream.tag.tenant,
     )  # fmt: skip
     lease = producer._enqueue.lease(stream.key, pool_id, request_id, stream.timeout_s)
     inbox: asyncio.Queue[Reply | StreamChunk] = asyncio.Queue()
     producer._replies.streams[request_id] = inbox
     finished = pushed = False
     try:
-        await producer._enqueue.push(pool_id, request_id, raw, lease, stream.timeout_s)
+        await producer._enqueue.push(pool_id, request_id, raw, lease, stream.timeout_s, stream.tag)
         pushed = True
         deadline = time.monotonic() + stream.timeout_s
         while True:
@@ -130,7 +133,7 @@ async def _queued_stream(
             return
     finally:
         producer._replies.streams.pop(request_id, None)
-        if pushed and not finished and await producer.withdraw(pool_id, request_id, raw):
+        if pushed and not finished and await producer.withdraw(pool_id, request_id, raw, stream.tag):
             withdrawn_span(span)
         if lease is not None:
             await producer._key_leases.release(lease)

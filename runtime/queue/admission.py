@@ -63,6 +63,7 @@ __all__ = [
     "queue_full",
 ]
 
+
 @dataclass(frozen=True, slots=True)
 class KeyLease:
     """One request's place among its key's open requests: the key's limits, the set and the member."""

@@ -10,8 +10,8 @@ on NOSCRIPT), so no pipeline pays redis-py's SCRIPT EXISTS round trip.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -21,6 +21,18 @@ from runtime.queue import scripts, turn
 from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
 from runtime.queue.leases import LeaseRecord, item_digest, lease_member
 from runtime.queue.registry import script
+from runtime.queue.tenant_dispatch import (
+    FairPick,
+    FairView,
+    claim_keys,
+    correct_call,
+    forget_call,
+    observe_call,
+    parse_view,
+    promote_call,
+    reap_fair_args,
+    requeue_fair_args,
+)
 from runtime.valkey.batch import ScriptBatcher
 from runtime.valkey.lua import run_pipeline
 
@@ -58,6 +70,7 @@ class Observation:
     group_in_flight: int
     lost: tuple[LeaseRecord, ...]  # records of leases that expired unreleased (reaped this time)
     requeued: tuple[bytes, ...] = ()  # durable envelopes the reap put back at the head of their list
+    fair: dict[str, FairView] = field(default_factory=dict)  # fair pools' tenants (their views have no heads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +104,14 @@ ScriptArgs = tuple[list[str], list[Any]]  # a script's KEYS and ARGV
 
 
 def reap_args(
-    keys: KeySpace, group_id: str, pool_ids: Sequence[str], backend_ids: Sequence[str] = ()
+    keys: KeySpace,
+    group_id: str,
+    pool_ids: Sequence[str],
+    backend_ids: Sequence[str] = (),
+    fair_pools: Collection[str] = (),
 ) -> ScriptArgs:
-    """KEYS and ARGV of ``lua/reap.lua`` (which declares them) for a group, its pools and backends."""
+    """KEYS and ARGV of ``lua/reap.lua`` (which declares them) for a group, its pools and backends;
+    ``fair_pools`` (tenant fairness on) get their durable requests requeued onto their tenants' lists."""
     script_keys = [
         keys.group_inflight(group_id),
         keys.lease_records(group_id),
@@ -102,7 +120,7 @@ def reap_args(
         *map(keys.pool_inflight, pool_ids),
         *map(keys.backend_inflight, backend_ids),
     ]
-    return script_keys, [keys.requests("")]
+    return script_keys, [keys.requests(""), *reap_fair_args(keys, fair_pools)]
 
 
 def promote_args(keys: KeySpace, pool_id: str) -> ScriptArgs:
@@ -170,6 +188,17 @@ class QueueOps:
         self._bury = script("bury")
         # Per pool, the items its list held right after the last claim pipeline's last launch from it.
         self.backlog_after_claim: dict[str, int] = {}
+        # Fair pools (tenant_fairness on, issue 22): which pools are, the planned heads of each (their
+        # tenant and charge, set by the round's plan), and the picks of this dispatcher's running calls.
+        self.fair_pools: frozenset[str] = frozenset()
+        self.fair_backlog: dict[str, int] = {}  # each fair pool's queued count, as last observed
+        self.fair_picks: dict[str, dict[bytes, FairPick]] = {}
+        self.charges: dict[str, tuple[str, FairPick]] = {}  # lease member -> (pool id, pick)
+        self._tenant_observe = script("tenant_observe")
+        self._tenant_claim = script("tenant_claim")
+        self._tenant_correct = script("tenant_correct").bind(client)
+        self._tenant_promote = script("tenant_promote")
+        self._tenant_forget = script("tenant_forget")
 
     @property
     def finishes(self) -> ScriptBatcher:
@@ -184,14 +213,18 @@ class QueueOps:
         take_turn: str = "",
         local_slots: int = 0,
         backend_ids: Sequence[str] = (),
+        fair: Collection[str] = (),
     ) -> Observation:
         """Backlog, global in-flight and (when the pool could launch) the first heads of each pool,
         the group's in-flight, and the records of leases found expired.
 
         With ``take_turn`` (a dispatcher id) the same round trip tries to take the group's scheduling
         turn; ``has_turn`` tells whether it did. It also registers this dispatcher (with its
-        ``local_slots``) in the group's fleet and reads the fleet into ``fleet_slots``.
+        ``local_slots``) in the group's fleet and reads the fleet into ``fleet_slots``. The pools in
+        ``fair`` (tenant_fairness on) are read by tenant: their views' heads stay empty and
+        ``Observation.fair`` holds their tenants for the round's plan.
         """
+        self.fair_pools = frozenset(fair)
         reap = time.monotonic() - self._reaped_at >= REAP_INTERVAL_S
         if reap:
             self._reaped_at = time.monotonic()
@@ -205,14 +238,27 @@ class QueueOps:
                 )
             if reap:
                 pool_ids = [r.pool_id for r in reads]
-                self._reap.queue(pipe, *reap_args(self.keys, self.group_id, pool_ids, backend_ids))
+                self._reap.queue(
+                    pipe, *reap_args(self.keys, self.group_id, pool_ids, backend_ids, self.fair_pools)
+                )
+                self._queue_forgets(pipe)
             for read in reads:
+                if read.pool_id in self.fair_pools:
+                    self._tenant_observe.queue(
+                        pipe,
+                        *observe_call(
+                            self.keys, read.pool_id, self._group_inflight, read.depth, read.pool_max,
+                            group_limit, read.display_head,
+                        ),
+                    )  # fmt: skip
+                    continue
                 keys = [self.keys.requests(read.pool_id), self.keys.pool_inflight(read.pool_id)]
                 args = [read.depth, read.pool_max, group_limit, int(read.display_head)]
                 self._observe.queue(pipe, [*keys, self._group_inflight], args)
             pipe.zcard(self._group_inflight)
 
-        results = await run_pipeline(self.client, [self._acquire, self._reap, self._observe], build)
+        scripts_used = [self._acquire, self._reap, self._tenant_forget, self._observe, self._tenant_observe]
+        results = await run_pipeline(self.client, scripts_used, build)
         if take_turn:
             got, fleet = results[0]
             self.has_turn = bool(int(got))
@@ -225,14 +271,19 @@ class QueueOps:
             records = (LeaseRecord.decode(raw) for raw in lost_raw)
             lost = tuple(r for r in records if r is not None)
             requeued = tuple(requeued_raw)
-            results = results[1:]
-        views = {}
-        for read, (backlog, in_flight, heads_read, heads) in zip(reads, results[:-1], strict=True):
-            if heads_read == HEADS_FOR_DISPLAY:
+            results = results[1 + len(self.fair_pools) :]  # the idle cleanups' counts
+        views: dict[str, QueueView] = {}
+        fair_views: dict[str, FairView] = {}
+        for read, (backlog, in_flight, heads_read, heads, *horizon) in zip(reads, results[:-1], strict=True):
+            if read.pool_id in self.fair_pools:
+                fair_views[read.pool_id] = parse_view(heads, horizon[0])
+                views[read.pool_id] = QueueView(int(backlog), (), int(in_flight), heads_read == 1)
+            elif heads_read == HEADS_FOR_DISPLAY:
                 views[read.pool_id] = QueueView(int(backlog), (), int(in_flight), False, heads[0])
             else:
                 views[read.pool_id] = QueueView(int(backlog), tuple(heads), int(in_flight), bool(heads_read))
-        return Observation(views, int(results[-1]), lost, requeued)
+        self.fair_backlog = {pool_id: views[pool_id].backlog for pool_id in fair_views}
+        return Observation(views, int(results[-1]), lost, requeued, fair_views)
 
     async def take_poll(self, interval_s: float) -> bool:
         """True when this dispatcher's idle poll is the group's next one (one SET NX per attempt)."""
@@ -252,6 +303,7 @@ class QueueOps:
 
         def build(pipe: Any) -> None:
             for req in requests:
+                pick = self.fair_picks.get(req.pool_id, {}).get(req.raw)
                 keys = [
                     self.keys.requests(req.pool_id),
                     self._group_inflight,
@@ -277,9 +329,15 @@ class QueueOps:
                     "" if req.backend_limit is None else req.backend_limit,
                 ]
                 for other, slots in req.reserved_for:
-                    keys += [self.keys.requests(other), self.keys.pool_inflight(other)]
+                    keys += [self._backlog_key(other), self.keys.pool_inflight(other)]
                     args.append(slots)
-                self._claim.queue(pipe, keys, args)
+                if pick is None:
+                    self._claim.queue(pipe, keys, args)
+                    continue
+                keys[0], tenant_keys = claim_keys(self.keys, req.pool_id, pick)
+                launch = req.mode == "launch"
+                charge, cost = (repr(pick.charge), repr(pick.charge * pick.weight)) if launch else ("0", "0")
+                self._tenant_claim.queue(pipe, [*keys, *tenant_keys], [*args, pick.tenant, charge, cost])
             if end_turn is not None:
                 self._release.queue(
                     pipe,
@@ -287,10 +345,14 @@ class QueueOps:
                     [end_turn.holder, "1" if end_turn.left_work else "0", WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
                 )
 
-        results = await run_pipeline(self.client, [self._claim, self._release], build)
+        results = await run_pipeline(self.client, [self._claim, self._tenant_claim, self._release], build)
         if end_turn is not None:
             results.pop()  # whether someone asked for a round: the release already woke one
             self.has_turn = False
+        for req, (code, *_) in zip(requests, results, strict=True):
+            pick = self.fair_picks.get(req.pool_id, {}).pop(req.raw, None)
+            if pick is not None and req.mode == "launch" and code in (b"claimed", scripts.CLAIMED):
+                self.charges[req.lease_member] = (req.pool_id, pick)
         self.backlog_after_claim = {
             req.pool_id: int(left[0])
             for req, (_, _, _, *left) in zip(requests, results, strict=True)
@@ -328,6 +390,8 @@ class QueueOps:
         (``FINISH_STALE``). While one of ``group_pools`` has backlog, the freed slot wakes one idle
         dispatcher of the group.
         """
+        # A fair pool's request going back goes to its tenant's list (lua/_tenant_requeue.lua).
+        requeue_fair = settlement == scripts.SETTLE_REQUEUE and pool_id in self.fair_pools
         code = await self._finishes.run(
             [
                 self.keys.producer_alive(producer_id),
@@ -342,14 +406,38 @@ class QueueOps:
                 self.keys.dead_letters(pool_id),
                 self.keys.backend_inflight(backend_id),
                 self.keys.requests(pool_id),
-                *map(self.keys.requests, group_pools),
+                *map(self._backlog_key, group_pools),
             ],
             [
                 reply, int(reply_ttl_s * 1000), member, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, token, settlement,
                 payload, due_at,
+                *(requeue_fair_args(self.keys, pool_id) if requeue_fair else ()),
             ],
         )  # fmt: skip
         return int(code)
+
+    def _queue_forgets(self, pipe: Any) -> None:
+        """Each fair pool's idle cleanup, a slice of its counters hash at a time (in reap's interval)."""
+        for pool_id in sorted(self.fair_pools):
+            self._tenant_forget.queue(pipe, *forget_call(self.keys, pool_id))
+
+    def _backlog_key(self, pool_id: str) -> str:
+        """A key that exists exactly while the pool has backlog: its list, or a fair pool's tenants."""
+        return self.keys.tenants(pool_id) if pool_id in self.fair_pools else self.keys.requests(pool_id)
+
+    async def correct(self, member: str, correction: float | None) -> None:
+        """Forgets a finished fair-pool call's charge and adds ``correction`` (unweighted: actual minus
+        estimate) / its weight to its tenant's counter; None or 0 (no usage reported) keeps the estimate."""
+        charged = self.charges.pop(member, None)
+        if charged is None or not correction:
+            return
+        pool_id, pick = charged
+        await self._tenant_correct(*correct_call(self.keys, pool_id, pick, correction))
+
+    def charged(self, member: str) -> FairPick | None:
+        """The pick of one of this dispatcher's running fair-pool calls (None: not a fair pool's)."""
+        charged = self.charges.get(member)
+        return charged[1] if charged is not None else None
 
     async def promote(self, pool_ids: Sequence[str]) -> int:
         """Moves due retries of ``pool_ids`` back to the head of their lists; how many moved."""
@@ -358,9 +446,13 @@ class QueueOps:
 
         def build(pipe: Any) -> None:
             for pool_id in pool_ids:
+                if pool_id in self.fair_pools:  # back onto each retry's tenant's list
+                    self._tenant_promote.queue(pipe, *promote_call(self.keys, pool_id))
+                    continue
                 self._promote.queue(pipe, *promote_args(self.keys, pool_id))
 
-        return sum(int(n) for n in await run_pipeline(self.client, [self._promote], build))
+        scripts_used = [self._promote, self._tenant_promote]
+        return sum(int(n) for n in await run_pipeline(self.client, scripts_used, build))
 
     async def bury(
         self, raw: bytes, *, pool_id: str, producer_id: str, letter: bytes, reply: bytes, reply_ttl_s: float

@@ -27,6 +27,8 @@ BACKEND_LOAD_TTL_S = 30.0
 BREAKER_TTL_S = 24 * 3600.0
 # Spans wait here for the history ingester; the stream is trimmed (and the trim counted) past this.
 SPAN_STREAM_MAXLEN = 200_000
+# The tenant of untagged traffic in a fair pool (its requests stay on the seed's list); never a tenant id.
+UNTAGGED = "*"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,39 @@ class KeySpace:
     def dead_letters(self, pool_id: str) -> str:
         """Requests of one pool that exhausted their attempts, oldest first, for an operator."""
         return f"{self.prefix}list:llm:dead:{pool_id}"
+
+    # --- fairness between a pool's tenants (issue 22; only pools with tenant_fairness on) --------
+    def tenant_requests(self, pool_id: str, tenant: str) -> str:
+        """One tenant's queued envelopes in a fair pool; tenant ``*`` (untagged) is the seed's list. A
+        distinct prefix: nothing that matches ``list:llm:requests:*`` sees these."""
+        if tenant == UNTAGGED:
+            return self.requests(pool_id)
+        return f"{self.prefix}list:llm:tenant-requests:{pool_id}:{tenant}"
+
+    def tenants(self, pool_id: str) -> str:
+        """Sorted set of a fair pool's backlogged tenants, scored by their virtual counter."""
+        return f"{self.prefix}zset:llm:tenants:{pool_id}"
+
+    def tenant_counters(self, pool_id: str) -> str:
+        """Hash tenant -> virtual counter (idle tenants too); field ``*last``: the last leaver's."""
+        return f"{self.prefix}hash:llm:tenant-counters:{pool_id}"
+
+    def tenant_weights(self, pool_id: str) -> str:
+        """Hash tenant -> weight, written by each submit from its key's ``tenant_weight``."""
+        return f"{self.prefix}hash:llm:tenant-weights:{pool_id}"
+
+    def tenant_served(self, pool_id: str) -> str:
+        """Hash tenant -> the (unweighted) cost it was served: estimates at launch, corrected by usage
+        on completion (the operator's per-tenant metrics read its top tenants)."""
+        return f"{self.prefix}hash:llm:tenant-served:{pool_id}"
+
+    def tenant_scan(self, pool_id: str) -> str:
+        """The HSCAN cursor of a fair pool's idle cleanup of its counters hash."""
+        return f"{self.prefix}key:llm:tenant-scan:{pool_id}"
+
+    def pool_queued(self, pool_id: str) -> str:
+        """Requests queued in a fair pool across all its lists (summing LLENs is O(tenants))."""
+        return f"{self.prefix}key:llm:queued:{pool_id}"
 
     # --- runtime bookkeeping -------------------------------------------------------------------
     def replies_taken(self, producer_id: str) -> str:

@@ -35,6 +35,7 @@ class LeaseRecord:
     # Set (durable mode) once a chunk of the call reached its producer: the request is not requeued
     # then; whoever reaps the expired lease answers it with ``stream_interrupted`` instead.
     streamed: bool = False
+    tenant: str | None = None  # issue 22; None: untagged (a record of one encodes no field)
 
     @classmethod
     def of(
@@ -52,6 +53,7 @@ class LeaseRecord:
             cost=cost,
             trace=dict(envelope.trace),
             labels=dict(envelope.metadata.labels),
+            tenant=envelope.tenant,
         )
 
     @staticmethod
@@ -72,6 +74,7 @@ class LeaseRecord:
                 "cost": cost,
                 "trace": dict(envelope.trace),
                 "labels": dict(envelope.metadata.labels),
+                **({"tenant": envelope.tenant} if envelope.tenant is not None else {}),
             }
         )
 
@@ -90,6 +93,7 @@ class LeaseRecord:
                 "trace": dict(self.trace),
                 "labels": dict(self.labels),
                 **({"streamed": True} if self.streamed else {}),
+                **({"tenant": self.tenant} if self.tenant is not None else {}),
             }
         )
 
@@ -111,6 +115,7 @@ class LeaseRecord:
                 trace={str(k): str(v) for k, v in dict(data.get("trace") or {}).items()},
                 labels={str(k): str(v) for k, v in dict(data.get("labels") or {}).items()},
                 streamed=data.get("streamed") is True,
+                tenant=str(data["tenant"]) if isinstance(data.get("tenant"), str) else None,
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             return None
@@ -125,6 +130,7 @@ class LeaseRecord:
             enqueued_at=self.enqueued_at,
             trace=self.trace,
             labels=self.labels,
+            tenant=self.tenant,
         )
 
 

@@ -51,7 +51,8 @@ def _include(match: re.Match[str]) -> str:
     lines = _read(f"_{fragment}").splitlines()
     while lines and lines[0].startswith("--"):  # the fragment's own header, not repeated in each script
         lines.pop(0)
-    return Template("\n".join(lines)).substitute(values, **CONSTANTS)
+    # A fragment may include others (a fair pool's claim includes the claim, which counts the drain).
+    return Template(_INCLUDE.sub(_include, "\n".join(lines))).substitute(values, **CONSTANTS)
 
 
 @functools.cache

@@ -46,6 +46,11 @@ SCRAPE_LEASE = source("scrape_lease")
 SCRAPE_RELEASE = source("scrape_release")
 WAKE = source("wake")  # the wake-token push on its own
 DRAIN = source("drain")  # the drain count on its own
+TENANT_OBSERVE = source("tenant_observe")  # a fair pool's (issue 22; see runtime.queue.tenant_dispatch)
+TENANT_CLAIM = source("tenant_claim")
+TENANT_CORRECT = source("tenant_correct")
+TENANT_PROMOTE = source("tenant_promote")
+TENANT_FORGET = source("tenant_forget")
 
 # --- producer side ---------------------------------------------------------------------------------
 PUSH = source("push")
@@ -54,6 +59,9 @@ KEY_LEASE_RENEW = source("key_lease_renew")
 READ_REGISTRY = source("read_registry")
 WITHDRAW = source("withdraw")
 TAKE_REPLIES = source("take_replies")
+# A fair pool's (tenant_fairness on, issue 22; see runtime.queue.tenants)
+TENANT_PUSH = source("tenant_push")
+TENANT_WITHDRAW = source("tenant_withdraw")
 
 # --- operators and tools ---------------------------------------------------------------------------
 DEAD_LETTER_TAKE = source("dead_letter_take")

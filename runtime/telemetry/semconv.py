@@ -37,6 +37,7 @@ REPLY_DELIVERED = "llm_dispatch.reply_delivered"
 SPAN_KIND_ROLE = "llm_dispatch.role"
 TIME_TO_FIRST_TOKEN_S = "llm_dispatch.time_to_first_token_s"
 CHUNK_COUNT = "llm_dispatch.chunk_count"
+TENANT = "llm_dispatch.tenant"  # who the request is fair to inside its pool (issue 22); absent: untagged
 # A request's free-form metadata labels, e.g. llm_dispatch.label.producer (the ingress key's name).
 LABEL_PREFIX = "llm_dispatch.label."
 PRODUCER_LABEL = f"{LABEL_PREFIX}producer"

@@ -44,6 +44,7 @@ class Subject:
     enqueued_at: float
     trace: Mapping[str, str]
     labels: Mapping[str, str] = field(default_factory=dict)  # the producer's free-form labels
+    tenant: str | None = None  # issue 22: None for untagged traffic
 
     @classmethod
     def of(cls, envelope: Envelope) -> Subject:
@@ -56,6 +57,7 @@ class Subject:
             enqueued_at=envelope.enqueued_at,
             trace=envelope.trace,
             labels=envelope.metadata.labels,
+            tenant=envelope.tenant,
         )
 
 
@@ -141,6 +143,7 @@ def record_span(
         semconv.GEN_AI_RESPONSE_MODEL: outcome.response_model,
         semconv.TIME_TO_FIRST_TOKEN_S: outcome.time_to_first_token_s,
         semconv.CHUNK_COUNT: outcome.chunk_count,
+        semconv.TENANT: subject.tenant,
     }
     for label, value in subject.labels.items():
         attributes[f"{semconv.LABEL_PREFIX}{label}"] = value

@@ -2,9 +2,11 @@
 -- KEYS: producer alive key, replies list, group lease zset, pool lease zset, lease records hash,
 --       pool wake list, fencing tokens hash, durable envelopes hash, delayed zset, dead-letter list,
 --       backend lease zset, the pool's requests list, then the requests list of every pool of the group
+--       (a fair pool's: its backlogged tenants zset; either exists only while the pool has backlog)
 -- ARGV: reply bytes (empty: release only), reply list TTL ms, lease member, wake token cap, token TTL ms,
 --       fencing token ('' unfenced: lists mode), settlement (SETTLE_*), the retry's next envelope or the
---       dead letter, the retry's due time
+--       dead letter, the retry's due time, then only for a fair pool's requeue (tenant_fairness on): its
+--       tenant lists' key up to the tenant, its backlogged tenants zset, counters hash, queued count
 -- Returns FINISH_DELIVERED, FINISH_PRODUCER_GONE, FINISH_STALE (the lease was taken away: nothing
 -- done, not even the backend's lease), FINISH_DELAYED (the retry waits in the delayed set) or
 -- FINISH_REQUEUED (a durable call its dispatcher could not finish before shutting down went back to
@@ -18,9 +20,15 @@ redis.call('HDEL', KEYS[5], ARGV[3])
 redis.call('HDEL', KEYS[7], ARGV[3])
 redis.call('HDEL', KEYS[8], ARGV[3])
 redis.call('ZREM', KEYS[11], ARGV[3])
-if ARGV[7] == 'requeue' then redis.call('LPUSH', KEYS[12], ARGV[8]) end
+if ARGV[7] == 'requeue' then
+  if ARGV[10] then
+--! tenant_requeue envelope=ARGV[8] seed=KEYS[12] lists=ARGV[10] zset=ARGV[11] counters=ARGV[12] count=ARGV[13]
+  else
+    redis.call('LPUSH', KEYS[12], ARGV[8])
+  end
+end
 for i = 12, #KEYS do
-  if redis.call('LLEN', KEYS[i]) > 0 then
+  if redis.call('EXISTS', KEYS[i]) == 1 then
 --! wake key=KEYS[6] cap=ARGV[4] ttl=ARGV[5]
     break
   end

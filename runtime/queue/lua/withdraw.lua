@@ -6,12 +6,7 @@
 -- Returns how many were removed.
 local removed = redis.call('LREM', KEYS[1], 1, ARGV[1])
 if removed == 0 then
-  for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-    if string.sub(member, 1, #ARGV[3]) == ARGV[3] then
-      removed = redis.call('ZREM', KEYS[2], member)
-      break
-    end
-  end
+--! delayed_take
 end
 if removed > 0 and KEYS[3] then redis.call('HINCRBY', KEYS[3], ARGV[2], 1) end
 return removed

@@ -1,0 +1,109 @@
+"""A fair pool's part of the scheduling round (``tenant_fairness`` on, issue 22).
+
+The observation reads a fair pool by tenant (:mod:`runtime.queue.tenant_dispatch`): its W lowest
+backlogged tenants with their first heads. Here those become the pool's heads in the order the
+tenants' virtual counters give (:func:`runtime.policy.tenants.plan_picks` over a
+:class:`~runtime.policy.tenants.TenantLedger` of the view), each remembered with its tenant and
+charge so that the claim takes it from the tenant's list and charges the tenant. ``decide()`` then
+sees the pool as any other: its share between pools is unchanged, only the order inside it is the
+tenants'. On completion the backend's ``usage`` corrects the launch estimate.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from runtime.dispatch.peek import PeekCache
+from runtime.policy.tenants import OFF, TenantCost, TenantLedger, plan_picks
+from runtime.policy.tokens import TokenCount, estimate_tokens, usage_tokens
+from runtime.queue.dispatching import Observation, QueueOps, QueueView
+from runtime.queue.tenant_dispatch import FairPick, FairView
+from runtime.valkey.client import REDIS_ERRORS
+from runtime.wire.groupconfig import GroupConfig, PoolConfig
+
+log = logging.getLogger(__name__)
+
+__all__ = ["correct", "fair_pools", "plan_fair"]
+
+
+def fair_pools(config: GroupConfig | None, queue: QueueOps | None = None) -> frozenset[str]:
+    """The group's enabled pools whose tenants share them fairly, and those switched off while their
+    tenants' lists still held work (as ``queue`` last saw them): read by tenant until drained, else
+    that work would sit in lists nobody reads."""
+    if config is None:
+        return frozenset()
+    fair = {p.pool_id for p in config.enabled_pools if p.tenant_fairness != OFF}
+    if queue is not None and queue.fair_backlog:
+        enabled = {p.pool_id for p in config.enabled_pools}
+        fair.update(p for p, backlog in queue.fair_backlog.items() if backlog > 0 and p in enabled)
+    return frozenset(fair)
+
+
+def _estimate(peek: PeekCache, raw: bytes, pool: PoolConfig) -> TokenCount:
+    envelope = peek.get(raw).envelope
+    if envelope is None:  # malformed: dropped, never charged
+        return TokenCount(0, 0)
+    call = envelope.call
+    return estimate_tokens(call.messages, call.parameters, pool.tenant_default_output_tokens)
+
+
+def plan_pool(peek: PeekCache, pool: PoolConfig, view: QueueView, fair: FairView, launches: int) -> tuple[
+    QueueView, dict[bytes, FairPick]
+]:  # fmt: skip
+    """The pool's view with its heads in the tenants' order, and each head's pick."""
+    cost = pool.tenant_cost() or TenantCost()
+    if not view.heads_read:
+        first = fair.tenants[0].heads[:1] if fair.tenants else ()
+        return QueueView(view.backlog, (), view.in_flight, False, first[0] if first else None), {}
+    ledger = TenantLedger(
+        {t.tenant: t.counter for t in fair.tenants},
+        [t.tenant for t in fair.tenants],
+        weights={t.tenant: t.weight for t in fair.tenants},
+    )
+    estimates = {t.tenant: [_estimate(peek, raw, pool) for raw in t.heads] for t in fair.tenants}
+    costs = {tenant: [cost.of(*e) for e in counted] for tenant, counted in estimates.items()}
+    queued = {t.tenant: t.queued for t in fair.tenants}
+    by_tenant = {t.tenant: t for t in fair.tenants}
+    heads: list[bytes] = []
+    picks: dict[bytes, FairPick] = {}
+    taken: dict[str, int] = {}
+    for tenant, charged in plan_picks(ledger, costs, queued, launches, horizon=fair.horizon):
+        index = taken.get(tenant, 0)
+        taken[tenant] = index + 1
+        seen = by_tenant[tenant]
+        raw, estimate = seen.heads[index], estimates[tenant][index]
+        heads.append(raw)
+        picks[raw] = FairPick(tenant, charged / seen.weight, estimate.prompt, estimate.output, seen.weight)
+    return QueueView(view.backlog, tuple(heads), view.in_flight, True), picks
+
+
+def plan_fair(
+    queue: QueueOps, peek: PeekCache, config: GroupConfig, seen: Observation, launches: int
+) -> None:
+    """Replaces each fair pool's head-less view in ``seen`` by its planned heads; records the picks."""
+    queue.fair_picks = {}
+    for pool_id, fair in seen.fair.items():
+        pool = config.pool(pool_id)
+        if pool is None:
+            continue
+        seen.views[pool_id], queue.fair_picks[pool_id] = plan_pool(
+            peek, pool, seen.views[pool_id], fair, launches
+        )
+
+
+async def correct(queue: QueueOps, member: str, completion: Any, pool: PoolConfig | None) -> None:
+    """Corrects a finished fair-pool call's charge by its reported usage (none reported: the estimate
+    stands); a Valkey failure leaves the estimate as the charge."""
+    pick = queue.charged(member)
+    if pick is None:
+        return
+    cost = pool.tenant_cost() if pool is not None else None
+    usage = usage_tokens(completion.body) if completion is not None else None
+    correction = 0.0
+    if cost is not None:
+        correction = cost.correction((pick.prompt_tokens, pick.output_tokens), usage)
+    try:
+        await queue.correct(member, correction)
+    except REDIS_ERRORS as exc:
+        log.warning("could not correct tenant %s's charge: %s", pick.tenant, exc)

@@ -1,0 +1,9 @@
+-- ENTER: a tenant whose list just became non-empty joins the fair pool's backlogged tenants at
+-- max(its own counter, the floor); the floor is the lowest backlogged counter, else the last leaver's
+-- (runtime.policy.tenants.TenantLedger.enter: a tenant without a counter starts at the floor).
+-- Params: zset (backlogged tenants), counters (hash), tenant.
+local low = redis.call('ZRANGE', $zset, 0, 0, 'WITHSCORES')
+local floor = tonumber(low[2]) or tonumber(redis.call('HGET', $counters, '*last')) or 0
+local counter = math.max(tonumber(redis.call('HGET', $counters, $tenant)) or floor, floor)
+redis.call('ZADD', $zset, counter, $tenant)
+redis.call('HSET', $counters, $tenant, counter)

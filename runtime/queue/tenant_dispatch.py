@@ -1,0 +1,172 @@
+"""Dispatcher side of a fair pool (``tenant_fairness`` on, issue 22): observe, claim with a charge,
+correct on completion.
+
+``lua/tenant_observe.lua`` reads the pool's W lowest backlogged tenants (their counters, weights,
+queued counts and first heads) and the next one as the plan's horizon, in O(log n + W).
+``lua/tenant_claim.lua`` is CLAIM (``lua/_claim.lua``) on the tenant's own list, charging the tenant's
+counter by the dispatcher's estimate / weight as the head leaves; ``lua/tenant_correct.lua`` adds
+(actual - estimate) / weight when the backend reported its usage. Charges and corrections are
+increments, so two dispatchers' never drift; the SHA-1 check makes a raced head a ``moved``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.queue import scripts
+from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
+
+__all__ = [
+    "TENANT_VIEW_WIDTH",
+    "FairPick",
+    "FairView",
+    "TenantHeads",
+    "claim_keys",
+    "correct_call",
+    "forget_call",
+    "observe_call",
+    "parse_view",
+    "promote_call",
+    "reap_fair_args",
+    "requeue_fair_args",
+]
+
+TENANT_VIEW_WIDTH = 16  # tenants viewed per observation (W); one more is read as the horizon
+
+
+@dataclass(frozen=True, slots=True)
+class TenantHeads:
+    """One viewed tenant: its counter and weight, how many it has queued, its first heads."""
+
+    tenant: str
+    counter: float
+    weight: float
+    queued: int
+    heads: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FairView:
+    """What one observation saw of a fair pool's tenants."""
+
+    tenants: tuple[TenantHeads, ...]
+    horizon: tuple[float, str] | None  # (counter, tenant) of the first tenant left out of the view
+
+
+@dataclass(frozen=True, slots=True)
+class FairPick:
+    """A planned head of a fair pool: whose it is, what its launch charges, what it was estimated at."""
+
+    tenant: str
+    charge: float  # cost / weight, added to the tenant's counter by the claim
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    weight: float = 1.0
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def observe_call(
+    keys: KeySpace,
+    pool_id: str,
+    group_inflight: str,
+    depth: int,
+    pool_max: int,
+    group_limit: int,
+    display: bool,
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of ``lua/tenant_observe.lua``."""
+    return (
+        [
+            keys.tenants(pool_id), keys.tenant_weights(pool_id), keys.pool_queued(pool_id),
+            keys.pool_inflight(pool_id), group_inflight, keys.requests(pool_id),
+            keys.tenant_counters(pool_id),
+        ],
+        [depth, pool_max, group_limit, int(display), TENANT_VIEW_WIDTH, keys.tenant_requests(pool_id, "")],
+    )  # fmt: skip
+
+
+def _weight(raw: Any) -> float:
+    try:
+        weight = float(_text(raw))
+    except ValueError:
+        return 1.0
+    return weight if 0 < weight < float("inf") else 1.0
+
+
+def parse_view(view: Sequence[Any], horizon: Sequence[Any]) -> FairView:
+    """The script's view and horizon, typed (a weight that is not a positive number counts as 1)."""
+    tenants = tuple(
+        TenantHeads(_text(t), float(_text(c)), _weight(w), int(n), tuple(heads)) for t, c, w, n, heads in view
+    )
+    return FairView(tenants, (float(_text(horizon[1])), _text(horizon[0])) if horizon else None)
+
+
+def claim_keys(keys: KeySpace, pool_id: str, pick: FairPick) -> tuple[str, list[str]]:
+    """The tenant's list (CLAIM's first key) and the keys TENANT_CLAIM appends to CLAIM's."""
+    return keys.tenant_requests(pool_id, pick.tenant), [
+        keys.tenants(pool_id),
+        keys.tenant_counters(pool_id),
+        keys.pool_queued(pool_id),
+        keys.tenant_served(pool_id),
+    ]
+
+
+def promote_call(keys: KeySpace, pool_id: str) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of ``lua/tenant_promote.lua``."""
+    return (
+        [
+            keys.delayed(pool_id), keys.requests(pool_id), keys.wake_list(pool_id), keys.tenants(pool_id),
+            keys.tenant_counters(pool_id), keys.pool_queued(pool_id),
+        ],
+        [scripts.PROMOTE_BATCH, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, keys.tenant_requests(pool_id, "")],
+    )  # fmt: skip
+
+
+def reap_fair_args(keys: KeySpace, fair_pools: Collection[str]) -> list[str]:
+    """What REAP needs to requeue a fair pool's durable request onto its tenant's list (nothing when
+    the group has no fair pool: the seed's reap)."""
+    if not fair_pools:
+        return []
+    tenant_lists = keys.tenant_requests("\x00", "").split("\x00")[0]  # the prefix up to the pool id
+    return [
+        tenant_lists,
+        keys.tenants(""),
+        keys.tenant_counters(""),
+        keys.pool_queued(""),
+        *sorted(fair_pools),
+    ]
+
+
+def requeue_fair_args(keys: KeySpace, pool_id: str) -> list[str]:
+    """FINISH's extra arguments for a fair pool's requeue (a durable call its dispatcher shut down on)."""
+    return [
+        keys.tenant_requests(pool_id, ""), keys.tenants(pool_id), keys.tenant_counters(pool_id),
+        keys.pool_queued(pool_id),
+    ]  # fmt: skip
+
+
+FORGET_SCAN = 256  # counters hash fields an idle cleanup looks at per pool and reap
+
+
+def forget_call(keys: KeySpace, pool_id: str) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of ``lua/tenant_forget.lua``."""
+    return (
+        [keys.tenant_counters(pool_id), keys.tenants(pool_id), keys.tenant_weights(pool_id),
+         keys.tenant_scan(pool_id)],
+        [FORGET_SCAN],
+    )  # fmt: skip
+
+
+def correct_call(
+    keys: KeySpace, pool_id: str, pick: FairPick, correction: float
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of ``lua/tenant_correct.lua`` (``correction`` before the tenant's weight)."""
+    return (
+        [keys.tenants(pool_id), keys.tenant_counters(pool_id), keys.tenant_served(pool_id)],
+        [pick.tenant, repr(correction / pick.weight), repr(correction)],
+    )
