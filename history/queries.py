@@ -382,6 +382,43 @@ def _exact_analytics(
     return [_stats(r, lines.get(r["pool"], [0] * buckets)) for r in rows]
 
 
+TENANT_LIMIT = 50
+
+
+def tenant_usage(
+    *,
+    client: HistoryClient,
+    since: datetime,
+    until: datetime,
+    pool: str = "",
+    group: str = "",
+    limit: int = TENANT_LIMIT,
+) -> list[dict[str, Any]]:
+    """Per pool and tenant: requests, input and output tokens, exact queue wait p50/p99 (``p50``, ``p99``).
+
+    Reads the dispatcher spans tagged with a tenant straight from ``otel_traces`` (no aggregate keeps the
+    tenant). A request is a final span (ok, error or dropped); waits cover executed requests as the pool
+    figures do. Each pool keeps its ``limit`` tenants with the most requests, busiest first.
+    """
+    where, params = _where(ExecutionFilter(group=group, pool=pool, since=since, until=until))
+    tenant = f"SpanAttributes['{semconv.TENANT}']"
+    rows = client.query(
+        f"""
+        SELECT PoolId AS pool, {tenant} AS tenant, count() AS requests,
+            sum(ifNull(InputTokens, 0)) AS input_tokens, sum(ifNull(OutputTokens, 0)) AS output_tokens,
+            quantilesExactInclusiveIf(0.5, 0.99)(QueueWaitS, Status IN ('ok', 'error')) AS wait
+        FROM {table_name(client)}
+        WHERE {where} AND Status IN ('ok', 'error', 'dropped') AND {tenant} != ''
+        GROUP BY pool, tenant ORDER BY pool, requests DESC, tenant LIMIT {max(1, int(limit))} BY pool
+        """,
+        params,
+    )
+    for r in rows:
+        waits = [None if math.isnan(w) else float(w) for w in r.pop("wait")] or [None, None]
+        r["p50"], r["p99"] = waits
+    return rows
+
+
 def stream_status(redis_client: Any, keys: Any) -> dict[str, int | None]:
     """Backlog of the span stream and how many spans its cap discarded before they were stored."""
     from history.ingester import GROUP

@@ -98,9 +98,11 @@ def pools(request: HttpRequest) -> HttpResponse:
         "stream": _stream_status(),
     }
     try:
+        client = history_client()
         stats = queries.pool_analytics(
-            client=history_client(), since=since, until=until, group=form.group_id(), exact=form.exact_mode()
+            client=client, since=since, until=until, group=form.group_id(), exact=form.exact_mode()
         )
+        tenants = queries.tenant_usage(client=client, since=since, until=until, group=form.group_id())
     except HistoryUnavailable as exc:
         return _unavailable(request, "history/pools.html", context, exc)
     series = ("p50", "p95", "p99")
@@ -127,6 +129,8 @@ def pools(request: HttpRequest) -> HttpResponse:
         stats=[{"s": s, "spark": svg.sparkline(s.timeline)} for s in stats],
         charts=charts,
         levels=queries.LEVELS,
+        tenants=tenants,
+        tenant_limit=queries.TENANT_LIMIT,
         exact=form.exact_mode(),
         accuracy_pct=f"{schema.STATED_ACCURACY * 100:g}",
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -72,6 +73,36 @@ def test_analytics_per_pool_and_window(history: HistoryClient) -> None:
     assert set(stats) == {"a", "b"} and stats["b"].count == 1
     assert stats["b"].tokens_per_s is None
     assert queries.pool_analytics(client=history, since=since, until=until, group="g2") == []
+
+
+def test_tenant_usage_per_pool(history: HistoryClient) -> None:
+    def doc(tenant: str, wait: float, **kw: Any) -> dict[str, Any]:
+        kw = {"pool": "p", "input_tokens": 7, "output_tokens": 20, **kw}
+        return execution_doc(tenant=tenant, queue_wait=wait, **kw)
+
+    store(
+        history,
+        [
+            *(doc("acme", float(w)) for w in (1, 2, 3, 4)),
+            doc("acme", 50.0, status="dropped", output_tokens=None),  # a request, but no wait figure
+            doc("acme", 60.0, status="retry"),  # an attempt, not a request
+            doc("beta", 0.5),
+            doc("beta", 1.5, status="error"),
+            doc("beta", 9.0, ago_s=7200),  # outside the window
+            doc("gamma", 1.0, pool="other"),
+            execution_doc(pool="p", queue_wait=99.0),  # untagged
+        ],
+    )
+    since, until = _window()
+    rows = queries.tenant_usage(client=history, since=since, until=until, pool="p")
+    assert [(r["tenant"], r["requests"], r["input_tokens"], r["output_tokens"]) for r in rows] == [
+        ("acme", 5, 28, 80),
+        ("beta", 2, 14, 40),
+    ]
+    assert rows[0]["p50"] == 2.5 and rows[0]["p99"] == pytest.approx(3.97)
+    assert rows[1]["p50"] == 1.0 and rows[1]["p99"] == pytest.approx(1.49)
+    everywhere = queries.tenant_usage(client=history, since=since, until=until, limit=1)
+    assert [(r["pool"], r["tenant"]) for r in everywhere] == [("other", "gamma"), ("p", "acme")]
 
 
 def test_empty_analytics(history: HistoryClient) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
@@ -156,3 +158,25 @@ def test_pools_page_states_approximation_and_offers_exact_for_short_windows(
     refused = staff_client.get("/history/pools/", {"exact": "on", "window": "7d"}).content.decode()
     assert "Exact percentiles are offered for windows up to 1h" in refused
     assert "Percentiles are approximate" in refused and "last 7d" in refused
+
+
+def test_pools_page_shows_tenants_only_when_spans_carry_them(
+    staff_client: Client, with_history: HistoryClient, no_valkey: None
+) -> None:
+    store(with_history, [execution_doc(pool="a", queue_wait=w) for w in (1.0, 2.0)])
+    assert "<h3>Tenants</h3>" not in staff_client.get("/history/pools/").content.decode()
+    store(
+        with_history,
+        [
+            *(execution_doc(pool="a", tenant="acme", queue_wait=w, input_tokens=7) for w in (1.0, 2.0, 3.0)),
+            execution_doc(pool="a", tenant="beta-corp", queue_wait=0.25, input_tokens=5, output_tokens=1234),
+        ],
+    )
+    text = staff_client.get("/history/pools/").content.decode()
+    table = text[text.index("<h3>Tenants</h3>") :]
+    table = table[: table.index("</table>")]
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in table.split("<tr>")]
+    assert [r for r in rows if r] == [  # busiest first; p50, p99 of 1, 2, 3 s by interpolation
+        ["a", "acme", "3", "21", "300", "2.00 s", "2.98 s"],
+        ["a", "beta-corp", "1", "5", "1,234", "250.0 ms", "250.0 ms"],
+    ]

@@ -27,6 +27,8 @@ def execution_doc(
     queue_wait: float = 0.1,
     execution: float = 1.0,
     output_tokens: int | None = 100,
+    input_tokens: int = 10,
+    tenant: str = "",
     ago_s: float = 60.0,
     trace_id: str | None = None,
     attempt: int | None = None,
@@ -56,7 +58,9 @@ def execution_doc(
         attrs[semconv.ERROR_MESSAGE] = f"{error_type} happened"
     if output_tokens is not None:
         attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = output_tokens
-        attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = 10
+        attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = input_tokens
+    if tenant:
+        attrs[semconv.TENANT] = tenant
     return {
         "trace_id": trace_id or f"{n:032x}",
         "span_id": f"{n:016x}",
