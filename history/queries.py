@@ -113,7 +113,7 @@ def _row(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
-def _where(filters: ExecutionFilter) -> tuple[str, dict[str, Any]]:
+def where_clause(filters: ExecutionFilter) -> tuple[str, dict[str, Any]]:
     clauses, params = ["1"], {}
     for name, column in _FILTER_COLUMNS.items():
         value = getattr(filters, name)
@@ -137,7 +137,7 @@ def executions_recent(
 ) -> Page:
     """Newest executions first, filtered and paged; reads the time-sorted table in key order."""
     page, page_size = max(1, page), max(1, min(page_size, 500))
-    where, params = _where(filters)
+    where, params = where_clause(filters)
     rows = client.query(
         f"SELECT {_ROW_COLUMNS} FROM {table_name(client, schema.EXECUTIONS)} WHERE {where} "
         f"ORDER BY Timestamp DESC, SpanId DESC LIMIT {page_size + 1} OFFSET {(page - 1) * page_size}",
@@ -235,7 +235,7 @@ def _redelivery(
     client: HistoryClient, since: datetime, until: datetime, group: str, stats: list[PoolStats]
 ) -> list[PoolStats]:
     """Fills in each pool's retries, requeues, dead letters and retry rate over the window."""
-    where, params = _where(ExecutionFilter(group=group, since=since, until=until))
+    where, params = where_clause(ExecutionFilter(group=group, since=since, until=until))
     rows = client.query(
         "SELECT PoolId AS pool, countIf(Status = 'retry') AS retries, "
         f"countIf(Status = 'requeued') AS requeues, countIf(ErrorType = '{DEAD_LETTERED}') AS dead_letters "
@@ -352,7 +352,7 @@ def pool_analytics(
 def _exact_analytics(
     client: HistoryClient, since: datetime, until: datetime, group: str, buckets: int
 ) -> list[PoolStats]:
-    where, params = _where(ExecutionFilter(group=group, since=since, until=until))
+    where, params = where_clause(ExecutionFilter(group=group, since=since, until=until))
     levels = ", ".join(str(level) for level in LEVELS)
     executed = "Status IN ('ok', 'error')"
     span_ns = max(1, _ns(until) - _ns(since))
@@ -380,43 +380,6 @@ def _exact_analytics(
     )
     lines = _timelines(points, buckets)
     return [_stats(r, lines.get(r["pool"], [0] * buckets)) for r in rows]
-
-
-TENANT_LIMIT = 50
-
-
-def tenant_usage(
-    *,
-    client: HistoryClient,
-    since: datetime,
-    until: datetime,
-    pool: str = "",
-    group: str = "",
-    limit: int = TENANT_LIMIT,
-) -> list[dict[str, Any]]:
-    """Per pool and tenant: requests, input and output tokens, exact queue wait p50/p99 (``p50``, ``p99``).
-
-    Reads the dispatcher spans tagged with a tenant straight from ``otel_traces`` (no aggregate keeps the
-    tenant). A request is a final span (ok, error or dropped); waits cover executed requests as the pool
-    figures do. Each pool keeps its ``limit`` tenants with the most requests, busiest first.
-    """
-    where, params = _where(ExecutionFilter(group=group, pool=pool, since=since, until=until))
-    tenant = f"SpanAttributes['{semconv.TENANT}']"
-    rows = client.query(
-        f"""
-        SELECT PoolId AS pool, {tenant} AS tenant, count() AS requests,
-            sum(ifNull(InputTokens, 0)) AS input_tokens, sum(ifNull(OutputTokens, 0)) AS output_tokens,
-            quantilesExactInclusiveIf(0.5, 0.99)(QueueWaitS, Status IN ('ok', 'error')) AS wait
-        FROM {table_name(client)}
-        WHERE {where} AND Status IN ('ok', 'error', 'dropped') AND {tenant} != ''
-        GROUP BY pool, tenant ORDER BY pool, requests DESC, tenant LIMIT {max(1, int(limit))} BY pool
-        """,
-        params,
-    )
-    for r in rows:
-        waits = [None if math.isnan(w) else float(w) for w in r.pop("wait")] or [None, None]
-        r["p50"], r["p99"] = waits
-    return rows
 
 
 def stream_status(redis_client: Any, keys: Any) -> dict[str, int | None]:

@@ -16,6 +16,7 @@ from django.shortcuts import render
 from history import queries, schema, svg
 from history.client import HistoryUnavailable, history_client
 from history.forms import WINDOWS, AnalyticsForm, ExecutionFilterForm
+from history.tenants import TENANT_LIMIT, tenant_usage
 
 log = logging.getLogger(__name__)
 PAGE_SIZE = 50
@@ -102,7 +103,7 @@ def pools(request: HttpRequest) -> HttpResponse:
         stats = queries.pool_analytics(
             client=client, since=since, until=until, group=form.group_id(), exact=form.exact_mode()
         )
-        tenants = queries.tenant_usage(client=client, since=since, until=until, group=form.group_id())
+        tenants = tenant_usage(client=client, since=since, until=until, group=form.group_id())
     except HistoryUnavailable as exc:
         return _unavailable(request, "history/pools.html", context, exc)
     series = ("p50", "p95", "p99")
@@ -130,7 +131,7 @@ def pools(request: HttpRequest) -> HttpResponse:
         charts=charts,
         levels=queries.LEVELS,
         tenants=tenants,
-        tenant_limit=queries.TENANT_LIMIT,
+        tenant_limit=TENANT_LIMIT,
         exact=form.exact_mode(),
         accuracy_pct=f"{schema.STATED_ACCURACY * 100:g}",
     )

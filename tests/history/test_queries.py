@@ -12,6 +12,7 @@ import pytest
 from history import queries, schema
 from history.client import HistoryClient
 from history.queries import LEVELS, ExecutionFilter
+from history.tenants import tenant_usage
 from tests.support.history_spans import execution_doc, store
 
 
@@ -94,14 +95,14 @@ def test_tenant_usage_per_pool(history: HistoryClient) -> None:
         ],
     )
     since, until = _window()
-    rows = queries.tenant_usage(client=history, since=since, until=until, pool="p")
+    rows = tenant_usage(client=history, since=since, until=until, pool="p")
     assert [(r["tenant"], r["requests"], r["input_tokens"], r["output_tokens"]) for r in rows] == [
         ("acme", 5, 28, 80),
         ("beta", 2, 14, 40),
     ]
     assert rows[0]["p50"] == 2.5 and rows[0]["p99"] == pytest.approx(3.97)
     assert rows[1]["p50"] == 1.0 and rows[1]["p99"] == pytest.approx(1.49)
-    everywhere = queries.tenant_usage(client=history, since=since, until=until, limit=1)
+    everywhere = tenant_usage(client=history, since=since, until=until, limit=1)
     assert [(r["pool"], r["tenant"]) for r in everywhere] == [("other", "gamma"), ("p", "acme")]
 
 
