@@ -142,7 +142,7 @@ class FabricConsumer(AsyncJsonWebsocketConsumer):
         pool_ids = [p["pool_id"] for p in self.configured]
         try:
             read = await sync_to_async(selectors.fabric_read, thread_sensitive=False)(
-                group_id=self.group_id, pool_ids=pool_ids
+                group_id=self.group_id, pool_ids=pool_ids, fairness=selectors.fair_pools(self.configured)
             )
         except selectors.VALKEY_ERRORS as exc:
             self.valkey_error = str(exc)

@@ -32,8 +32,29 @@ class ConfiguredPool(TypedDict):
     enabled: bool
     paused: bool
     max_queued: int | None
+    tenant_fairness: NotRequired[str]  # off | requests | tokens (issue 22)
     admin_url: str
     dead_letters_url: str
+
+
+class TenantRow(TypedDict):
+    """One tenant of a fair pool on the dashboard (``dashboard.selectors.tenants_read``)."""
+
+    tenant: str  # "*": untagged traffic
+    queued: int
+    in_flight: int
+    counter: float | None  # the virtual counter; None: forgotten (idle, nothing queued)
+    served: float  # cumulative cost served (before the tenant's weight)
+    served_last_minute: float | None  # None: no earlier read of it in this web process yet
+
+
+class PoolTenants(TypedDict):
+    """A fair pool's top tenants: backlogged = tenants with queued work (ZCARD of the pool's zset)."""
+
+    pool_id: str
+    fairness: str
+    backlogged: int
+    rows: list[TenantRow]
 
 
 class FabricView(TypedDict):
@@ -68,6 +89,7 @@ class FabricView(TypedDict):
     live_queue_depth: NotRequired[dict[str, int]]
     dead_letters: NotRequired[list[dict[str, Any]]]
     dead_letters_total: NotRequired[int]
+    tenant_pools: NotRequired[list[PoolTenants]]
 
 
 def live_snapshots(
@@ -291,7 +313,7 @@ def finish_view(
     now: float,
 ) -> FabricView:
     """Adds what snapshots do not carry: unobserved pools, links, the group's cumulative counters,
-    the backends' live status and the submits refused per pool."""
+    the backends' live status, the submits refused per pool and the fair pools' top tenants."""
     view = with_configured_pools(view, pools=configured, queue_lengths=queue_lengths)
     links = {p["pool_id"]: p.get("admin_url", "") for p in configured}
     limits = {p["pool_id"]: p.get("max_queued") for p in configured}
@@ -302,7 +324,10 @@ def finish_view(
         pool["rejected"] = dict(rejections.get(pool["pool_id"], {}))
     view["backends"] = list(backends or [])
     view["group_id"] = group_id
-    view["totals"] = totals
+    # The fair pools' tenants ride in totals from the read; the view carries them once, by pool.
+    tenants: Mapping[str, PoolTenants] = totals.get("tenants") or {}
+    view["totals"] = {k: v for k, v in totals.items() if k != "tenants"}
+    view["tenant_pools"] = [tenants[p["pool_id"]] for p in configured if p["pool_id"] in tenants]
     view["live_queue_depth"] = dict(queue_lengths)
     view["dead_letters"] = dead_letter_rows(totals.get("dead_letters", {}), configured, now=now)
     view["dead_letters_total"] = sum(row["count"] for row in view["dead_letters"])

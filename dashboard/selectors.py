@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import Counter
 from typing import Any, TypedDict
 
 import orjson
@@ -19,11 +20,14 @@ from django.urls import reverse
 from dashboard.merge import (
     ConfiguredPool,
     FabricView,
+    PoolTenants,
+    TenantRow,
     counter_totals,
     finish_view,
     merge_snapshots,
     rejections_by_pool,
 )
+from dashboard.tenant_window import ServedWindow
 from pools import selectors as pool_selectors
 from pools.connections import VALKEY_ERRORS, key_space, valkey_client
 from pools.restore import restored_read
@@ -31,12 +35,20 @@ from runtime.backends.status import READS, queue_reads, status_from_replies
 from runtime.dispatch import deadletters
 from runtime.dispatch.snapshot import DispatcherSnapshot
 from runtime.errors import DispatchError
+from runtime.queue.keys import UNTAGGED
+from runtime.queue.leases import LeaseRecord
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.groupconfig import GroupConfig
 
 log = logging.getLogger(__name__)
 
 _SCAN_COUNT = 200
+TENANT_ROWS = 10  # tenants shown per fair pool, by queued work
+# The backlogged tenants (highest virtual counters first) whose lists are measured, and the leases of a
+# pool read for in-flight counts: bounds on a pool of 100,000 sub-tenants. Below them the top is exact.
+TENANT_CANDIDATES = 256
+TENANT_LEASES = 1024
+SERVED_WINDOW = ServedWindow()  # this web process's earlier reads of the served hashes
 
 
 def snapshots_read(*, group_id: str, client: redis.Redis | None = None) -> list[DispatcherSnapshot]:
@@ -108,6 +120,7 @@ def configured_pools(*, group_id: str) -> list[ConfiguredPool]:
             "enabled": p.enabled,
             "paused": p.paused,
             "max_queued": p.max_queued,
+            "tenant_fairness": p.tenant_fairness,
             "admin_url": reverse("admin:pools_pool_change", args=[p.pk]),
             "dead_letters_url": reverse("admin:pools_pool_dead_letters", args=[p.pk]),
         }
@@ -124,6 +137,87 @@ def config_restored_read(*, client: redis.Redis) -> dict[str, Any] | None:
     return {"at": restored.at, "at_text": at_text, "by": restored.by, "groups": restored.groups}
 
 
+def _in_flight_by_tenant(pool_id: str, records: list[bytes | None]) -> Counter[str]:
+    found: Counter[str] = Counter()
+    for raw in records:
+        record = LeaseRecord.decode(raw) if raw else None
+        if record is not None and record.pool_id == pool_id:
+            found[UNTAGGED if record.tenant is None else record.tenant] += 1
+    return found
+
+
+def tenants_read(
+    *, group_id: str, fairness: dict[str, str], now: float, client: redis.Redis | None = None
+) -> dict[str, PoolTenants]:
+    """The top :data:`TENANT_ROWS` tenants of each fair pool (``fairness``: pool -> mode) by queued
+    requests, with their leases in flight, virtual counter and cost served (cumulative and in about the
+    last minute, see :class:`ServedWindow`). Three pipelined round trips, each bounded per pool by
+    :data:`TENANT_CANDIDATES` and :data:`TENANT_LEASES`. Raises redis errors."""
+    if not fairness:
+        return {}
+    client, keys, pool_ids = valkey_client(client), key_space(), list(fairness)
+    pipe = client.pipeline(transaction=False)
+    for pool_id in pool_ids:
+        pipe.zrevrange(keys.tenants(pool_id), 0, TENANT_CANDIDATES - 1, withscores=True)
+        pipe.zcard(keys.tenants(pool_id))
+        pipe.zrange(keys.pool_inflight(pool_id), 0, TENANT_LEASES - 1)
+    first = pipe.execute()
+    pipe = client.pipeline(transaction=False)
+    for i in range(len(pool_ids)):
+        pipe.hmget(keys.lease_records(group_id), first[3 * i + 2] or [b""])  # HMGET needs a field
+    records = pipe.execute()
+    pipe = client.pipeline(transaction=False)
+    plans = []
+    for i, pool_id in enumerate(pool_ids):
+        counters = {m.decode(): float(score) for m, score in first[3 * i]}
+        flying = _in_flight_by_tenant(pool_id, records[i])
+        names = sorted(set(counters) | set(flying))
+        plans.append((counters, flying, names))
+        for name in names:
+            pipe.llen(keys.tenant_requests(pool_id, name))
+        pipe.hmget(keys.tenant_served(pool_id), names or [""])
+        pipe.hmget(keys.tenant_counters(pool_id), names or [""])
+    replies, at, result = pipe.execute(), 0, {}
+    for i, pool_id in enumerate(pool_ids):
+        counters, flying, names = plans[i]
+        part, at = replies[at : at + len(names) + 2], at + len(names) + 2
+        rows = _tenant_rows(pool_id, now, names, part, counters, flying)
+        result[pool_id] = PoolTenants(
+            pool_id=pool_id, fairness=fairness[pool_id], backlogged=int(first[3 * i + 1]), rows=rows
+        )
+    return result
+
+
+def _tenant_rows(
+    pool_id: str, now: float, names: list[str], replies: list[Any], counters: dict[str, float],
+    flying: Counter[str],
+) -> list[TenantRow]:  # fmt: skip
+    """The top rows from the candidates' LLENs, then their served and counter HMGETs."""
+    lengths, served_raw, counter_raw = replies[: len(names)], replies[-2], replies[-1]
+    served = {n: float(v or 0) for n, v in zip(names, served_raw, strict=False)}
+    per_minute = SERVED_WINDOW.per_minute(pool_id, now, served)
+    rows = [
+        TenantRow(
+            tenant=name,
+            queued=int(lengths[j]),
+            in_flight=flying[name],
+            # a tenant in flight but not backlogged is out of the zset; its counter stays in the hash
+            counter=counters.get(name, None if counter_raw[j] is None else float(counter_raw[j])),
+            served=served[name],
+            served_last_minute=per_minute[name],
+        )
+        for j, name in enumerate(names)
+    ]
+    rows.sort(key=lambda r: (-r["queued"], -r["in_flight"], -r["served"], r["tenant"]))
+    return rows[:TENANT_ROWS]
+
+
+def fair_pools(configured: list[ConfiguredPool]) -> dict[str, str]:
+    """Pool -> tenant fairness mode of the configured pools that have it on."""
+    modes = {p["pool_id"]: p.get("tenant_fairness", "off") for p in configured}
+    return {pool_id: mode for pool_id, mode in modes.items() if mode != "off"}
+
+
 class FabricRead(TypedDict):
     snapshots: list[DispatcherSnapshot]
     lengths: dict[str, int]
@@ -132,9 +226,12 @@ class FabricRead(TypedDict):
     rejections: dict[str, dict[str, int]]
 
 
-def fabric_read(*, group_id: str, pool_ids: list[str], now: float | None = None) -> FabricRead:
+def fabric_read(
+    *, group_id: str, pool_ids: list[str], now: float | None = None, fairness: dict[str, str] | None = None
+) -> FabricRead:
     """Snapshots, live queue lengths of ``pool_ids``, the counter totals (with each pool's dead
-    letters under ``dead_letters``), the backends' live status and the rejections, with one client.
+    letters under ``dead_letters`` and the top tenants of the pools ``fairness`` names as fair under
+    ``tenants``), the backends' live status and the rejections, with one client.
 
     Raises redis errors (see VALKEY_ERRORS).
     """
@@ -149,6 +246,10 @@ def fabric_read(*, group_id: str, pool_ids: list[str], now: float | None = None)
     }
     backends, rejections = backends_read(group_id=group_id, client=client, now=now)
     totals["config_restored"] = config_restored_read(client=client)
+    totals["tenants"] = tenants_read(
+        group_id=group_id, fairness={p: f for p, f in (fairness or {}).items() if f != "off"}, now=now,
+        client=client,
+    )  # fmt: skip
     return FabricRead(
         snapshots=snapshots, lengths=lengths, totals=totals, backends=backends, rejections=rejections
     )
@@ -165,7 +266,10 @@ def fabric_view(
     configured = configured or []
     error = ""
     try:
-        read = fabric_read(group_id=group_id, pool_ids=[p["pool_id"] for p in configured], now=now)
+        read = fabric_read(
+            group_id=group_id, pool_ids=[p["pool_id"] for p in configured], now=now,
+            fairness=fair_pools(configured),
+        )  # fmt: skip
     except VALKEY_ERRORS as exc:
         log.warning("dashboard cannot read Valkey: %s", exc)
         error = str(exc)

@@ -288,3 +288,62 @@ async def test_the_runtime_table_shows_which_valkey_each_dispatcher_uses(
         assert since == f"since {shown}"
         await row(page, "older-d4").wait_for(timeout=10_000)
         assert await row(page, "older-d4").locator("code.valkey-server").count() == 0
+
+
+async def test_a_noisy_tenant_shows_at_the_top_of_its_fair_pools_tenants(
+    stack, aredis, keys, valkey_url
+) -> None:
+    """Backfill switched to tenant fairness in the admin's model; a noisy tenant's 30 slow calls and a
+    quiet one's 2: the live tenants table lists the noisy tenant first, queued and in flight."""
+    import subprocess
+    import sys
+
+    from runtime.wire.groupconfig import GroupConfig
+    from tests.support.browser import ROOT, stack_env
+
+    code = (
+        "from pools import services; from pools.models import Pool; "
+        "pool = Pool.objects.get(pool_id='backfill'); pool.tenant_fairness = 'requests'; "
+        "services.pool_save(pool=pool)"
+    )
+    env = stack_env(stack["logs"], valkey_url, keys)
+    subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=env, check=True)
+
+    async def published_fair() -> bool:
+        config = GroupConfig.decode(await aredis.get(keys.group_config("demo")))
+        return config.pool("backfill").tenant_fairness == "requests"
+
+    await wait_until(published_fair, 10.0, interval=0.1, what="backfill published as fair")
+    calls: list[asyncio.Task] = []
+    async with (
+        live_dashboard(stack["url"]) as page,
+        Producer(aredis, keys=keys, producer_id="browser-tenants") as producer,
+    ):
+        try:
+            # The quiet tenant's calls are long, so they stay listed (in flight) once fairness starts them.
+            for tenant, n, ms in (("key-noisy", 30, 1500), ("key-quiet", 2, 15_000)):
+                for _ in range(n):
+                    call = producer.submit(slow_call(ms), pool_id="backfill", timeout=60, tenant=tenant)
+                    calls.append(asyncio.create_task(call))
+            first = page.locator("#tenants tr").first
+
+            async def noisy_on_top() -> bool:
+                cells = (await first.inner_text()).split("\t")
+                if len(cells) < 4:
+                    return False  # "No tenant queued or in flight." until the first frame with calls
+                return "key-noisy" in cells[1] and int(cells[2]) > 2 and int(cells[3]) > 0
+
+            await until(noisy_on_top, "the noisy tenant first, queued and in flight")
+            assert (await first.inner_text()).startswith("backfill")
+            quiet = page.locator('#tenants tr[data-tenant="backfill/key-quiet"] td')
+
+            async def quiet_in_flight_below() -> bool:
+                rows = await page.locator("#tenants tr").evaluate_all("rs => rs.map(r => r.dataset.tenant)")
+                return rows[-1:] == ["backfill/key-quiet"] and await quiet.nth(3).inner_text() == "2"
+
+            await until(quiet_in_flight_below, "the quiet tenant's two calls in flight, below the noisy one")
+            assert "key-noisy" in await first.inner_text()
+        finally:
+            for task in calls:
+                task.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)

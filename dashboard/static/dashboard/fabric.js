@@ -119,6 +119,27 @@
     ];
   }
 
+  function num(value) { return value === null || value === undefined ? "–" : String(Math.round(value)); }
+  function tenantItems(view) {
+    var items = [];
+    (view.tenant_pools || []).forEach(function (tp) {
+      tp.rows.forEach(function (t) { items.push({ pool: tp, t: t, key: tp.pool_id + "/" + t.tenant }); });
+    });
+    return items;
+  }
+  function tenantCells(item) {
+    var tp = item.pool, t = item.t;
+    return [
+      { html: esc(tp.pool_id) + ' <small class="muted">' + esc(tp.fairness) + " · " + esc(tp.backlogged) + " backlogged</small>" },
+      { html: "<code>" + (t.tenant === "*" ? "(untagged)" : esc(t.tenant)) + "</code>" },
+      { html: esc(t.queued), cls: "num" },
+      { html: esc(t.in_flight), cls: "num" },
+      { html: num(t.served_last_minute), cls: "num" },
+      { html: num(t.served), cls: "num" },
+      { html: num(t.counter), cls: "num" },
+    ];
+  }
+
   // --- pools ------------------------------------------------------------------------------------
   function isPaused(p) {
     var want = wanted[p.pool_id];
@@ -373,6 +394,9 @@
       '<td colspan="10" class="muted">No dispatcher is running.</td>');
     syncRows(document.getElementById("counters"), counterItems(view), function (c) { return c.key; },
       cellsRow(3), updateCounterRow, "");
+    syncRows(document.getElementById("tenants"), tenantItems(view), function (item) { return item.key; },
+      cellsRow(7), function (tr, item) { tr.dataset.tenant = item.key; setCells(tr, tenantCells(item)); },
+      '<td colspan="7" class="muted">' + ((view.tenant_pools || []).length ? "No tenant queued or in flight." : "No pool has tenant fairness on.") + "</td>");
     syncRows(document.getElementById("dead-letters"), view.dead_letters || [], function (d) { return d.pool_id; },
       cellsRow(4), function (tr, d) { setCells(tr, deadLetterCells(d)); },
       '<td colspan="4" class="muted">No dead letters.</td>');
