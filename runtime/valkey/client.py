@@ -23,7 +23,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
+from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -133,6 +135,10 @@ def _pipelined_target(pool: aioredis.ConnectionPool) -> Target | None:
     return Target.of_pool(pool) if HIREDIS_AVAILABLE else None
 
 
+# How often a command is sent again after its pooled connection turned out to be lost.
+STALE_CONNECTION_RETRIES = 2
+
+
 def connect(
     url: str, *, max_connections: int = 64, pool_timeout_s: float = 20.0, health_s: float = DEFAULT_HEALTH_S
 ) -> ValkeyClient:
@@ -145,6 +151,11 @@ def connect(
         socket_timeout=health_s,
         socket_keepalive=True,
         health_check_interval=15,
+        # A pooled connection left over from before a Valkey restart (or a failover) fails its next
+        # command once: that command is sent again on a fresh connection. Only a lost connection is
+        # retried; a silent Valkey (TimeoutError) still fails within ``health_s``.
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), STALE_CONNECTION_RETRIES),
+        retry_on_error=[RedisConnectionError],
     )
     sentinel = parse_sentinel(url)
     pool: aioredis.ConnectionPool
