@@ -19,6 +19,7 @@ async def test_the_first_commands_after_a_valkey_restart_succeed(private_valkey)
             embedded.stop(private_valkey.data_dir)
             embedded.start(private_valkey.data_dir, port=private_valkey.port)
             assert await client.set("after", restart)
-            assert await asyncio.gather(*(client.get(f"k{i}") for i in range(4))) == [str(restart).encode()] * 4
+            values = await asyncio.gather(*(client.get(f"k{i}") for i in range(4)))
+            assert values == [str(restart).encode()] * 4
     finally:
         await client.aclose()
