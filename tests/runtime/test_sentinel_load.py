@@ -62,6 +62,9 @@ def dispatcher_stack(
         "DISPATCH_VALKEY_HEALTH_S": "2",
         "DISPATCH_LOG_LEVEL": "WARNING",
     }
+    # A database of the stack's own (SQLite under its data directory): a run against DATABASE_URL must
+    # not see another test's rows (the parametrized cases each create backend "sim").
+    env.pop("DATABASE_URL", None)
     stack = Stack(root=root, env=env, sim_url=endpoint, valkey_url=cluster.url, keys=keys)
     stack.manage("migrate", "-v", "0")
     replicas = 1 if delivery == DURABLE else 0  # a durable push is acknowledged once the replica has it
