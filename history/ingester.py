@@ -11,6 +11,12 @@ its insert carries a deduplication token made from those ids, so ClickHouse drop
 it holds fewer rows (see ``history.schema``). With ClickHouse or Valkey down the batch stays pending in the
 stream and the ingester retries with exponential backoff.
 
+Read-ahead: under backlog (the last batch was ``batch_size`` new entries) the next batch is read and
+decoded while chDB stores the current one on a thread of its own (its insert releases the GIL), so the
+Python half of the work and the engine's half overlap on two cores. At most two batches are pending:
+the one being inserted, which is full, and the one read ahead; a restart's pending re-read, ``batch_size``
+at a time, gives them back as they were, so each keeps its deduplication token.
+
 Cost: each insert writes a part into ``otel_traces`` and into every view's table, so the ingester makes
 few, big inserts: up to ``batch_size`` spans, and while it keeps up at most one per
 ``min_insert_interval_s``. Spans go in as typed Native columns. A ClickHouse server's asynchronous
@@ -24,7 +30,6 @@ embedded chDB database calls :func:`start_in_background`.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
 import socket
@@ -39,10 +44,12 @@ import redis
 
 from history import schema
 from history.client import HistoryClient, HistoryUnavailable
+from history.spans import batch_token, span_row
 from runtime.backoff import Backoff
 from runtime.queue.keys import KeySpace
 from runtime.queue.scripts import SPANS_TRIM_ACKED
-from runtime.telemetry.tracing import scrub_text, scrub_value
+
+__all__ = ["Ingester", "IngesterCrash", "IngesterStats", "batch_token", "span_row"]  # decode re-exported
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +60,7 @@ DEFAULT_CONSUMER = "history-ingester"
 DEFAULT_BATCH_SIZE = 10_000
 # The least time between two inserts while the ingester keeps up (spans reach history this much later).
 INSERT_INTERVAL_S = 0.5
+
 
 class IngesterCrash(Exception):
     """Raised by test hooks to simulate a process dying between two steps."""
@@ -68,84 +76,38 @@ class IngesterStats:
     redelivered: int = 0
 
 
-# Spans repeat the same few backend URLs; long texts (messages) are rarely repeated and not kept.
-_scrub_url = functools.lru_cache(maxsize=4096)(scrub_text)
+Entry = tuple[bytes, dict[bytes, bytes]]  # a stream entry as XREADGROUP gives it: id, fields
 
 
-def _to_str(value: Any) -> str:
-    kind = type(value)  # exact types first: JSON gives nothing else, and isinstance chains cost
-    if kind is str:
-        if "://" not in value:
-            return value
-        return _scrub_url(value) if len(value) <= 512 else scrub_text(value)
-    if kind is int or kind is float:
-        return repr(value)
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return scrub_text(value)
-    if isinstance(value, int | float):
-        return repr(value)
-    return scrub_text(orjson.dumps(scrub_value(value)).decode())
+@dataclass(slots=True)
+class _Batch:
+    """One XREADGROUP's entries, decoded for one INSERT."""
+
+    ids: list[bytes]  # every entry read, also those with nothing to store: all are acknowledged
+    columns: list[tuple[Any, ...]]  # schema.INSERT_COLUMNS, column-oriented
+    rows: int
+    full: bool  # batch_size new entries: more are waiting, so the next batch is read ahead
 
 
-def _str_map(mapping: Any) -> dict[str, str]:
-    if not mapping:
-        return {}
-    # Most values are plain strings: kept as they are without a call per value.
-    return {str(k): v if type(v) is str and "://" not in v else _to_str(v) for k, v in mapping.items()}
+class _Insert:
+    """One INSERT on a thread of its own, so that the caller can read and decode meanwhile."""
 
+    def __init__(self, insert: Callable[[], None]) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(insert,), name="history-insert", daemon=True)
+        self._thread.start()
 
-_NO_EVENTS: tuple[list[Any], ...] = ([], [], [], [], [], [], [])  # shared, never mutated
+    def _run(self, insert: Callable[[], None]) -> None:
+        try:
+            insert()
+        except BaseException as exc:  # handed to the caller's thread by wait()
+            self._error = exc
 
-
-def _events_and_links(doc: dict[str, Any]) -> tuple[list[Any], ...]:
-    events = doc.get("events") or []
-    links = doc.get("links") or []
-    if not events and not links:
-        return _NO_EVENTS
-    return (
-        [int(e["ts_ns"]) for e in events],
-        [str(e["name"]) for e in events],
-        [_str_map(e.get("attributes")) for e in events],
-        [str(ln["trace_id"]) for ln in links],
-        [str(ln["span_id"]) for ln in links],
-        [str(ln.get("trace_state") or "") for ln in links],
-        [_str_map(ln.get("attributes")) for ln in links],
-    )
-
-
-def span_row(doc: dict[str, Any]) -> list[Any]:
-    """One decoded stream entry as a row of ``schema.INSERT_COLUMNS`` (credentials scrubbed again)."""
-    get = doc.get
-    start = int(doc["start_ns"])
-    end = int(get("end_ns") or start)
-    resource = _str_map(get("resource"))
-    scope = get("scope") or {}
-    return [
-        start,
-        str(doc["trace_id"]),
-        str(doc["span_id"]),
-        str(get("parent_span_id") or ""),
-        str(get("trace_state") or ""),
-        str(doc["name"]),
-        str(get("kind") or "Internal"),
-        resource.get("service.name", ""),
-        resource,
-        str(scope.get("name") or ""),
-        str(scope.get("version") or ""),
-        _str_map(get("attributes")),
-        max(0, end - start),
-        str(get("status_code") or "Unset"),
-        _to_str(str(get("status_message") or "")),
-        *_events_and_links(doc),
-    ]
-
-
-def batch_token(entry_ids: list[bytes]) -> str:
-    """The insert deduplication token of a batch: the same entry ids give the same token."""
-    digest = hashlib.blake2b(b"\n".join(entry_ids), digest_size=16).hexdigest()
-    return f"spans-{entry_ids[0].decode()}-{entry_ids[-1].decode()}-{len(entry_ids)}-{digest}"
+    def wait(self) -> None:
+        self._thread.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
 
 
 class Ingester:
@@ -185,6 +147,7 @@ class Ingester:
         self._trim = redis_client.register_script(SPANS_TRIM_ACKED)
         self._migrated = False
         self._backlog_done = False
+        self._ahead: _Batch | None = None  # read and decoded while the batch before it was inserted
         self._backoff = Backoff(0.2, max_backoff_s)
         self._last_pause = 0.0
 
@@ -202,7 +165,8 @@ class Ingester:
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    def _read(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    def _read(self) -> tuple[list[Entry], bool]:
+        """The next batch and whether it is full of new entries (so that another may follow at once)."""
         if not self._backlog_done:
             # Our own pending entries first: the batch a killed predecessor inserted but did not ack.
             # Entries the cap deleted come back with no fields: they stay in the batch so that its
@@ -211,7 +175,7 @@ class Ingester:
             entries = got[0][1] if got else []
             if any(fields for _, fields in entries):
                 self.stats.redelivered += sum(1 for _, fields in entries if fields)
-                return entries
+                return entries, False
             self._ack_deleted([i for i, _ in entries])
             self._backlog_done = True
             claimed = self.redis.xautoclaim(
@@ -222,18 +186,23 @@ class Ingester:
                 return self._read()
         if self._caught_up_at is not None:
             time.sleep(max(0.0, self._caught_up_at + self.min_insert_interval_s - time.monotonic()))
+        return self._read_new(self.block_ms)
+
+    def _read_new(self, block_ms: int | None) -> tuple[list[Entry], bool]:
         got = self.redis.xreadgroup(
-            GROUP, self.consumer, {self.stream: ">"}, count=self.batch_size, block=self.block_ms
+            GROUP, self.consumer, {self.stream: ">"}, count=self.batch_size, block=block_ms
         )
         entries = got[0][1] if got else []
-        self._caught_up_at = time.monotonic() if len(entries) < self.batch_size else None
-        return entries
+        full = len(entries) >= self.batch_size
+        self._caught_up_at = None if full else time.monotonic()
+        return entries, full
 
     def _ack_deleted(self, ids: list[bytes]) -> None:
         if ids:  # pending entries that the MAXLEN cap already removed: nothing to store
             self.redis.xack(self.stream, GROUP, *ids)
 
-    def _rows(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[list[Any]]:
+    def _decode(self, read: tuple[list[Entry], bool]) -> _Batch:
+        entries, full = read
         rows = []
         for entry_id, fields in entries:
             if not fields:  # deleted by the stream's cap after its first delivery
@@ -243,39 +212,65 @@ class Ingester:
             except Exception:
                 self.stats.malformed += 1
                 log.warning("history: dropping malformed span entry %s", entry_id)
-        return rows
+        # Column-oriented: the driver writes each Native column straight from its list instead of
+        # transposing row by row (zip does that in C).
+        columns = list(zip(*rows, strict=True))
+        return _Batch([entry_id for entry_id, _ in entries], columns, len(rows), full)
+
+    def _insert(self, batch: _Batch) -> None:
+        self.history.insert(
+            schema.TABLE,
+            batch.columns,
+            schema.INSERT_COLUMNS,
+            dedup_token=batch_token(batch.ids),
+            column_oriented=True,
+            column_types=schema.INSERT_TYPES,
+        )
 
     def step(self) -> int:
-        """One round: read, insert, ack. Returns entries acknowledged; raises on Valkey/ClickHouse errors."""
+        """One round: read, insert, ack. Returns entries acknowledged; raises on Valkey/ClickHouse errors.
+
+        After a full batch of new entries the next is read and decoded while this one is inserted (chDB
+        releases the GIL while it stores). That batch stays pending, unacknowledged, until its own
+        round: after a crash the pending entries are re-read ``batch_size`` at a time, which gives back
+        exactly the full batch that was being inserted (same ids, same deduplication token), then the
+        one read ahead.
+        """
         if not self._migrated:
             schema.migrate(self.history, retention_days=self.retention_days)
             self._migrated = True
-        self._ensure_group()
-        entries = self._read()
-        if not entries:
+        try:
+            return self._round()
+        except BaseException:
+            # What was read ahead is pending in the stream: read again, in order, after its predecessor.
+            self._ahead = None
+            self._backlog_done = False
+            raise
+
+    def _round(self) -> int:
+        batch, self._ahead = self._ahead, None
+        if batch is None:
+            self._ensure_group()
+            batch = self._decode(self._read())
+        if not batch.ids:
             return 0
-        rows = self._rows(entries)
-        ids = [entry_id for entry_id, _ in entries]
-        if rows:
-            # Column-oriented: the driver writes each Native column straight from its list instead of
-            # transposing row by row (zip does that in C).
-            columns = list(zip(*rows, strict=True))
-            self.history.insert(
-                schema.TABLE,
-                columns,
-                schema.INSERT_COLUMNS,
-                dedup_token=batch_token(ids),
-                column_oriented=True,
-                column_types=schema.INSERT_TYPES,
-            )
-            self.stats.inserted += len(rows)
+        if batch.rows and batch.full and self._backlog_done:
+            insert = _Insert(functools.partial(self._insert, batch))
+            try:
+                ahead = self._decode(self._read_new(None))  # no BLOCK: an empty stream must not delay the ack
+                self._ahead = ahead if ahead.ids else None
+            finally:
+                insert.wait()
+        elif batch.rows:
+            self._insert(batch)
+        self.stats.inserted += batch.rows
         if self.after_insert is not None:
-            self.after_insert(len(rows))
-        self.redis.xack(self.stream, GROUP, *ids)
+            self.after_insert(batch.rows)
+        self.redis.xack(self.stream, GROUP, *batch.ids)
         self._trim(keys=[self.stream], args=[GROUP])
-        self.stats.acked += len(ids)
+        self.stats.acked += len(batch.ids)
         self.stats.batches += 1
-        return len(ids)
+        return len(batch.ids)
 
     def run(self, stop: threading.Event) -> None:
         """Runs rounds until ``stop`` is set; errors back off exponentially and are retried."""
@@ -375,4 +370,3 @@ def stop_background(timeout_s: float = 5.0) -> None:
     if bg is not None:
         bg.stop.set()
         bg.thread.join(timeout_s)
-
