@@ -39,12 +39,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import redis
 
 from history import schema
 from history.client import HistoryClient, HistoryUnavailable
-from history.spans import batch_token, span_row
+from history.spans import batch_token, entry_row, span_row
 from runtime.backoff import Backoff
 from runtime.queue.keys import KeySpace
 from runtime.queue.scripts import SPANS_TRIM_ACKED
@@ -208,7 +207,7 @@ class Ingester:
             if not fields:  # deleted by the stream's cap after its first delivery
                 continue
             try:
-                rows.append(span_row(orjson.loads(fields[b"span"])))
+                rows.append(entry_row(fields[b"span"]))
             except Exception:
                 self.stats.malformed += 1
                 log.warning("history: dropping malformed span entry %s", entry_id)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -42,10 +43,20 @@ def _str_map(mapping: Any) -> dict[str, str]:
     return {str(k): v if type(v) is str and "://" not in v else _to_str(v) for k, v in mapping.items()}
 
 
+def _str_map_in_place(mapping: Any) -> dict[str, str]:
+    """The same, rewriting a map this module owns (fresh from JSON, keys already strings): no new dict."""
+    if not mapping:
+        return {}
+    for k, v in mapping.items():
+        if type(v) is not str or "://" in v:
+            mapping[k] = _to_str(v)  # a value replaced, no key added: iterating on is safe
+    return mapping  # type: ignore[no-any-return]
+
+
 _NO_EVENTS: tuple[list[Any], ...] = ([], [], [], [], [], [], [])  # shared, never mutated
 
 
-def _events_and_links(doc: dict[str, Any]) -> tuple[list[Any], ...]:
+def _events_and_links(doc: dict[str, Any], str_map: Callable[[Any], dict[str, str]]) -> tuple[list[Any], ...]:
     events = doc.get("events") or []
     links = doc.get("links") or []
     if not events and not links:
@@ -53,20 +64,30 @@ def _events_and_links(doc: dict[str, Any]) -> tuple[list[Any], ...]:
     return (
         [int(e["ts_ns"]) for e in events],
         [str(e["name"]) for e in events],
-        [_str_map(e.get("attributes")) for e in events],
+        [str_map(e.get("attributes")) for e in events],
         [str(ln["trace_id"]) for ln in links],
         [str(ln["span_id"]) for ln in links],
         [str(ln.get("trace_state") or "") for ln in links],
-        [_str_map(ln.get("attributes")) for ln in links],
+        [str_map(ln.get("attributes")) for ln in links],
     )
 
 
+def entry_row(payload: bytes) -> list[Any]:
+    """A stream entry's JSON as a row of ``schema.INSERT_COLUMNS``; raises on a malformed entry."""
+    return _row(orjson.loads(payload), _str_map_in_place)
+
+
 def span_row(doc: dict[str, Any]) -> list[Any]:
-    """One decoded stream entry as a row of ``schema.INSERT_COLUMNS`` (credentials scrubbed again)."""
+    """One decoded stream entry as a row of ``schema.INSERT_COLUMNS`` (credentials scrubbed again);
+    ``doc`` is left as it was."""
+    return _row(doc, _str_map)
+
+
+def _row(doc: dict[str, Any], str_map: Callable[[Any], dict[str, str]]) -> list[Any]:
     get = doc.get
     start = int(doc["start_ns"])
     end = int(get("end_ns") or start)
-    resource = _str_map(get("resource"))
+    resource = str_map(get("resource"))
     scope = get("scope") or {}
     return [
         start,
@@ -80,11 +101,11 @@ def span_row(doc: dict[str, Any]) -> list[Any]:
         resource,
         str(scope.get("name") or ""),
         str(scope.get("version") or ""),
-        _str_map(get("attributes")),
+        str_map(get("attributes")),
         max(0, end - start),
         str(get("status_code") or "Unset"),
         _to_str(str(get("status_message") or "")),
-        *_events_and_links(doc),
+        *_events_and_links(doc, str_map),
     ]
 
 

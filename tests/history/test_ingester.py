@@ -289,9 +289,7 @@ def test_redelivered_batch_with_entries_capped_meanwhile_is_stored_once(
 def test_insert_types_are_the_tables_own(history: HistoryClient) -> None:
     """The ingester names each column's type (no DESCRIBE per insert): they must be the table's."""
     schema.migrate(history, retention_days=30)
-    described = {
-        r["name"]: r["type"] for r in history.query(f"DESCRIBE TABLE {schema.table_name(history)}")
-    }
+    described = {r["name"]: r["type"] for r in history.query(f"DESCRIBE TABLE {schema.table_name(history)}")}
     assert [described[c] for c in schema.INSERT_COLUMNS] == schema.INSERT_TYPES
 
 
