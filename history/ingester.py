@@ -126,6 +126,7 @@ class Ingester:
         max_backoff_s: float = 30.0,
         after_insert: Callable[[int], None] | None = None,
         min_insert_interval_s: float = 0.0,
+        read_ahead: bool = True,
     ) -> None:
         self.redis = redis_client
         self.history = history
@@ -141,6 +142,7 @@ class Ingester:
         # While it keeps up, the ingester waits this long between inserts so that each one takes what
         # arrived meanwhile: every insert writes a part per table, and small parts cost merges later.
         self.min_insert_interval_s = min_insert_interval_s
+        self.read_ahead = read_ahead  # off: one batch at a time (a benchmark's baseline)
         self._caught_up_at: float | None = None  # when the last batch smaller than batch_size ended
         self.stats = IngesterStats()
         self._trim = redis_client.register_script(SPANS_TRIM_ACKED)
@@ -253,7 +255,7 @@ class Ingester:
             batch = self._decode(self._read())
         if not batch.ids:
             return 0
-        if batch.rows and batch.full and self._backlog_done:
+        if batch.rows and batch.full and self._backlog_done and self.read_ahead:
             insert = _Insert(functools.partial(self._insert, batch))
             try:
                 ahead = self._decode(self._read_new(None))  # no BLOCK: an empty stream must not delay the ack

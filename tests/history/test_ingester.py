@@ -151,7 +151,13 @@ def test_credentials_never_stored(
 
 
 def _crash_after_first_insert(
-    provider: TracerProvider, sredis: redis.Redis, history: HistoryClient, keys: KeySpace, *, spans: int
+    provider: TracerProvider,
+    sredis: redis.Redis,
+    history: HistoryClient,
+    keys: KeySpace,
+    *,
+    spans: int,
+    read_ahead: bool = True,
 ) -> None:
     """Emits ``spans`` spans; an ingester inserts a batch of 20 and dies before acknowledging it."""
     tracer = provider.get_tracer("t")
@@ -162,7 +168,9 @@ def _crash_after_first_insert(
     def crash(_: int) -> None:
         raise IngesterCrash
 
-    first = Ingester(sredis, history, keys=keys, block_ms=50, batch_size=20, after_insert=crash)
+    first = Ingester(
+        sredis, history, keys=keys, block_ms=50, batch_size=20, after_insert=crash, read_ahead=read_ahead
+    )
     with pytest.raises(IngesterCrash):
         first.step()
 
@@ -182,6 +190,13 @@ def test_crash_between_insert_and_ack_loses_and_duplicates_nothing(
     assert _count(history, schema.REQUEST_IDS) == 30 and _count(history, schema.EXECUTIONS) == 0
     assert sredis.xpending(keys.span_stream(), GROUP)["pending"] == 0
     assert sredis.xlen(keys.span_stream()) == 0  # acknowledged entries are trimmed by the ingester
+
+
+def test_without_read_ahead_one_batch_is_pending_at_a_time(
+    provider: TracerProvider, sredis: redis.Redis, history: HistoryClient, keys: KeySpace
+) -> None:
+    _crash_after_first_insert(provider, sredis, history, keys, spans=30, read_ahead=False)
+    assert sredis.xpending(keys.span_stream(), GROUP)["pending"] == 20
 
 
 def test_clickhouse_down_keeps_spans_in_stream_until_it_returns(
