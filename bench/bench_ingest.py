@@ -11,6 +11,12 @@ Two measurements per variant, each in its own process importing the project from
            while the ingester runs on a thread as ``runhistory`` does: the trimmed count (spans lost),
            the largest backlog seen, and the ingester's CPU per 1,000 spans.
 
+``--phases`` (this tree only) drains with one batch at a time and splits the CPU per 1,000 spans into the
+ingester's two halves: what the calling thread does (XREADGROUP, decode, XACK and trim) and the INSERT
+(process CPU across it: clickhouse-connect plus chDB's threads). Read-ahead overlaps the two, so on two
+free cores a drain is bound by the larger half instead of their sum.
+``--ahead`` (this tree only) drains with read-ahead on and off, interleaved run by run.
+
 ``--views`` (this tree only) instead measures what each materialized view adds to an insert: the same
 batches of 10,000 spans into ``otel_traces`` with no view, with each view alone, and with all of them.
 
@@ -62,22 +68,16 @@ def _ingester(valkey_url: str, data_dir: str, prefix: str, **kwargs: Any) -> Any
     return Ingester(conn, history, keys=KeySpace(prefix=prefix), **kwargs)
 
 
-def child_drain(valkey_url: str, data_dir: str, spans: int) -> dict[str, float]:
-    import redis
-
+def child_drain(valkey_url: str, data_dir: str, spans: int, read_ahead: bool = True) -> dict[str, float]:
     from history.ingester import DEFAULT_BATCH_SIZE
     from runtime.queue.keys import KeySpace
 
     prefix = f"drain-{os.getpid()}"
+    conn = _filled(valkey_url, spans, prefix)
     stream = KeySpace(prefix=prefix).span_stream()
-    conn = redis.Redis.from_url(valkey_url)
-    pipe = conn.pipeline(transaction=False)
-    for i, payload in enumerate(_payloads(spans)):
-        pipe.xadd(stream, {"span": payload})
-        if i % 5000 == 4999:
-            pipe.execute()
-    pipe.execute()
-    ingester = _ingester(valkey_url, data_dir, prefix, block_ms=10, batch_size=1000)
+    # A tree without the switch (before read-ahead) is always "off".
+    extra = {} if read_ahead else {"read_ahead": False}
+    ingester = _ingester(valkey_url, data_dir, prefix, block_ms=10, batch_size=1000, **extra)
     ingester.step()  # migrates, creates the group and stores a first small batch before timing
     ingester.batch_size = DEFAULT_BATCH_SIZE
     before = ingester.stats.inserted
@@ -88,6 +88,48 @@ def child_drain(valkey_url: str, data_dir: str, spans: int) -> dict[str, float]:
     stored = ingester.stats.inserted - before
     conn.delete(stream)
     return {"spans_per_s": stored / wall, "cpu_ms_per_1000": cpu / stored * 1e6}
+
+
+def _filled(valkey_url: str, spans: int, prefix: str) -> Any:
+    import redis
+
+    from runtime.queue.keys import KeySpace
+
+    conn = redis.Redis.from_url(valkey_url)
+    stream = KeySpace(prefix=prefix).span_stream()
+    pipe = conn.pipeline(transaction=False)
+    for payload in _payloads(spans):
+        pipe.xadd(stream, {"span": payload})
+    pipe.execute()
+    return conn
+
+
+def child_phases(valkey_url: str, data_dir: str, spans: int) -> dict[str, float]:
+    from history.ingester import DEFAULT_BATCH_SIZE
+
+    prefix = f"phases-{os.getpid()}"
+    conn = _filled(valkey_url, spans, prefix)
+    ingester = _ingester(valkey_url, data_dir, prefix, block_ms=10, batch_size=1000, read_ahead=False)
+    ingester.step()
+    ingester.batch_size = DEFAULT_BATCH_SIZE
+    caller = insert = 0.0
+    stored = 0
+    run_insert = ingester._insert
+    while True:
+        cpu0 = time.process_time()
+        batch = ingester._decode(ingester._read())
+        if not batch.ids:
+            break
+        cpu1 = time.process_time()
+        run_insert(batch)
+        cpu2 = time.process_time()
+        ingester.redis.xack(ingester.stream, "history", *batch.ids)
+        ingester._trim(keys=[ingester.stream], args=["history"])
+        caller += (cpu1 - cpu0) + (time.process_time() - cpu2)
+        insert += cpu2 - cpu1
+        stored += batch.rows
+    conn.delete(ingester.stream)
+    return {"caller_ms_per_1000": caller / stored * 1e6, "insert_ms_per_1000": insert / stored * 1e6}
 
 
 def child_produce(valkey_url: str, prefix: str, rate: float, seconds: float) -> dict[str, float]:
@@ -226,6 +268,43 @@ def _summary(name: str, runs: list[dict[str, float]], fields: tuple[str, ...]) -
     return cells
 
 
+def _child(args: argparse.Namespace) -> dict[str, Any]:
+    sys.path.insert(0, os.environ.get("PYTHONPATH", str(ROOT)))
+    if args.child in ("drain", "drain-serial"):
+        result = child_drain(args.valkey, args.data, args.spans, read_ahead=args.child == "drain")
+    elif args.child == "phases":
+        result = child_phases(args.valkey, args.data, args.spans)
+    elif args.child == "paced":
+        result = child_paced(args.valkey, args.data, args.rate, args.seconds)
+    else:
+        result = child_produce(args.valkey, args.prefix, args.rate, args.seconds)
+    print(json.dumps(result))
+    return result
+
+
+def _this_tree(args: argparse.Namespace) -> dict[str, Any]:
+    """``--phases`` or ``--ahead``: runs of this tree only, each child in a fresh process."""
+    from bench._common import private_valkey, table
+
+    kinds = (
+        {"phases": "phases"} if args.phases else {"read-ahead on": "drain", "read-ahead off": "drain-serial"}
+    )
+    runs: dict[str, list[dict[str, float]]] = {}
+    with private_valkey() as valkey_url:
+        for run in range(args.runs):
+            names = list(kinds) if run % 2 == 0 else list(reversed(kinds))
+            for name in names:
+                got = _run_child(
+                    ROOT, ["--child", kinds[name], "--valkey", valkey_url, "--spans", str(args.spans)]
+                )
+                runs.setdefault(name, []).append(got)
+                print(f"run {run + 1} {name}: {got} load {os.getloadavg()[0]:.1f}", flush=True)
+    fields = tuple(next(iter(runs.values()))[0])
+    print(f"\n{args.spans:,} spans, batches of 10,000, median (runs):")
+    print(table(["variant", *fields], [_summary(n, r, fields) for n, r in runs.items()]))
+    return runs
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", help="git revision to compare against (exported with git archive)")
@@ -235,22 +314,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seconds", type=float, default=45.0, help="paced run length")
     parser.add_argument("--skip-paced", action="store_true")
     parser.add_argument("--views", action="store_true", help="only: what each materialized view costs")
+    parser.add_argument("--phases", action="store_true", help="only: CPU of the ingester's two halves")
+    parser.add_argument("--ahead", action="store_true", help="only: drain with read-ahead on vs off")
     parser.add_argument("--quick", action="store_true", help="1 run, 10,000 spans, 15 s paced")
-    parser.add_argument("--child", choices=["drain", "paced", "produce"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", choices=["drain", "drain-serial", "phases", "paced", "produce"], help=argparse.SUPPRESS
+    )
     parser.add_argument("--valkey", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--prefix", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        sys.path.insert(0, os.environ.get("PYTHONPATH", str(ROOT)))
-        if args.child == "drain":
-            result = child_drain(args.valkey, args.data, args.spans)
-        elif args.child == "paced":
-            result = child_paced(args.valkey, args.data, args.rate, args.seconds)
-        else:
-            result = child_produce(args.valkey, args.prefix, args.rate, args.seconds)
-        print(json.dumps(result))
-        return result
+        return _child(args)
     if args.quick:
         args.runs, args.spans, args.seconds = 1, 10_000, 15.0
     sys.path.insert(0, str(ROOT))
@@ -266,6 +341,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ]
         print(table(["views on otel_traces", "cpu_ms_per_1000"], rows))
         return {"views": views}
+    if args.phases or args.ahead:
+        return _this_tree(args)
     results: dict[str, dict[str, list[dict[str, float]]]] = {}
     with private_valkey() as valkey_url, contextlib.ExitStack() as stack:
         variants = {"after (this tree)": ROOT}
