@@ -9,6 +9,7 @@ reality before trusting the proposed one. :func:`format_table` is the command's 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from runtime.whatif.engine import LEVELS, PoolOutcome, Replay, replay
@@ -54,13 +55,20 @@ class WhatIf:
         return [(pid, current.get(pid), proposed.get(pid), self.recorded.get(pid)) for pid in self.pool_ids]
 
 
-def what_if(trace: Trace, current: GroupConfig, proposed: GroupConfig) -> WhatIf:
-    """Replays ``trace`` under both configurations (see the module docstring)."""
+def what_if(
+    trace: Trace,
+    current: GroupConfig,
+    proposed: GroupConfig,
+    *,
+    tenant_weights: Mapping[str, float] | None = None,
+) -> WhatIf:
+    """Replays ``trace`` under both configurations (see the module docstring); ``tenant_weights``
+    gives the fair pools' tenants their weights (absent: 1)."""
     workload = Workload(trace, current)
     return WhatIf(
         trace=trace,
-        current=replay(workload, current),
-        proposed=replay(workload, proposed),
+        current=replay(workload, current, tenant_weights=tenant_weights),
+        proposed=replay(workload, proposed, tenant_weights=tenant_weights),
         recorded=recorded(trace),
         fits=tuple(workload.fits.values()),
     )

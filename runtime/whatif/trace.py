@@ -55,7 +55,8 @@ class Trace:
     cost: array[int] = field(default_factory=lambda: array("i"))
     execution_s: array[float] = field(default_factory=lambda: array("d"))  # NaN: never ran
     queue_wait_s: array[float] = field(default_factory=lambda: array("d"))  # NaN: never ran
-    tokens: array[int] = field(default_factory=lambda: array("i"))  # input + output
+    input_tokens: array[int] = field(default_factory=lambda: array("i"))  # 0: none reported
+    output_tokens: array[int] = field(default_factory=lambda: array("i"))
     refused: array[int] = field(default_factory=lambda: array("b"))
     start: float = 0.0  # the window replayed: [start, end)
     end: float = 0.0
@@ -90,7 +91,8 @@ class Trace:
         self.cost.append(max(1, int(a.cost)))
         self.execution_s.append(NAN if a.execution_s is None else max(0.0, a.execution_s))
         self.queue_wait_s.append(NAN if a.queue_wait_s is None else max(0.0, a.queue_wait_s))
-        self.tokens.append(max(0, a.input_tokens) + max(0, a.output_tokens))
+        self.input_tokens.append(max(0, a.input_tokens))
+        self.output_tokens.append(max(0, a.output_tokens))
         self.refused.append(1 if a.refused else 0)
 
     def close(self, *, start: float | None = None, end: float | None = None) -> Trace:

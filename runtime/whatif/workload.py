@@ -15,6 +15,7 @@ from array import array
 from collections.abc import Iterable
 
 from runtime.backends.redact import redact_url
+from runtime.policy.scheduler import HeadItem
 from runtime.whatif.service import ServiceFit, fit, in_flight_at_start
 from runtime.whatif.trace import Trace, percentile
 from runtime.wire.groupconfig import GroupConfig
@@ -38,6 +39,8 @@ class Workload:
         self.trace = trace
         n = len(trace)
         self.base_s = array("d", trace.execution_s)
+        # What the scheduler is shown of each request at a pool's head; made once for both replays.
+        self.heads = [HeadItem(c, t) for c, t in zip(trace.cost, trace.enqueued_at, strict=True)]
         self.recorded_in_flight = array("i", [0]) * n
         names = [backend_name(current, pid) for pid in trace.pools]
         self.fits: dict[str, ServiceFit] = {}
