@@ -55,7 +55,7 @@ def _arrival(row: dict[str, Any]) -> Arrival:
     return Arrival(
         enqueued_at=row["ts_ns"] / 1e9,
         pool_id=row["pool"],
-        cost=max(1, int(row["cost"] or 1)),
+        cost=max(0, int(row["cost"] or 0)),  # a refusal's span has none: 0, the replay borrows one
         execution_s=None if refused else row["execution_s"],
         queue_wait_s=None if refused else row["queue_wait_s"],
         tenant=row["tenant"] or "",

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from runtime.whatif.engine import LEVELS, PoolOutcome, Replay, replay
-from runtime.whatif.service import ServiceFit
+from runtime.whatif.service import ServiceFit, Turnaround
 from runtime.whatif.trace import Trace, percentile
 from runtime.whatif.workload import Workload
 from runtime.wire.groupconfig import GroupConfig
@@ -38,6 +38,11 @@ class WhatIf:
     proposed: Replay
     recorded: dict[str, Recorded]
     fits: tuple[ServiceFit, ...]
+    turnaround: Turnaround
+
+    def model_lines(self) -> list[str]:
+        """The service model as fitted on the window: one line per backend, then the turnaround."""
+        return [*(f.describe() for f in self.fits), self.turnaround.describe()]
 
     @property
     def pool_ids(self) -> list[str]:
@@ -71,6 +76,7 @@ def what_if(
         proposed=replay(workload, proposed, tenant_weights=tenant_weights),
         recorded=recorded(trace),
         fits=tuple(workload.fits.values()),
+        turnaround=workload.turnaround,
     )
 
 
@@ -128,6 +134,6 @@ def format_table(result: WhatIf) -> str:
                 f"{outcome.unserved:>10}"
             )
     lines.append("")
-    lines.append("Service model (execution time against calls in flight on the backend):")
-    lines.extend(f"  {f.describe()}" for f in result.fits)
+    lines.append("Service model (execution time against calls in flight on the backend; dispatcher):")
+    lines.extend(f"  {line}" for line in result.model_lines())
     return "\n".join(lines)

@@ -11,7 +11,16 @@ simulated dispatcher runs scheduling rounds as the real one does -- observe ever
   has room; at most ``peek_depth`` (or the pool's burst) heads, and no more than the backend's room;
 * a launch over the backend's ``max_in_flight`` is refused by the claim, and its credit refunded;
 * an arrival passes the pool's admission limits first (:func:`runtime.policy.admission.decide`, with
-  the drain rate measured over the last whole seconds, as the producer's script does).
+  the drain rate measured over the last whole seconds, as the producer's script does), and a fair
+  pool's ``max_queued_per_tenant``;
+* a fair pool (``tenant_fairness`` on) shows the heads its tenants' counters plan and launches from the
+  lowest counter's tenant (:class:`runtime.whatif.queues.FairQueue`, the dispatcher's pure code);
+* a call's slot is free again the dispatcher's measured turnaround after the call ends
+  (:class:`runtime.whatif.service.Turnaround`): the FINISH, the wake and the next round take that long;
+* after a decision that launched nothing, no new one is asked for until something it saw changes (a
+  completion, or an arrival at a pool that could launch or was idle): the same observations would
+  launch nothing again (only pools whose heads were read are visited), and the DRR round it would
+  advance is compared for equality only, so skipping it changes no later decision.
 
 The replay stops at the window's end, as history does: waits are those of requests launched by then,
 and what is still queued is counted apart (``unserved``). Predicting a starving pool's waits from the
@@ -159,7 +168,8 @@ class _Sim:
         self.started: list[tuple[int, int]] = []  # (request, backend) launched at this instant
         self.decisions = 0
         span = self.trace.end - self.trace.start
-        self.bucket_s = span / DEPTH_BUCKETS if span > 0 else 1.0
+        # A window of a few denormal seconds (hypothesis found one) makes a zero-width slice.
+        self.bucket_s = span / DEPTH_BUCKETS if span / DEPTH_BUCKETS > 0 else 1.0
         self.bucket = -1
         self.next_bucket_at = self.trace.start  # the first event at or after this opens a new slice
 
@@ -194,9 +204,10 @@ class _Sim:
         """Calls launched at this instant run as long as the load of the instant makes them (every
         call that started with them counts, as in :func:`runtime.whatif.service.in_flight_at_start`)."""
         service_time, in_flight, ended_at = self.workload.service_time, self.backend_in_flight, self.ended_at
+        hold = self.workload.turnaround.seconds  # the slot is free again once the dispatcher saw the end
         for i, backend in self.started:
             end = ended_at[i] = now + service_time(i, in_flight[backend])
-            heapq.heappush(self.completions, (end, i))
+            heapq.heappush(self.completions, (end + hold, i))
         self.started.clear()
 
     def _advance_buckets(self, now: float) -> None:

@@ -59,7 +59,7 @@ def test_the_groups_arrivals_are_read_with_cost_tokens_waits_and_refusals(histor
         client=history, group="g", pool_ids=["a", "b"], since=until - timedelta(minutes=5), until=until
     )
     assert len(trace) == 4 and trace.pools == ["a", "b"]
-    assert list(trace.cost) == [3, 1, 1, 1]
+    assert list(trace.cost) == [3, 1, 1, 0]  # a refusal at submit was never costed
     assert list(trace.refused) == [0, 0, 0, 1]
     assert list(trace.queue_wait_s)[:3] == [0.5, 0.0, 1.0]
     assert list(trace.execution_s)[:3] == [2.0, 1.0, 1.0] and not trace.ran(3)

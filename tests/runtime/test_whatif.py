@@ -14,7 +14,7 @@ from runtime.policy.scheduler import HeadItem, PoolObservation, SchedulerState, 
 from runtime.whatif.changes import BadChange, apply_changes
 from runtime.whatif.compare import format_table, what_if
 from runtime.whatif.engine import PEEK_DEPTH, replay
-from runtime.whatif.service import fit, in_flight_at_start
+from runtime.whatif.service import Turnaround, fit, in_flight_at_start, turnaround
 from runtime.whatif.trace import Arrival, Trace
 from runtime.whatif.workload import Workload
 from runtime.wire.backendconfig import BackendConfig
@@ -322,3 +322,40 @@ def test_bad_changes_say_which_and_why(change: str, message: str | None) -> None
     with pytest.raises(BadChange) as caught:
         apply_changes(group, [change])
     assert message in str(caught.value) and repr(change) in str(caught.value)
+
+
+def test_the_turnaround_is_the_gap_between_a_calls_end_and_the_launch_into_its_slot() -> None:
+    # Two slots, always full: each call ends and the queued next one launches 20 ms later.
+    calls, t = [], 0.0
+    for _ in range(40):
+        calls.append((0.0, t, t + 1.0))  # (enqueued, launched, ended): queued from the start
+        calls.append((0.0, t + 0.5, t + 1.5))
+        t += 1.02
+    calls.sort(key=lambda c: c[1])
+    measured = turnaround(calls, 2)
+    assert measured.seconds == pytest.approx(0.02) and measured.points >= 70
+    assert "20.0 ms" in measured.describe()
+    # The same calls in a group of 4 never filled it: nothing to measure, no turnaround assumed.
+    assert turnaround(calls, 4) == Turnaround(0.0, 0)
+    # A request that arrived after the slot was free did not wait for it: no gap counted.
+    idle = [(c[1], c[1], c[2]) for c in calls]
+    assert turnaround(idle, 2).points == 0
+
+
+def test_the_replay_holds_a_freed_slot_for_the_turnaround() -> None:
+    group = config(PoolConfig("a", max_concurrent=1), total=1)
+    # Recorded: one slot, calls of 1 s, each next one launched 50 ms after the previous ended.
+    rows = [Arrival(0.0, "a", 1, 1.0, 1.05 * k) for k in range(30)]
+    workload = Workload(Trace.build(rows, end=FOREVER), group)
+    assert workload.turnaround.seconds == pytest.approx(0.05)
+    result = replay(workload, group)
+    assert [result.launched_at[i] for i in result.launch_order][:3] == pytest.approx([0.0, 1.05, 2.1])
+
+
+def test_a_refusal_without_a_recorded_cost_borrows_its_pools_costs() -> None:
+    group = config(PoolConfig("a"), PoolConfig("b"), total=4)
+    rows = [Arrival(float(k), "a", 4 if k % 2 else 2, 1.0, 0.0) for k in range(4)]
+    rows += [Arrival(10.0 + k, "a", 0, refused=True) for k in range(4)]  # history recorded no cost
+    rows += [Arrival(20.0, "b", 0, refused=True)]  # a pool with no recorded cost at all: 1
+    workload = Workload(Trace.build(rows), group)
+    assert [h.cost for h in workload.heads] == [2, 4, 2, 4, 2, 4, 2, 4, 1]
