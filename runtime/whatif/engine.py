@@ -15,8 +15,10 @@ simulated dispatcher runs scheduling rounds as the real one does -- observe ever
   pool's ``max_queued_per_tenant``;
 * a fair pool (``tenant_fairness`` on) shows the heads its tenants' counters plan and launches from the
   lowest counter's tenant (:class:`runtime.whatif.queues.FairQueue`, the dispatcher's pure code);
-* a call's slot is free again the dispatcher's measured turnaround after the call ends
-  (:class:`runtime.whatif.service.Turnaround`): the FINISH, the wake and the next round take that long;
+* the dispatcher reacts to events its measured turnaround later (:class:`runtime.whatif.service.
+  Turnaround`: the FINISH or the push, the wake, the round's reads): a round runs that long after the
+  first event that asked for one, and sees every event until then (a freed slot stays idle that long,
+  an arrival into a group with room waits that long, events close together share one round);
 * after a decision that launched nothing, no new one is asked for until something it saw changes (a
   completion, or an arrival at a pool that could launch or was idle): the same observations would
   launch nothing again (only pools whose heads were read are visited), and the DRR round it would
@@ -178,36 +180,47 @@ class _Sim:
         times = trace.enqueued_at
         completions = self.completions
         total = self.policy.total_concurrency
+        latency = self.workload.turnaround.seconds
         i = 0
         window_end = trace.end
-        while i < n or completions:
+        round_at = math.inf  # when the round the last events asked for runs (inf: none asked for)
+        while i < n or completions or round_at < math.inf:
             now = times[i] if i < n else math.inf
             if completions and completions[0][0] <= now:
                 now = completions[0][0]
+            if round_at < now:
+                now, round_at = round_at, math.inf
+                events = False  # the dispatcher's round, after the events it reacts to
+            else:
+                events = True
             if now > window_end:
                 break  # history of the window holds what ran by its end; the rest is still queued
             if now >= self.next_bucket_at:
                 self._advance_buckets(now)
-            while completions and completions[0][0] <= now:
-                end, request = heapq.heappop(completions)
-                self._finish(request, end)
-            while i < n and times[i] <= now:
-                self._arrive(i, now)
-                i += 1
-            if self.queued and self.group_in_flight < total and not self.stalled:
-                self._rounds(now)
-                if self.started:
-                    self._run_started(now)
+            if events:
+                while completions and completions[0][0] <= now:
+                    end, request = heapq.heappop(completions)
+                    self._finish(request, end)
+                while i < n and times[i] <= now:
+                    self._arrive(i, now)
+                    i += 1
+                if round_at < math.inf or not self.queued or self.group_in_flight >= total or self.stalled:
+                    continue
+                if latency > 0:
+                    round_at = now + latency
+                    continue
+            self._rounds(now)
+            if self.started:
+                self._run_started(now)
         return self._result()
 
     def _run_started(self, now: float) -> None:
         """Calls launched at this instant run as long as the load of the instant makes them (every
         call that started with them counts, as in :func:`runtime.whatif.service.in_flight_at_start`)."""
         service_time, in_flight, ended_at = self.workload.service_time, self.backend_in_flight, self.ended_at
-        hold = self.workload.turnaround.seconds  # the slot is free again once the dispatcher saw the end
         for i, backend in self.started:
             end = ended_at[i] = now + service_time(i, in_flight[backend])
-            heapq.heappush(self.completions, (end + hold, i))
+            heapq.heappush(self.completions, (end, i))
         self.started.clear()
 
     def _advance_buckets(self, now: float) -> None:

@@ -342,14 +342,19 @@ def test_the_turnaround_is_the_gap_between_a_calls_end_and_the_launch_into_its_s
     assert turnaround(idle, 2).points == 0
 
 
-def test_the_replay_holds_a_freed_slot_for_the_turnaround() -> None:
-    group = config(PoolConfig("a", max_concurrent=1), total=1)
-    # Recorded: one slot, calls of 1 s, each next one launched 50 ms after the previous ended.
+def test_the_replays_rounds_come_the_turnaround_after_the_events_they_react_to() -> None:
+    group = config(PoolConfig("a", max_concurrent=2), total=2)
+    # Recorded: one call at a time, 1 s each, each next one launched 50 ms after the previous ended.
     rows = [Arrival(0.0, "a", 1, 1.0, 1.05 * k) for k in range(30)]
-    workload = Workload(Trace.build(rows, end=FOREVER), group)
+    rows.append(Arrival(40.0, "a", 1, 1.0, 0.05))
+    rows.append(Arrival(40.01, "a", 1, 1.0, 0.04))  # in time for the same round
+    workload = Workload(Trace.build(rows, end=FOREVER), apply_changes(group, ["group.total_concurrency=1"]))
     assert workload.turnaround.seconds == pytest.approx(0.05)
-    result = replay(workload, group)
-    assert [result.launched_at[i] for i in result.launch_order][:3] == pytest.approx([0.0, 1.05, 2.1])
+    result = replay(workload, apply_changes(group, ["a.max_concurrent=1", "group.total_concurrency=1"]))
+    launched = [result.launched_at[i] for i in result.launch_order]
+    assert launched[:3] == pytest.approx([0.05, 1.1, 2.15])  # an arrival waits for the round too
+    both = replay(workload, group)  # two slots: the two late arrivals share one round (one decision)
+    assert [both.launched_at[i] for i in (30, 31)] == pytest.approx([40.05, 40.05])
 
 
 def test_a_refusal_without_a_recorded_cost_borrows_its_pools_costs() -> None:
