@@ -70,10 +70,12 @@ def what_if(
     """Replays ``trace`` under both configurations (see the module docstring); ``tenant_weights``
     gives the fair pools' tenants their weights (absent: 1)."""
     workload = Workload(trace, current)
+    now = replay(workload, current, tenant_weights=tenant_weights)
     return WhatIf(
         trace=trace,
-        current=replay(workload, current, tenant_weights=tenant_weights),
-        proposed=replay(workload, proposed, tenant_weights=tenant_weights),
+        current=now,
+        # The panel opened before any edit asks for the same configuration twice: one replay is enough.
+        proposed=now if proposed == current else replay(workload, proposed, tenant_weights=tenant_weights),
         recorded=recorded(trace),
         fits=tuple(workload.fits.values()),
         turnaround=workload.turnaround,

@@ -81,6 +81,8 @@ class _Pool:
         "peak_in_flight",
         "policy",
         "queue",
+        "rate",
+        "rate_second",
         "readable",
         "refused",
         "stale",
@@ -100,15 +102,21 @@ class _Pool:
         self.refused = 0
         self.depth = [0] * DEPTH_BUCKETS
         self.drain: dict[int, int] = {}  # whole second -> requests that left the queue in it
+        self.rate_second, self.rate = -1, 0.0  # the drain rate as of the start of that second
         self.done = 0  # calls completed inside the window
         self.peak_in_flight = 0
 
     def drain_rate(self, now: float) -> float:
-        """Departures per second over the last whole seconds before ``now`` (the script's rule)."""
+        """Departures per second over the last whole seconds before ``now`` (the script's rule).
+
+        Kept for the second: the replay's clock only goes forward, and departures in the current
+        second count from the next one on."""
         sec = int(now)
-        window = admission.DRAIN_WINDOW_S
-        total = sum(self.drain.get(s, 0) for s in range(sec - window, sec))
-        return total / window
+        if sec != self.rate_second:
+            window = admission.DRAIN_WINDOW_S
+            self.rate = sum(self.drain.get(s, 0) for s in range(sec - window, sec)) / window
+            self.rate_second = sec
+        return self.rate
 
     def left(self, now: float) -> None:
         sec = int(now)

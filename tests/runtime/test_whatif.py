@@ -154,6 +154,8 @@ def test_a_bigger_weight_shortens_the_pools_predicted_wait() -> None:
     assert result.proposed.pool("b").wait[0.5] > result.current.pool("b").wait[0.5]
     table = format_table(result)
     assert "proposed" in table and "recorded" in table and "Service model" in table
+    unchanged = what_if(result.trace, current, dataclasses.replace(current))  # equal: replayed once
+    assert unchanged.proposed is unchanged.current
 
 
 def test_admission_limits_refuse_in_the_replay_and_the_chart_shows_the_depth() -> None:
