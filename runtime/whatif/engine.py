@@ -16,9 +16,10 @@ simulated dispatcher runs scheduling rounds as the real one does -- observe ever
 * a fair pool (``tenant_fairness`` on) shows the heads its tenants' counters plan and launches from the
   lowest counter's tenant (:class:`runtime.whatif.queues.FairQueue`, the dispatcher's pure code);
 * the dispatcher reacts to events its measured turnaround later (:class:`runtime.whatif.service.
-  Turnaround`: the FINISH or the push, the wake, the round's reads): a round runs that long after the
-  first event that asked for one, and sees every event until then (a freed slot stays idle that long,
-  an arrival into a group with room waits that long, events close together share one round);
+  Turnaround`: the FINISH or the push, the wake, the round's reads): a round runs one recorded gap
+  (taken in turn) after the first event that asked for one, and sees every event until then (a freed
+  slot stays idle that long, an arrival into a group with room waits that long, events close together
+  share one round);
 * after a decision that launched nothing, no new one is asked for until something it saw changes (a
   completion, or an arrival at a pool that could launch or was idle): the same observations would
   launch nothing again (only pools whose heads were read are visited), and the DRR round it would
@@ -188,7 +189,8 @@ class _Sim:
         times = trace.enqueued_at
         completions = self.completions
         total = self.policy.total_concurrency
-        latency = self.workload.turnaround.seconds
+        gaps = self.workload.turnaround.gaps or (0.0,)
+        taken = 0  # rounds asked for so far: each waits the next recorded gap
         i = 0
         window_end = trace.end
         round_at = math.inf  # when the round the last events asked for runs (inf: none asked for)
@@ -214,6 +216,8 @@ class _Sim:
                     i += 1
                 if round_at < math.inf or not self.queued or self.group_in_flight >= total or self.stalled:
                     continue
+                latency = gaps[taken % len(gaps)]
+                taken += 1
                 if latency > 0:
                     round_at = now + latency
                     continue

@@ -106,17 +106,22 @@ def in_flight_at_start(starts: Sequence[float], ends: Sequence[float]) -> list[i
 @dataclass(frozen=True, slots=True)
 class Turnaround:
     """How long a freed slot stays idle before the dispatcher fills it again: the FINISH, the wake
-    and the next round (the median over ``points`` launches into a group one slot short of full)."""
+    and the next round. ``gaps`` are the measured ones in recorded order (the replay's rounds take them
+    in turn, so a loaded dispatcher's slow rounds come back as often as they came); ``seconds`` is
+    their median, shown to the operator."""
 
     seconds: float
     points: int
+    gaps: tuple[float, ...] = ()
 
     def describe(self) -> str:
         if not self.points:
             return "dispatcher turnaround: not measured (the group never filled), 0 ms"
+        ordered = sorted(self.gaps)
+        p90 = ordered[int(0.9 * (len(ordered) - 1))]
         return (
-            f"dispatcher turnaround: {self.seconds * 1000:.1f} ms from a call's end to the next launch "
-            f"into its slot (median of {self.points} launches into a full group)"
+            f"dispatcher turnaround: {self.seconds * 1000:.1f} ms median, {p90 * 1000:.1f} ms p90, from a "
+            f"call's end to the next launch into its slot ({self.points} launches into a full group)"
         )
 
 
@@ -145,5 +150,4 @@ def turnaround(
         heapq.heappush(running, end)
     if len(gaps) < min_points:
         return Turnaround(0.0, 0)
-    gaps.sort()
-    return Turnaround(gaps[len(gaps) // 2], len(gaps))
+    return Turnaround(sorted(gaps)[len(gaps) // 2], len(gaps), tuple(gaps))
