@@ -294,6 +294,11 @@ def test_no_request_is_lost_or_duplicated_and_caps_hold(pools, total, cap, polic
             lambda g: (g.total_concurrency, g.policy) == (3, "fifo"),
         ),
         (["backend.sim.max_in_flight=2"], lambda g: g.backend("sim").max_in_flight == 2),
+        (
+            ["a.tenant_fairness=Tokens", "a.max_queued_per_tenant=3"],
+            lambda g: (g.pool("a").tenant_fairness, g.pool("a").max_queued_per_tenant) == ("tokens", 3),
+        ),
+        (["a.tenant_fairness=off", "a.max_queued_per_tenant="], lambda g: g.pool("a").tenant_cost() is None),
     ],
 )
 def test_changes_are_applied_to_a_copy(changes, check) -> None:  # type: ignore[no-untyped-def]
@@ -313,6 +318,7 @@ def test_changes_are_applied_to_a_copy(changes, check) -> None:  # type: ignore[
         ("backend.sim.timeout_s=2", "unknown backend field 'timeout_s'"),
         ("a.backend=elsewhere", "uses no backend 'elsewhere'"),
         ("a.paused=maybe", "must be true or false"),
+        ("a.tenant_fairness=loud", "tenant_fairness must be one of off, requests, tokens"),
         ("group.total_concurrency=1", None),  # fine alone
     ],
 )
