@@ -14,6 +14,9 @@ Waits below ``--floor-ms`` (default 50 ms) are compared in absolute terms instea
 counts as a match): a few milliseconds of dispatcher latency are not a queue.
 
 Run: ``python bench/bench_whatif.py --minutes 3`` (about 8 minutes: two runs plus start-up).
+``--keep DIR`` keeps the recording (history and the database of each run); ``--from DIR`` replays a
+kept recording again without running the demo, so that a change to the model is checked on the same
+traffic.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -44,6 +48,8 @@ from runtime.wire.groupconfig import GroupConfig, PoolConfig
 ROOT = Path(__file__).resolve().parent.parent
 POOLS = ("interactive", "document-extract", "backfill")
 LEVELS = ("p50", "p99")
+RUN1_DB = "db-run1.sqlite3"  # the database as run 1 had it (the change is saved before run 2)
+WINDOWS = "windows.json"
 
 _SAVE = """
 import sys
@@ -89,7 +95,7 @@ def save(env: dict[str, str], changes: list[str]) -> None:
         subprocess.run([sys.executable, "-c", _SAVE, *changes], cwd=ROOT, env=env, check=True)
 
 
-def run_demo(env: dict[str, str], seconds: float, log: Path) -> tuple[float, float]:
+def run_demo(env: dict[str, str], seconds: float, log: Path) -> list[float]:
     """One demo run; returns the wall-clock window its load covered."""
     port, sim_port = embedded.free_port(), embedded.free_port()
     start = time.time()
@@ -99,7 +105,7 @@ def run_demo(env: dict[str, str], seconds: float, log: Path) -> tuple[float, flo
              "--sim-port", str(sim_port), "--admin-password", "bench-pw"],
             cwd=ROOT, env=env, check=True, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
-    return start, time.time()
+    return [start, time.time()]
 
 
 def whatif(env: dict[str, str], until: float, minutes: float, changes: list[str]) -> dict[str, Any]:
@@ -176,37 +182,45 @@ def speed() -> str:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, default=3.0, help="length of each demo run")
-    parser.add_argument("--setup", action="append", default=[], help="change the demo group first")
-    parser.add_argument("--change", action="append", default=None, help="the change to predict and apply")
-    parser.add_argument("--floor-ms", type=float, default=50.0)
-    parser.add_argument("--speed-only", action="store_true")
-    args = parser.parse_args()
-    changes = args.change or ["backfill.weight=4"]
-    floor_s = args.floor_ms / 1000
-    print(machine())
-    print(speed())
-    if args.speed_only:
-        return
-    with scratch() as tmp, stopped_valkey(tmp):
-        env = {
-            **os.environ,
-            "DISPATCH_DATA_DIR": str(tmp),
-            "DJANGO_SETTINGS_MODULE": "dispatch_project.settings",
-        }
-        env.pop("VALKEY_URL", None)
-        manage(env, "migrate", "-v", "0")
-        manage(env, "seed_demo", "--reset", "-v", "0")
-        save(env, args.setup)
-        seconds = args.minutes * 60
-        start1, end1 = run_demo(env, seconds, tmp / "run1.log")
-        before = whatif(env, end1, (end1 - start1) / 60, changes)
-        save(env, changes)
-        start2, end2 = run_demo(env, seconds, tmp / "run2.log")
-        after = whatif(env, end2, (end2 - start2) / 60, [])
-    print(f"\nsetup: {args.setup or 'demo defaults'}; change: {changes}; {args.minutes:g} min per run")
+def record(data: Path, setup: list[str], changes: list[str], minutes: float) -> dict[str, Any]:
+    """Runs the demo twice in ``data`` (before and after ``changes``); returns and saves the windows.
+
+    Everything the analysis reads stays in ``data`` (history, and the database as each run had it), so
+    the replays can be made again on the same recordings with ``--from``.
+    """
+    env = demo_env(data, "db.sqlite3")
+    manage(env, "migrate", "-v", "0")
+    manage(env, "seed_demo", "--reset", "-v", "0")
+    save(env, setup)
+    seconds = minutes * 60
+    run1 = run_demo(env, seconds, data / "run1.log")
+    shutil.copyfile(data / "db.sqlite3", data / RUN1_DB)
+    save(env, changes)
+    run2 = run_demo(env, seconds, data / "run2.log")
+    windows = {"setup": setup, "changes": changes, "minutes": minutes, "run1": run1, "run2": run2}
+    (data / WINDOWS).write_text(json.dumps(windows, indent=2))
+    return windows
+
+
+def demo_env(data: Path, database: str) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "DISPATCH_DATA_DIR": str(data),
+        "DJANGO_SETTINGS_MODULE": "dispatch_project.settings",
+        "DATABASE_URL": f"sqlite:///{data / database}",
+    }
+    env.pop("VALKEY_URL", None)
+    return env
+
+
+def analyse(data: Path, windows: dict[str, Any], floor_s: float) -> None:
+    """The three checks over the recorded runs (see the module docstring)."""
+    changes = windows["changes"]
+    (start1, end1), (start2, end2) = windows["run1"], windows["run2"]
+    before = whatif(demo_env(data, RUN1_DB), end1, (end1 - start1) / 60, changes)
+    after = whatif(demo_env(data, "db.sqlite3"), end2, (end2 - start2) / 60, [])
+    setup = windows["setup"] or "demo defaults"
+    print(f"\nsetup: {setup}; change: {changes}; {windows['minutes']:g} min per run")
     print(f"run 1: {before['requests']} requests; run 2: {after['requests']} requests")
     print("service model, run 1:", *before["fits"], sep="\n  ")
     text, ok1 = compare(
@@ -229,6 +243,38 @@ def main() -> None:
         f"\nreproduction of run 1 (20 %): {verdict[ok1]}; prediction (25 %): {verdict[ok2]}; "
         f"reproduction of run 2 (20 %): {verdict[ok3]}"
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=3.0, help="length of each demo run")
+    parser.add_argument("--setup", action="append", default=[], help="change the demo group first")
+    parser.add_argument("--change", action="append", default=None, help="the change to predict and apply")
+    parser.add_argument("--floor-ms", type=float, default=50.0)
+    parser.add_argument("--speed-only", action="store_true")
+    parser.add_argument("--keep", type=Path, help="record into this directory and keep it")
+    parser.add_argument("--from", dest="source", type=Path, help="analyse a kept recording again, no runs")
+    args = parser.parse_args()
+    changes = args.change or ["backfill.weight=4"]
+    floor_s = args.floor_ms / 1000
+    print(machine())
+    if args.source is None:
+        print(speed())
+    if args.speed_only:
+        return
+    if args.source is not None:
+        with stopped_valkey(args.source):
+            analyse(args.source, json.loads((args.source / WINDOWS).read_text()), floor_s)
+        return
+    with contextlib.ExitStack() as stack:
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=False)
+            data = args.keep
+        else:
+            data = stack.enter_context(scratch())
+        stack.enter_context(stopped_valkey(data))
+        windows = record(data, args.setup, changes, args.minutes)
+        analyse(data, windows, floor_s)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,11 @@
 One row per request that reached a pool of the group in the window, read from ``otel_traces`` by
 its time partitions (the request's enqueue time is the span's start, ``Timestamp``):
 
-* executed requests (dispatcher spans with status ok or error): pool, tenant (the ingress key's
-  label, when it had one), cost units, tokens, queue wait and execution time;
+* executed requests (dispatcher spans with status ok or error): pool, tenant (``llm_dispatch.tenant``:
+  whom the request was fair to inside its pool, when it had one), cost units, tokens, queue wait and
+  execution time;
 * requests refused at admission (producer spans with status ``rejected``; they carry no group, so
-  they are matched by the group's pool ids): pool and time only -- the replay decides whether the
+  they are matched by the group's pool ids): pool, tenant and time only -- the replay decides whether the
   proposed configuration would have let them in.
 
 Not read: drops (producer gone, expired) and intermediate attempts (``retry``, ``requeued``); a
@@ -30,7 +31,8 @@ CHUNK = timedelta(minutes=10)  # one query per slice of the window
 
 _SQL = f"""
 SELECT toUnixTimestamp64Nano(Timestamp) AS ts_ns, PoolId AS pool, Status AS status,
-    ProducerLabel AS tenant, toInt64OrZero(SpanAttributes['{semconv.COST_UNITS}']) AS cost,
+    SpanAttributes['{semconv.TENANT}'] AS tenant,
+    toInt64OrZero(SpanAttributes['{semconv.COST_UNITS}']) AS cost,
     ExecutionS AS execution_s, QueueWaitS AS queue_wait_s,
     ifNull(InputTokens, 0) AS input_tokens, ifNull(OutputTokens, 0) AS output_tokens
 FROM {{table}}
@@ -53,7 +55,7 @@ def _arrival(row: dict[str, Any]) -> Arrival:
     return Arrival(
         enqueued_at=row["ts_ns"] / 1e9,
         pool_id=row["pool"],
-        cost=max(1, int(row["cost"] or 1)),
+        cost=max(0, int(row["cost"] or 0)),  # a refusal's span has none: 0, the replay borrows one
         execution_s=None if refused else row["execution_s"],
         queue_wait_s=None if refused else row["queue_wait_s"],
         tenant=row["tenant"] or "",

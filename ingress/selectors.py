@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ingress.models import ProducerKey
@@ -49,3 +50,12 @@ def producer_key_grant(*, raw_key: str) -> KeyGrant | None:
         tenant_weight=key.tenant_weight,
         allow_sub_tenant=key.allow_sub_tenant,
     )
+
+
+def tenant_weights(*, tenants: Sequence[str]) -> dict[str, float]:
+    """The weight of each ingress tenant (``key-{id}`` or ``key-{id}:{sub}``) whose key's
+    ``tenant_weight`` is not 1, for a what-if replay; other tenants weigh 1."""
+    key_of = {t: int(k) for t in tenants if (k := t.removeprefix("key-").partition(":")[0]).isdigit()}
+    key_of = {t: k for t, k in key_of.items() if t.startswith("key-")}
+    weights = dict(ProducerKey.objects.filter(pk__in=set(key_of.values())).values_list("pk", "tenant_weight"))
+    return {t: float(weights[k]) for t, k in key_of.items() if weights.get(k, 1.0) != 1.0}

@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 from history.client import history_client
 from history.whatif import MAX_WINDOW, whatif_trace
+from ingress.selectors import tenant_weights
 from pools import selectors
 from pools.models import FabricGroup
 from runtime.whatif.changes import apply_changes
@@ -43,4 +44,4 @@ def group_whatif(
         since=until - timedelta(minutes=minutes),
         until=until,
     )
-    return what_if(trace, current, proposed)
+    return what_if(trace, current, proposed, tenant_weights=tenant_weights(tenants=trace.tenants))

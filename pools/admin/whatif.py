@@ -135,6 +135,6 @@ def whatif_panel(request: HttpRequest, *, group: FabricGroup, focus_pool: str | 
             requests=len(result.trace),
             window_min=(result.trace.end - result.trace.start) / 60,
             panels=panels(result, focus_pool),
-            fits=[fit.describe() for fit in result.fits],
+            fits=result.model_lines(),
         )
     return TemplateResponse(request, TEMPLATE, context)

@@ -6,7 +6,9 @@ the same way) both describe a change as assignments, so both reach the replay th
     <pool_id>.<field>=<value>              weight (= quantum), max_concurrent, min_concurrent,
                                            max_burst_per_visit (= burst), paused, enabled,
                                            max_queued, max_queue_wait_s (empty or "none": unbounded),
-                                           backend (a backend id of the group; empty: the group's)
+                                           backend (a backend id of the group; empty: the group's),
+                                           tenant_fairness (off | requests | tokens),
+                                           max_queued_per_tenant (empty or "none": unbounded)
     group.<field>=<value>                  total_concurrency, policy (drr | fifo), backend
     backend.<backend_id>.max_in_flight=N   a backend's fleet-wide cap
 
@@ -21,6 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from runtime.policy.scheduler import POLICIES, validate_policy
+from runtime.policy.tenants import MODES
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 
@@ -52,6 +55,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
 def _bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -74,6 +87,8 @@ POOL_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "max_queued": ("max_queued", _optional(_int(1))),
     "max_queue_wait_s": ("max_queue_wait_s", _optional(_positive_float)),
     "backend": ("backend_id", str.strip),
+    "tenant_fairness": ("tenant_fairness", _choice(MODES)),
+    "max_queued_per_tenant": ("max_queued_per_tenant", _optional(_int(1))),
 }
 
 

@@ -9,10 +9,11 @@ reality before trusting the proposed one. :func:`format_table` is the command's 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from runtime.whatif.engine import LEVELS, PoolOutcome, Replay, replay
-from runtime.whatif.service import ServiceFit
+from runtime.whatif.service import ServiceFit, Turnaround
 from runtime.whatif.trace import Trace, percentile
 from runtime.whatif.workload import Workload
 from runtime.wire.groupconfig import GroupConfig
@@ -37,6 +38,11 @@ class WhatIf:
     proposed: Replay
     recorded: dict[str, Recorded]
     fits: tuple[ServiceFit, ...]
+    turnaround: Turnaround
+
+    def model_lines(self) -> list[str]:
+        """The service model as fitted on the window: one line per backend, then the turnaround."""
+        return [*(f.describe() for f in self.fits), self.turnaround.describe()]
 
     @property
     def pool_ids(self) -> list[str]:
@@ -54,15 +60,25 @@ class WhatIf:
         return [(pid, current.get(pid), proposed.get(pid), self.recorded.get(pid)) for pid in self.pool_ids]
 
 
-def what_if(trace: Trace, current: GroupConfig, proposed: GroupConfig) -> WhatIf:
-    """Replays ``trace`` under both configurations (see the module docstring)."""
+def what_if(
+    trace: Trace,
+    current: GroupConfig,
+    proposed: GroupConfig,
+    *,
+    tenant_weights: Mapping[str, float] | None = None,
+) -> WhatIf:
+    """Replays ``trace`` under both configurations (see the module docstring); ``tenant_weights``
+    gives the fair pools' tenants their weights (absent: 1)."""
     workload = Workload(trace, current)
+    now = replay(workload, current, tenant_weights=tenant_weights)
     return WhatIf(
         trace=trace,
-        current=replay(workload, current),
-        proposed=replay(workload, proposed),
+        current=now,
+        # The panel opened before any edit asks for the same configuration twice: one replay is enough.
+        proposed=now if proposed == current else replay(workload, proposed, tenant_weights=tenant_weights),
         recorded=recorded(trace),
         fits=tuple(workload.fits.values()),
+        turnaround=workload.turnaround,
     )
 
 
@@ -120,6 +136,6 @@ def format_table(result: WhatIf) -> str:
                 f"{outcome.unserved:>10}"
             )
     lines.append("")
-    lines.append("Service model (execution time against calls in flight on the backend):")
-    lines.extend(f"  {f.describe()}" for f in result.fits)
+    lines.append("Service model (execution time against calls in flight on the backend; dispatcher):")
+    lines.extend(f"  {line}" for line in result.model_lines())
     return "\n".join(lines)

@@ -11,7 +11,19 @@ simulated dispatcher runs scheduling rounds as the real one does -- observe ever
   has room; at most ``peek_depth`` (or the pool's burst) heads, and no more than the backend's room;
 * a launch over the backend's ``max_in_flight`` is refused by the claim, and its credit refunded;
 * an arrival passes the pool's admission limits first (:func:`runtime.policy.admission.decide`, with
-  the drain rate measured over the last whole seconds, as the producer's script does).
+  the drain rate measured over the last whole seconds, as the producer's script does), and a fair
+  pool's ``max_queued_per_tenant``;
+* a fair pool (``tenant_fairness`` on) shows the heads its tenants' counters plan and launches from the
+  lowest counter's tenant (:class:`runtime.whatif.queues.FairQueue`, the dispatcher's pure code);
+* the dispatcher reacts to events its measured turnaround later (:class:`runtime.whatif.service.
+  Turnaround`: the FINISH or the push, the wake, the round's reads): a round runs one recorded gap
+  (taken in turn) after the first event that asked for one, and sees every event until then (a freed
+  slot stays idle that long, an arrival into a group with room waits that long, events close together
+  share one round);
+* after a decision that launched nothing, no new one is asked for until something it saw changes (a
+  completion, or an arrival at a pool that could launch or was idle): the same observations would
+  launch nothing again (only pools whose heads were read are visited), and the DRR round it would
+  advance is compared for equality only, so skipping it changes no later decision.
 
 The replay stops at the window's end, as history does: waits are those of requests launched by then,
 and what is still queued is counted apart (``unserved``). Predicting a starving pool's waits from the
@@ -26,11 +38,11 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
-from collections import deque
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 from runtime.backends.gate import SKIP_BACKEND_CAP
 from runtime.policy import admission
+from runtime.policy.admission import AdmissionLimits
 from runtime.policy.scheduler import (
     GroupPolicy,
     HeadItem,
@@ -41,45 +53,17 @@ from runtime.policy.scheduler import (
     decide,
     refund,
 )
-from runtime.whatif.trace import Trace, percentile
+from runtime.whatif.outcome import DEPTH_BUCKETS, LEVELS, PoolOutcome, PoolTally, Replay, summarize
+from runtime.whatif.queues import FairQueue, FifoQueue
+from runtime.whatif.trace import Trace
 from runtime.whatif.workload import Workload
 from runtime.wire.groupconfig import GroupConfig
 
-__all__ = ["DEPTH_BUCKETS", "PoolOutcome", "Replay", "replay"]
+__all__ = ["DEPTH_BUCKETS", "LEVELS", "PoolOutcome", "Replay", "replay"]
 
-DEPTH_BUCKETS = 120  # points of each pool's queue-depth chart
+Queue = FifoQueue | FairQueue
 PEEK_DEPTH = 8  # the dispatcher's default peek depth (runtime.config)
-LEVELS = (0.5, 0.95, 0.99)
 NOT_LAUNCHED = math.nan
-
-
-@dataclass(frozen=True, slots=True)
-class PoolOutcome:
-    """What the replay predicts for one pool over the window."""
-
-    pool_id: str
-    arrivals: int
-    launched: int
-    refused: int  # refused at admission (or the pool is not in this configuration)
-    unserved: int  # admitted but still queued when the window ends (e.g. paused, or a growing queue)
-    wait: dict[float, float | None]  # level -> queue wait in seconds, of launched requests
-    throughput_per_s: float  # calls completed inside the window, per second
-    peak_depth: int
-    depth: tuple[int, ...]  # the largest queue depth in each of DEPTH_BUCKETS slices of the window
-
-
-@dataclass(frozen=True, slots=True)
-class Replay:
-    pools: tuple[PoolOutcome, ...]
-    launch_order: array[int]  # request indices in the order they were launched
-    launched_at: array[float]  # per request: virtual launch time, NaN when never launched
-    peak_in_flight: int
-    peak_pool_in_flight: dict[str, int]
-    peak_backend_in_flight: dict[str, int]
-    decisions: int  # scheduler calls made
-
-    def pool(self, pool_id: str) -> PoolOutcome:
-        return next(p for p in self.pools if p.pool_id == pool_id)
 
 
 class _Pool:
@@ -90,6 +74,7 @@ class _Pool:
         "depth",
         "done",
         "drain",
+        "fair",
         "heads",
         "in_flight",
         "limits",
@@ -97,31 +82,42 @@ class _Pool:
         "peak_in_flight",
         "policy",
         "queue",
+        "rate",
+        "rate_second",
+        "readable",
         "refused",
-        "seen",
+        "stale",
     )
 
-    def __init__(self, policy: PoolPolicy, backend: int, limits: admission.AdmissionLimits) -> None:
+    def __init__(self, policy: PoolPolicy, backend: int, limits: AdmissionLimits, queue: Queue) -> None:
         self.policy = policy
         self.backend = backend
         self.limits = limits
-        self.queue: deque[tuple[int, HeadItem]] = deque()
+        self.queue = queue
+        self.fair = isinstance(queue, FairQueue)  # its heads change with any arrival or correction
         self.heads: tuple[HeadItem, ...] | None = None  # cached first heads; None: stale
-        self.seen: PoolObservation | None = None  # cached observation; None: stale
+        self.stale = True  # its observation must be made again before the next decision
+        self.readable = False  # the last observation decided on showed heads (the pool could launch)
         self.in_flight = 0
         self.peak = 0
         self.refused = 0
         self.depth = [0] * DEPTH_BUCKETS
         self.drain: dict[int, int] = {}  # whole second -> requests that left the queue in it
+        self.rate_second, self.rate = -1, 0.0  # the drain rate as of the start of that second
         self.done = 0  # calls completed inside the window
         self.peak_in_flight = 0
 
     def drain_rate(self, now: float) -> float:
-        """Departures per second over the last whole seconds before ``now`` (the script's rule)."""
+        """Departures per second over the last whole seconds before ``now`` (the script's rule).
+
+        Kept for the second: the replay's clock only goes forward, and departures in the current
+        second count from the next one on."""
         sec = int(now)
-        window = admission.DRAIN_WINDOW_S
-        total = sum(self.drain.get(s, 0) for s in range(sec - window, sec))
-        return total / window
+        if sec != self.rate_second:
+            window = admission.DRAIN_WINDOW_S
+            self.rate = sum(self.drain.get(s, 0) for s in range(sec - window, sec)) / window
+            self.rate_second = sec
+        return self.rate
 
     def left(self, now: float) -> None:
         sec = int(now)
@@ -131,15 +127,25 @@ class _Pool:
                 del self.drain[old]
 
 
-def replay(workload: Workload, config: GroupConfig, *, peek_depth: int = PEEK_DEPTH) -> Replay:
-    """Replays the workload's trace under ``config``; see the module docstring."""
-    return _Sim(workload, config, peek_depth).run()
+def replay(
+    workload: Workload,
+    config: GroupConfig,
+    *,
+    peek_depth: int = PEEK_DEPTH,
+    tenant_weights: Mapping[str, float] | None = None,
+) -> Replay:
+    """Replays the workload's trace under ``config``; see the module docstring. ``tenant_weights``:
+    the weight of each tenant of the fair pools (absent: 1)."""
+    return _Sim(workload, config, peek_depth, tenant_weights or {}).run()
 
 
 class _Sim:
-    def __init__(self, workload: Workload, config: GroupConfig, peek_depth: int) -> None:
+    def __init__(
+        self, workload: Workload, config: GroupConfig, peek_depth: int, weights: Mapping[str, float]
+    ) -> None:
         self.workload = workload
         self.trace: Trace = workload.trace
+        self.heads_of = workload.heads
         self.policy: GroupPolicy = config.scheduler_policy()
         self.state = SchedulerState()
         self.backend_names, self.backend_caps, backend_of = workload.backends_of(config)
@@ -150,7 +156,8 @@ class _Sim:
         by_id = {p.pool_id: p for p in config.enabled_pools}
         for pp in self.policy.pools:
             pc = by_id[pp.pool_id]
-            self.pools[pp.pool_id] = _Pool(pp, backend_of[pp.pool_id], pc.admission_limits())
+            queue = FairQueue(self.trace, pc, weights) if pc.tenant_cost() else FifoQueue()
+            self.pools[pp.pool_id] = _Pool(pp, backend_of[pp.pool_id], pc.admission_limits(), queue)
         # Trace pool index -> its _Pool (None: the pool is not in this configuration: refused).
         self.by_index: list[_Pool | None] = [self.pools.get(pid) for pid in self.trace.pools]
         # Arrivals of pools this configuration does not have (removed, disabled): refused at submit.
@@ -158,16 +165,22 @@ class _Sim:
         self.backend_pools: list[list[_Pool]] = [[] for _ in self.backend_names]
         for pool in self.pools.values():
             self.backend_pools[pool.backend].append(pool)
+        self.observations: dict[str, PoolObservation] = {}  # what the next decision is shown
         self.queued = 0  # admitted requests not launched yet, all pools
         self.group_in_flight = 0
         self.peak_in_flight = 0
+        # The last decision launched nothing, and nothing it saw has changed since: deciding again on
+        # the same observations would launch nothing either (only pools that can launch are visited).
+        self.stalled = False
         self.launched_at = array("d", [NOT_LAUNCHED]) * len(self.trace)
+        self.ended_at = array("d", [NOT_LAUNCHED]) * len(self.trace)
         self.order: array[int] = array("i")
         self.completions: list[tuple[float, int]] = []  # (end, request)
         self.started: list[tuple[int, int]] = []  # (request, backend) launched at this instant
         self.decisions = 0
         span = self.trace.end - self.trace.start
-        self.bucket_s = span / DEPTH_BUCKETS if span > 0 else 1.0
+        # A window of a few denormal seconds (hypothesis found one) makes a zero-width slice.
+        self.bucket_s = span / DEPTH_BUCKETS if span / DEPTH_BUCKETS > 0 else 1.0
         self.bucket = -1
         self.next_bucket_at = self.trace.start  # the first event at or after this opens a new slice
 
@@ -175,33 +188,50 @@ class _Sim:
         trace, n = self.trace, len(self.trace)
         times = trace.enqueued_at
         completions = self.completions
+        total = self.policy.total_concurrency
+        gaps = self.workload.turnaround.gaps or (0.0,)
+        taken = 0  # rounds asked for so far: each waits the next recorded gap
         i = 0
         window_end = trace.end
-        while i < n or completions:
+        round_at = math.inf  # when the round the last events asked for runs (inf: none asked for)
+        while i < n or completions or round_at < math.inf:
             now = times[i] if i < n else math.inf
             if completions and completions[0][0] <= now:
                 now = completions[0][0]
+            if round_at < now:
+                now, round_at = round_at, math.inf
+                events = False  # the dispatcher's round, after the events it reacts to
+            else:
+                events = True
             if now > window_end:
                 break  # history of the window holds what ran by its end; the rest is still queued
             if now >= self.next_bucket_at:
                 self._advance_buckets(now)
-            while completions and completions[0][0] <= now:
-                end, request = heapq.heappop(completions)
-                self._finish(request, end)
-            while i < n and times[i] <= now:
-                self._arrive(i, now)
-                i += 1
-            if self.queued and self.group_in_flight < self.policy.total_concurrency:
-                self._rounds(now)
-                if self.started:
-                    self._run_started(now)
+            if events:
+                while completions and completions[0][0] <= now:
+                    end, request = heapq.heappop(completions)
+                    self._finish(request, end)
+                while i < n and times[i] <= now:
+                    self._arrive(i, now)
+                    i += 1
+                if round_at < math.inf or not self.queued or self.group_in_flight >= total or self.stalled:
+                    continue
+                latency = gaps[taken % len(gaps)]
+                taken += 1
+                if latency > 0:
+                    round_at = now + latency
+                    continue
+            self._rounds(now)
+            if self.started:
+                self._run_started(now)
         return self._result()
 
     def _run_started(self, now: float) -> None:
         """Calls launched at this instant run as long as the load of the instant makes them (every
         call that started with them counts, as in :func:`runtime.whatif.service.in_flight_at_start`)."""
+        service_time, in_flight, ended_at = self.workload.service_time, self.backend_in_flight, self.ended_at
         for i, backend in self.started:
-            end = now + self.workload.service_time(i, self.backend_in_flight[backend])
+            end = ended_at[i] = now + service_time(i, in_flight[backend])
             heapq.heappush(self.completions, (end, i))
         self.started.clear()
 
@@ -219,15 +249,21 @@ class _Sim:
         if pool is None:
             self.unknown[self.trace.pools[self.trace.pool[i]]] += 1
             return
-        depth = len(pool.queue)
+        queue = pool.queue
+        depth = len(queue)
         if pool.limits.bounded and admission.decide(depth, pool.limits, pool.drain_rate(now)) is not None:
             pool.refused += 1
             return
-        pool.queue.append((i, HeadItem(self.trace.cost[i], self.trace.enqueued_at[i])))
+        if queue.refuses(i):
+            pool.refused += 1
+            return
+        queue.append(i)
         self.queued += 1
-        self._changed(pool, False)
+        pool.stale = True
+        if depth == 0 or pool.readable:
+            self.stalled = False  # a pool that may launch saw its queue change
         depth += 1
-        if depth <= self.depth:
+        if depth <= self.depth or pool.fair:
             pool.heads = None
         if depth > pool.peak:
             pool.peak = depth
@@ -241,16 +277,20 @@ class _Sim:
             pool.done += 1
         pool.in_flight -= 1
         self.backend_in_flight[pool.backend] -= 1
+        if pool.fair:
+            pool.queue.finished(i)
+            pool.heads = None
         self._changed(pool, True)
         self.group_in_flight -= 1
+        self.stalled = False
 
     def _observe(self) -> dict[str, PoolObservation]:
-        observations: dict[str, PoolObservation] = {}
+        observations = self.observations
         for pid, pool in self.pools.items():
-            seen = pool.seen
-            if seen is None:
-                seen = pool.seen = self._observation(pid, pool)
-            observations[pid] = seen
+            if pool.stale:
+                observations[pid] = seen = self._observation(pid, pool)
+                pool.stale = False
+                pool.readable = bool(seen.heads)
         return observations
 
     def _observation(self, pid: str, pool: _Pool) -> PoolObservation:
@@ -269,18 +309,18 @@ class _Sim:
         return PoolObservation(pid, backlog, heads, pool.in_flight, blocked)
 
     def _changed(self, pool: _Pool, backend_room_changed: bool) -> None:
-        """Forget the observations a change made stale: the pool's, and those of its backend's
+        """Mark stale the observations a change made so: the pool's, and those of its backend's
         pools when the backend's room is now small enough to block or trim their heads."""
-        pool.seen = None
+        pool.stale = True
         if backend_room_changed:
             room = self.backend_caps[pool.backend] - self.backend_in_flight[pool.backend]
             if room <= self.depth:
                 for other in self.backend_pools[pool.backend]:
-                    other.seen = None
+                    other.stale = True
 
     def _peek(self, pool: _Pool) -> tuple[HeadItem, ...]:
-        queue, depth = pool.queue, self.depth
-        heads = tuple(queue[k][1] for k in range(min(depth, len(queue))))
+        heads_of = self.heads_of
+        heads = tuple(heads_of[i] for i in pool.queue.first(self.depth))
         pool.heads = heads
         return heads
 
@@ -297,68 +337,47 @@ class _Sim:
                 local_free_slots=total - self.group_in_flight,
             )
             if not decision.launches:
+                self.stalled = True
                 return
             for launch in decision.launches:
                 self._claim(self.pools[launch.pool_id], launch, now)
 
     def _claim(self, pool: _Pool, launch: Launch, now: float) -> None:
-        if self.backend_in_flight[pool.backend] >= self.backend_caps[pool.backend]:
+        backend = pool.backend
+        if self.backend_in_flight[backend] >= self.backend_caps[backend]:
             refund(self.state, launch)
             return
-        i, _ = pool.queue.popleft()
+        i = pool.queue.popleft()
         self.queued -= 1
         pool.heads = None
-        pool.left(now)
+        if pool.limits.bounded:
+            pool.left(now)
         pool.in_flight += 1
-        pool.peak_in_flight = max(pool.peak_in_flight, pool.in_flight)
-        backend = pool.backend
+        if pool.in_flight > pool.peak_in_flight:
+            pool.peak_in_flight = pool.in_flight
         self.backend_in_flight[backend] += 1
         self._changed(pool, True)
         self.group_in_flight += 1
-        self.backend_peak[backend] = max(self.backend_peak[backend], self.backend_in_flight[backend])
-        self.peak_in_flight = max(self.peak_in_flight, self.group_in_flight)
+        if self.backend_in_flight[backend] > self.backend_peak[backend]:
+            self.backend_peak[backend] = self.backend_in_flight[backend]
+        if self.group_in_flight > self.peak_in_flight:
+            self.peak_in_flight = self.group_in_flight
         self.launched_at[i] = now
         self.order.append(i)
         self.started.append((i, backend))
 
     def _result(self) -> Replay:
-        trace = self.trace
-        waits: dict[str, list[float]] = {pid: [] for pid in self.pools}
-        arrivals = dict.fromkeys(trace.pools, 0)
-        for i in range(len(trace)):
-            pid = trace.pools[trace.pool[i]]
-            arrivals[pid] += 1
-            at = self.launched_at[i]
-            if not math.isnan(at):
-                waits[pid].append(at - trace.enqueued_at[i])
-        span = max(trace.end - trace.start, 1e-9)
-        outcomes = [
-            self._outcome(pid, pool, arrivals.get(pid, 0), waits[pid], pool.done / span)
-            for pid, pool in self.pools.items()
-        ]
-        for pid, refused in self.unknown.items():
-            outcomes.append(PoolOutcome(pid, arrivals[pid], 0, refused, 0, dict.fromkeys(LEVELS), 0.0, 0, ()))
-        return Replay(
-            pools=tuple(outcomes),
+        return summarize(
+            self.trace,
+            {
+                pid: PoolTally(p.refused, len(p.queue), p.done, p.peak, p.depth, p.peak_in_flight)
+                for pid, p in self.pools.items()
+            },
+            self.unknown,
             launch_order=self.order,
             launched_at=self.launched_at,
+            ended_at=self.ended_at,
             peak_in_flight=self.peak_in_flight,
-            peak_pool_in_flight={pid: pool.peak_in_flight for pid, pool in self.pools.items()},
             peak_backend_in_flight=dict(zip(self.backend_names, self.backend_peak, strict=True)),
             decisions=self.decisions,
-        )
-
-    @staticmethod
-    def _outcome(pid: str, pool: _Pool, arrivals: int, waits: list[float], throughput: float) -> PoolOutcome:
-        waits.sort()
-        return PoolOutcome(
-            pool_id=pid,
-            arrivals=arrivals,
-            launched=len(waits),
-            refused=pool.refused,
-            unserved=len(pool.queue),
-            wait={level: percentile(waits, level) for level in LEVELS},
-            throughput_per_s=throughput,
-            peak_depth=pool.peak,
-            depth=tuple(pool.depth),
         )

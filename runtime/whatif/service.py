@@ -19,9 +19,10 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["ServiceFit", "fit", "in_flight_at_start"]
+__all__ = ["ServiceFit", "Turnaround", "fit", "in_flight_at_start", "turnaround"]
 
 MIN_POINTS = 20  # fewer calls than this: no slope is fitted (times are kept as recorded)
+MAX_TURNAROUND_S = 1.0  # a longer gap is the group idling, not the dispatcher reacting
 # f(k) never drops below this share of the mean time: a negative intercept would make calls free.
 FLOOR_SHARE = 0.05
 
@@ -100,3 +101,53 @@ def in_flight_at_start(starts: Sequence[float], ends: Sequence[float]) -> list[i
         counts.extend([len(running)] * (j - i))
         i = j
     return counts
+
+
+@dataclass(frozen=True, slots=True)
+class Turnaround:
+    """How long a freed slot stays idle before the dispatcher fills it again: the FINISH, the wake
+    and the next round. ``gaps`` are the measured ones in recorded order (the replay's rounds take them
+    in turn, so a loaded dispatcher's slow rounds come back as often as they came); ``seconds`` is
+    their median, shown to the operator."""
+
+    seconds: float
+    points: int
+    gaps: tuple[float, ...] = ()
+
+    def describe(self) -> str:
+        if not self.points:
+            return "dispatcher turnaround: not measured (the group never filled), 0 ms"
+        ordered = sorted(self.gaps)
+        p90 = ordered[int(0.9 * (len(ordered) - 1))]
+        return (
+            f"dispatcher turnaround: {self.seconds * 1000:.1f} ms median, {p90 * 1000:.1f} ms p90, from a "
+            f"call's end to the next launch into its slot ({self.points} launches into a full group)"
+        )
+
+
+def turnaround(
+    calls: Sequence[tuple[float, float, float]], total_concurrency: int, *, min_points: int = MIN_POINTS
+) -> Turnaround:
+    """Turnaround measured on recorded ``calls`` (enqueued, launched, ended), sorted by launch.
+
+    A launch counts when it filled the group's last free slot and its request was already queued
+    when the latest call before it ended: it waited for that slot, so the gap between that end and the
+    launch is the dispatcher's reaction, not the traffic's. Fewer than ``min_points``: 0 (not measured).
+    """
+    ends = sorted(end for _, _, end in calls)
+    running: list[float] = []
+    gaps: list[float] = []
+    j = 0  # ends[:j] are the ends at or before the current launch
+    for enqueued, launched, end in calls:
+        while running and running[0] <= launched:
+            heapq.heappop(running)
+        while j < len(ends) and ends[j] <= launched:
+            j += 1
+        if j and len(running) == total_concurrency - 1 and enqueued < ends[j - 1]:
+            gap = launched - ends[j - 1]
+            if gap <= MAX_TURNAROUND_S:
+                gaps.append(gap)
+        heapq.heappush(running, end)
+    if len(gaps) < min_points:
+        return Turnaround(0.0, 0)
+    return Turnaround(sorted(gaps)[len(gaps) // 2], len(gaps), tuple(gaps))

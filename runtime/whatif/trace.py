@@ -34,7 +34,7 @@ class Arrival:
 
     enqueued_at: float
     pool_id: str
-    cost: int = 1
+    cost: int = 1  # 0: not recorded (a refusal at submit, before the dispatcher costed it)
     execution_s: float | None = None  # None: it never ran (refused, dropped)
     queue_wait_s: float | None = None
     tenant: str = ""
@@ -52,10 +52,11 @@ class Trace:
     enqueued_at: array[float] = field(default_factory=lambda: array("d"))
     pool: array[int] = field(default_factory=lambda: array("i"))
     tenant: array[int] = field(default_factory=lambda: array("i"))
-    cost: array[int] = field(default_factory=lambda: array("i"))
+    cost: array[int] = field(default_factory=lambda: array("i"))  # 0: not recorded
     execution_s: array[float] = field(default_factory=lambda: array("d"))  # NaN: never ran
     queue_wait_s: array[float] = field(default_factory=lambda: array("d"))  # NaN: never ran
-    tokens: array[int] = field(default_factory=lambda: array("i"))  # input + output
+    input_tokens: array[int] = field(default_factory=lambda: array("i"))  # 0: none reported
+    output_tokens: array[int] = field(default_factory=lambda: array("i"))
     refused: array[int] = field(default_factory=lambda: array("b"))
     start: float = 0.0  # the window replayed: [start, end)
     end: float = 0.0
@@ -87,10 +88,11 @@ class Trace:
         self.enqueued_at.append(a.enqueued_at)
         self.pool.append(_intern(a.pool_id, self._pool_ix, self.pools))
         self.tenant.append(_intern(a.tenant, self._tenant_ix, self.tenants))
-        self.cost.append(max(1, int(a.cost)))
+        self.cost.append(max(0, int(a.cost)))
         self.execution_s.append(NAN if a.execution_s is None else max(0.0, a.execution_s))
         self.queue_wait_s.append(NAN if a.queue_wait_s is None else max(0.0, a.queue_wait_s))
-        self.tokens.append(max(0, a.input_tokens) + max(0, a.output_tokens))
+        self.input_tokens.append(max(0, a.input_tokens))
+        self.output_tokens.append(max(0, a.output_tokens))
         self.refused.append(1 if a.refused else 0)
 
     def close(self, *, start: float | None = None, end: float | None = None) -> Trace:

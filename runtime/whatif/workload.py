@@ -5,7 +5,9 @@ the history) and shared by the replays of the current and the proposed configura
 
 A request that never ran when it was recorded (refused at admission, dropped) has no execution time:
 it gets its pool's median, or the trace's when the pool has none, so a configuration that admits it
-gives it a plausible call to run.
+gives it a plausible call to run; nor a cost: it borrows its pool's recorded costs in turn. The
+dispatcher's turnaround (a freed slot's idle time before its next launch) is measured on the trace too
+(:func:`runtime.whatif.service.turnaround`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from array import array
 from collections.abc import Iterable
 
 from runtime.backends.redact import redact_url
-from runtime.whatif.service import ServiceFit, fit, in_flight_at_start
+from runtime.policy.scheduler import HeadItem
+from runtime.whatif.service import ServiceFit, fit, in_flight_at_start, turnaround
 from runtime.whatif.trace import Trace, percentile
 from runtime.wire.groupconfig import GroupConfig
 
@@ -31,6 +34,25 @@ def backend_name(config: GroupConfig, pool_id: str) -> str:
     return route.backend_id or redact_url(route.endpoint)
 
 
+def _costs(trace: Trace) -> list[int]:
+    """Each request's cost; one whose cost history did not record (refused at submit: the producer
+    does not cost requests) borrows the costs of its pool's recorded requests in turn, so the requests a
+    proposed configuration admits cost what the pool's requests cost (1 when the pool recorded none)."""
+    recorded: list[list[int]] = [[] for _ in trace.pools]
+    for p, cost in zip(trace.pool, trace.cost, strict=True):
+        if cost > 0:
+            recorded[p].append(cost)
+    borrowed = [0] * len(trace.pools)
+    costs = []
+    for p, cost in zip(trace.pool, trace.cost, strict=True):
+        if cost <= 0:
+            known = recorded[p]
+            cost = known[borrowed[p] % len(known)] if known else 1
+            borrowed[p] += 1
+        costs.append(cost)
+    return costs
+
+
 class Workload:
     """The trace plus, per request, the execution time to replay and the in-flight it was recorded at."""
 
@@ -38,6 +60,8 @@ class Workload:
         self.trace = trace
         n = len(trace)
         self.base_s = array("d", trace.execution_s)
+        # What the scheduler is shown of each request at a pool's head; made once for both replays.
+        self.heads = [HeadItem(c, t) for c, t in zip(_costs(trace), trace.enqueued_at, strict=True)]
         self.recorded_in_flight = array("i", [0]) * n
         names = [backend_name(current, pid) for pid in trace.pools]
         self.fits: dict[str, ServiceFit] = {}
@@ -45,6 +69,7 @@ class Workload:
             members = {ix for ix, other in enumerate(names) if other == name}
             self.fits[name] = self._fit(name, members)
         self._fit_of_pool = [self.fits[name] for name in names]
+        self.turnaround = turnaround(self._calls(), current.total_concurrency)
         self._fill_unrun()
 
     def __repr__(self) -> str:
@@ -69,6 +94,18 @@ class Workload:
             if trace.pool[i] in pool_indices and not trace.ran(i):
                 self.recorded_in_flight[i] = typical
         return result
+
+    def _calls(self) -> list[tuple[float, float, float]]:
+        """(enqueued, launched, ended) of every recorded call, by launch."""
+        trace = self.trace
+        calls = []
+        for i in range(len(trace)):
+            if trace.ran(i):
+                wait = trace.queue_wait_s[i]
+                launched = trace.enqueued_at[i] + (0.0 if math.isnan(wait) else wait)
+                calls.append((trace.enqueued_at[i], launched, launched + trace.execution_s[i]))
+        calls.sort(key=lambda c: c[1])
+        return calls
 
     def _fill_unrun(self) -> None:
         trace = self.trace

@@ -14,6 +14,7 @@ from django.core.management.base import CommandError
 from history.client import HistoryClient
 from history.whatif import whatif_trace
 from pools.models import FabricGroup, Pool
+from pools.whatif import group_whatif
 from runtime.telemetry import semconv
 from tests.support.history_spans import execution_doc, store
 
@@ -44,8 +45,8 @@ def test_the_groups_arrivals_are_read_with_cost_tokens_waits_and_refusals(histor
     store(
         history,
         [
-            doc("a", now - 50 * 10**9, wait=0.5, run=2.0, cost=3),
-            doc("b", now - 40 * 10**9, wait=0.0, run=1.0),
+            doc("a", now - 50 * 10**9, wait=0.5, run=2.0, cost=3, tenant="key-1/alice", producer="web-1"),
+            doc("b", now - 40 * 10**9, wait=0.0, run=1.0, output_tokens=7, input_tokens=30),
             doc("a", now - 30 * 10**9, wait=1.0, run=1.0, status="error", error_type="backend_error"),
             rejected("a", now - 20 * 10**9),
             doc("a", now - 10 * 10**9, wait=0.1, run=1.0, group="other"),  # another group's pool
@@ -58,11 +59,13 @@ def test_the_groups_arrivals_are_read_with_cost_tokens_waits_and_refusals(histor
         client=history, group="g", pool_ids=["a", "b"], since=until - timedelta(minutes=5), until=until
     )
     assert len(trace) == 4 and trace.pools == ["a", "b"]
-    assert list(trace.cost) == [3, 1, 1, 1]
+    assert list(trace.cost) == [3, 1, 1, 0]  # a refusal at submit was never costed
     assert list(trace.refused) == [0, 0, 0, 1]
     assert list(trace.queue_wait_s)[:3] == [0.5, 0.0, 1.0]
     assert list(trace.execution_s)[:3] == [2.0, 1.0, 1.0] and not trace.ran(3)
-    assert list(trace.tokens)[:2] == [110, 110]
+    assert list(trace.input_tokens)[:2] == [10, 30] and list(trace.output_tokens)[:2] == [100, 7]
+    # The tenant is the one the request was fair to (its key, or a sub-tenant), not the producer.
+    assert [trace.tenants[t] for t in trace.tenant] == ["key-1/alice", "", "", ""]
     assert trace.enqueued_at[0] == pytest.approx((now - 50 * 10**9) / 1e9)
     # The replay stops at the last launch history holds (the error's, 30 s ago + 1 s of queue), or at
     # the last arrival after it (the refusal's, 20 s ago): not at `until`, where nothing was dispatched.
@@ -166,3 +169,35 @@ def test_a_window_over_the_replays_bound_is_refused_clearly(with_history: Histor
     monkeypatch.setattr(trace, "MAX_REQUESTS", 100)
     with pytest.raises(CommandError, match="the last 5 minutes hold too many requests"):
         call_command("whatif", "--group", "g", "--minutes", "5")
+
+
+def test_a_fair_pools_tenants_are_replayed_with_their_keys_weights(with_history: HistoryClient) -> None:
+    from ingress.selectors import tenant_weights
+    from ingress.services import producer_key_create
+
+    heavy = producer_key_create(name="heavy", pools=["chat"]).key
+    heavy.tenant_weight = 3.0
+    heavy.save()
+    light = producer_key_create(name="light", pools=["chat"]).key
+    tenants = [f"key-{heavy.pk}", f"key-{heavy.pk}:bob", f"key-{light.pk}", "key-999", "batch-7", "*"]
+    assert tenant_weights(tenants=tenants) == {f"key-{heavy.pk}": 3.0, f"key-{heavy.pk}:bob": 3.0}
+    group = FabricGroup.objects.create(group_id="g", total_concurrency=1)
+    Pool.objects.create(group=group, pool_id="chat", max_concurrent=1, tenant_fairness="requests")
+    now = time.time_ns()
+    docs = []  # two tenants submitting alike, 2 a second, on one slot serving 1 a second
+    for k in range(120):
+        at = now - (130 * 10**9) + k * 5 * 10**8
+        tenant = f"key-{heavy.pk}" if k % 2 else f"key-{light.pk}"
+        docs.append(doc("chat", at, wait=0.0, run=1.0, tenant=tenant))
+    store(with_history, docs)
+    out = StringIO()
+    call_command("whatif", "--group", "g", "--minutes", "5", "--json", "--until", str(now / 1e9), stdout=out)
+    result = json.loads(out.getvalue())
+    # Both tenants are backlogged all along: the heavy key's weight gets it 3 of every 4 launches (a
+    # replay that ignored weights, or tenants, would give it about half).
+    until = datetime.fromtimestamp(now / 1e9, tz=UTC)
+    replayed = group_whatif(group=group, minutes=5, changes=[], until=until)
+    trace = replayed.trace
+    launched = [trace.tenants[trace.tenant[i]] for i in replayed.current.launch_order]
+    share = launched.count(f"key-{heavy.pk}") / len(launched)
+    assert 0.7 < share < 0.8 and result["pools"]["chat"]["current"]["launched"] == len(launched)

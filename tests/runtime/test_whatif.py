@@ -14,7 +14,7 @@ from runtime.policy.scheduler import HeadItem, PoolObservation, SchedulerState, 
 from runtime.whatif.changes import BadChange, apply_changes
 from runtime.whatif.compare import format_table, what_if
 from runtime.whatif.engine import PEEK_DEPTH, replay
-from runtime.whatif.service import fit, in_flight_at_start
+from runtime.whatif.service import Turnaround, fit, in_flight_at_start, turnaround
 from runtime.whatif.trace import Arrival, Trace
 from runtime.whatif.workload import Workload
 from runtime.wire.backendconfig import BackendConfig
@@ -154,6 +154,8 @@ def test_a_bigger_weight_shortens_the_pools_predicted_wait() -> None:
     assert result.proposed.pool("b").wait[0.5] > result.current.pool("b").wait[0.5]
     table = format_table(result)
     assert "proposed" in table and "recorded" in table and "Service model" in table
+    unchanged = what_if(result.trace, current, dataclasses.replace(current))  # equal: replayed once
+    assert unchanged.proposed is unchanged.current
 
 
 def test_admission_limits_refuse_in_the_replay_and_the_chart_shows_the_depth() -> None:
@@ -292,6 +294,11 @@ def test_no_request_is_lost_or_duplicated_and_caps_hold(pools, total, cap, polic
             lambda g: (g.total_concurrency, g.policy) == (3, "fifo"),
         ),
         (["backend.sim.max_in_flight=2"], lambda g: g.backend("sim").max_in_flight == 2),
+        (
+            ["a.tenant_fairness=Tokens", "a.max_queued_per_tenant=3"],
+            lambda g: (g.pool("a").tenant_fairness, g.pool("a").max_queued_per_tenant) == ("tokens", 3),
+        ),
+        (["a.tenant_fairness=off", "a.max_queued_per_tenant="], lambda g: g.pool("a").tenant_cost() is None),
     ],
 )
 def test_changes_are_applied_to_a_copy(changes, check) -> None:  # type: ignore[no-untyped-def]
@@ -311,6 +318,7 @@ def test_changes_are_applied_to_a_copy(changes, check) -> None:  # type: ignore[
         ("backend.sim.timeout_s=2", "unknown backend field 'timeout_s'"),
         ("a.backend=elsewhere", "uses no backend 'elsewhere'"),
         ("a.paused=maybe", "must be true or false"),
+        ("a.tenant_fairness=loud", "tenant_fairness must be one of off, requests, tokens"),
         ("group.total_concurrency=1", None),  # fine alone
     ],
 )
@@ -322,3 +330,45 @@ def test_bad_changes_say_which_and_why(change: str, message: str | None) -> None
     with pytest.raises(BadChange) as caught:
         apply_changes(group, [change])
     assert message in str(caught.value) and repr(change) in str(caught.value)
+
+
+def test_the_turnaround_is_the_gap_between_a_calls_end_and_the_launch_into_its_slot() -> None:
+    # Two slots, always full: each call ends and the queued next one launches 20 ms later.
+    calls, t = [], 0.0
+    for _ in range(40):
+        calls.append((0.0, t, t + 1.0))  # (enqueued, launched, ended): queued from the start
+        calls.append((0.0, t + 0.5, t + 1.5))
+        t += 1.02
+    calls.sort(key=lambda c: c[1])
+    measured = turnaround(calls, 2)
+    assert measured.seconds == pytest.approx(0.02) and measured.points >= 70
+    assert "20.0 ms" in measured.describe()
+    # The same calls in a group of 4 never filled it: nothing to measure, no turnaround assumed.
+    assert turnaround(calls, 4) == Turnaround(0.0, 0)
+    # A request that arrived after the slot was free did not wait for it: no gap counted.
+    idle = [(c[1], c[1], c[2]) for c in calls]
+    assert turnaround(idle, 2).points == 0
+
+
+def test_the_replays_rounds_come_the_turnaround_after_the_events_they_react_to() -> None:
+    group = config(PoolConfig("a", max_concurrent=2), total=2)
+    # Recorded: one call at a time, 1 s each, each next one launched 50 ms after the previous ended.
+    rows = [Arrival(0.0, "a", 1, 1.0, 1.05 * k) for k in range(30)]
+    rows.append(Arrival(40.0, "a", 1, 1.0, 0.05))
+    rows.append(Arrival(40.01, "a", 1, 1.0, 0.04))  # in time for the same round
+    workload = Workload(Trace.build(rows, end=FOREVER), apply_changes(group, ["group.total_concurrency=1"]))
+    assert workload.turnaround.seconds == pytest.approx(0.05)
+    result = replay(workload, apply_changes(group, ["a.max_concurrent=1", "group.total_concurrency=1"]))
+    launched = [result.launched_at[i] for i in result.launch_order]
+    assert launched[:3] == pytest.approx([0.05, 1.1, 2.15])  # an arrival waits for the round too
+    both = replay(workload, group)  # two slots: the two late arrivals share one round (one decision)
+    assert [both.launched_at[i] for i in (30, 31)] == pytest.approx([40.05, 40.05])
+
+
+def test_a_refusal_without_a_recorded_cost_borrows_its_pools_costs() -> None:
+    group = config(PoolConfig("a"), PoolConfig("b"), total=4)
+    rows = [Arrival(float(k), "a", 4 if k % 2 else 2, 1.0, 0.0) for k in range(4)]
+    rows += [Arrival(10.0 + k, "a", 0, refused=True) for k in range(4)]  # history recorded no cost
+    rows += [Arrival(20.0, "b", 0, refused=True)]  # a pool with no recorded cost at all: 1
+    workload = Workload(Trace.build(rows), group)
+    assert [h.cost for h in workload.heads] == [2, 4, 2, 4, 2, 4, 2, 4, 1]

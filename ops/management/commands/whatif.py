@@ -86,7 +86,7 @@ def as_json(result: WhatIf) -> dict[str, Any]:
         "requests": len(result.trace),
         "window_s": result.trace.end - result.trace.start,
         "pools": pools,
-        "fits": [fit.describe() for fit in result.fits],
+        "fits": result.model_lines(),
     }
 
 
