@@ -26,6 +26,7 @@ from runtime.wire.contract import EmbeddingsCall
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from simulator.server import SimulatorServer
 from tests.support.dispatching import one_pool_group, running_dispatcher, wait_until
+from tests.support.durable import group as durable_group
 from tests.support.waiting import port_open, wait_until_sync
 
 EMBED = {"model": "sim-embed", "input": ["first document", "second document"], "dimensions": 12}
@@ -172,3 +173,18 @@ async def test_an_embedding_costs_its_pool_its_input_tokens_only(
     prompt_tokens = done.completion["usage"]["prompt_tokens"]
     served = float(await aredis.hget(keys.tenant_served("docs"), "team-a") or 0)
     assert served == pytest.approx(2.0 * prompt_tokens) and prompt_tokens > 0
+
+
+async def test_durable_delivery_serves_both_endpoints(
+    aredis: aioredis.Redis, keys: KeySpace, sim: SimulatorServer
+) -> None:
+    """In a durable group the claim stores the envelope (endpoint included) with its lease and chunks
+    are fenced: an embeddings call and a streamed legacy completion come back whole."""
+    async with (
+        running_dispatcher(aredis, keys, durable_group(sim.url)),
+        Producer(aredis, keys=keys) as producer,
+    ):
+        embedded = await producer.embed(EMBED, pool_id="default", timeout=30)
+        chunks = [c async for c in producer.stream_completion({**TEXT, "stream": True}, pool_id="default")]
+    assert len(CreateEmbeddingResponse.model_validate(embedded.completion).data) == 2
+    assert len("".join(c["choices"][0]["text"] for c in chunks if c["choices"])) == 6 * 4
