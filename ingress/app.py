@@ -1,9 +1,12 @@
-"""The OpenAI-compatible ingress: ``POST /v1/chat/completions`` and ``GET /v1/models`` as a bare ASGI app.
+"""The OpenAI-compatible ingress as a bare ASGI app: ``POST /v1/chat/completions``, ``/v1/embeddings``
+and ``/v1/completions`` (legacy, streamed or not) through the queue, and ``GET /v1/models``.
 
 It sits beside Django in the ASGI router (``dispatch_project.asgi``), not behind it: no session, CSRF,
 middleware or template machinery on its path. Each web process is one producer, with its own
 ``producer_id``, liveness key and reply pump, so the dispatchers' liveness checks cover ingress callers.
-A client that disconnects withdraws its request (queued: never executed; running: cut off).
+A client that disconnects withdraws its request (queued: never executed; running: cut off). A
+request's pool is its model alias's, else its pool header's, else its key's default
+(:mod:`ingress.aliases`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from ingress.aliases import POOL_HEADER, alias_models, choose_pool, route_request
 from ingress.errors import ApiError, api_error_for, invalid_request
 from ingress.grants import GrantCache
 from ingress.http import (
@@ -40,16 +44,25 @@ from ingress.tenancy import call_tenant
 from runtime.errors import DispatchError, MalformedEnvelope, QueueUnavailable
 from runtime.producer import Producer
 from runtime.valkey.client import REDIS_ERRORS
-from runtime.wire.contract import ChatCall, Metadata
+from runtime.wire.contract import ChatCall, CompletionsCall, EmbeddingsCall, Metadata
 
 log = logging.getLogger(__name__)
 CHAT_PATH = "/v1/chat/completions"
+EMBEDDINGS_PATH = "/v1/embeddings"
+COMPLETIONS_PATH = "/v1/completions"
+# The call each POST path queues.
+CALL_PATHS: dict[str, type[ChatCall | EmbeddingsCall | CompletionsCall]] = {
+    CHAT_PATH: ChatCall,
+    EMBEDDINGS_PATH: EmbeddingsCall,
+    COMPLETIONS_PATH: CompletionsCall,
+}
 MODELS_PATH = "/v1/models"
-POOL_HEADER = "x-dispatch-pool"
 TIMEOUT_HEADER = "x-dispatch-timeout"
 REQUEST_ID_HEADER = "x-dispatch-request-id"
 QUEUE_WAIT_HEADER = "x-dispatch-queue-wait-ms"
 PRODUCER_LABEL = "producer"
+ALIAS_LABEL = "model_alias"  # history's label of a request routed by a model alias
+__all__ = ["POOL_HEADER", "Ingress", "choose_pool", "parse_body", "parse_stream", "parse_timeout"]
 # How often a key's "last used" is written: at most once a minute per key and process.
 LAST_USED_EVERY_S = 60.0
 
@@ -103,11 +116,11 @@ class Ingress:
         request_id = uuid.uuid4().hex
         ids = [(REQUEST_ID_HEADER, request_id)]
         try:
-            if scope["path"] == CHAT_PATH and scope["method"] == "POST":
-                await self._chat(scope, receive, send, request_id)
+            kind = CALL_PATHS.get(scope["path"])
+            if kind is not None and scope["method"] == "POST":
+                await self._call(scope, receive, send, request_id, kind)
             elif scope["path"] == MODELS_PATH and scope["method"] == "GET":
-                grant = await self._authenticate(request_headers(scope))
-                await send_json(send, 200, await self.models.list(await self.producer(), grant.default_pool))
+                await self._models(request_headers(scope), send)
             else:
                 raise ApiError(
                     404, f"no route {scope['method']} {scope['path']}", "not_found_error", "no_route"
@@ -148,25 +161,55 @@ class Ingress:
         if not task.cancelled() and task.exception() is not None:
             log.warning("could not record a producer key's last use: %s", task.exception())
 
-    async def _chat(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
+    async def _models(self, headers: dict[str, str], send: Send) -> None:
+        """The backend's models behind the key's default pool, and every model alias the key may use."""
+        grant = await self._authenticate(headers)
+        producer = await self.producer()
+        aliases = alias_models(grant, await producer.model_aliases())
+        if not grant.default_pool:
+            await send_json(send, 200, {"object": "list", "data": aliases})
+            return
+        listed = await self.models.list(producer, grant.default_pool)
+        data = list(listed.get("data") or []) if isinstance(listed, dict) else []
+        known = {m.get("id") for m in data if isinstance(m, dict)}
+        await send_json(send, 200, {**listed, "data": data + [m for m in aliases if m["id"] not in known]})
+
+    async def _call(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        request_id: str,
+        kind: type[ChatCall | EmbeddingsCall | CompletionsCall],
+    ) -> None:
         headers = request_headers(scope)
         grant = await self._authenticate(headers)
-        pool_id = choose_pool(grant, headers.get(POOL_HEADER, ""))
         timeout_s = parse_timeout(headers.get(TIMEOUT_HEADER), self.default_timeout_s)
         body = parse_body(await read_body(receive, headers, self.max_body_bytes))
         stream, include_usage = parse_stream(body)
+        if stream and not kind.streams:
+            raise invalid_request(f"{scope['path']} does not stream: leave stream out", param="stream")
+        producer = await self.producer()
+        route = route_request(
+            grant, headers.get(POOL_HEADER, ""), body.get("model"), await producer.model_aliases()
+        )
+        pool_id = route.pool_id
+        if route.model is not None:
+            body["model"] = route.model
         try:
-            call = ChatCall.from_openai(body)
+            call = kind.from_openai(body)
             tenant = call_tenant(grant, headers, body)
         except MalformedEnvelope as exc:
             raise api_error_for(exc) from exc
-        producer = await self.producer()
-        metadata = Metadata(labels={PRODUCER_LABEL: grant.name})
+        labels = {PRODUCER_LABEL: grant.name}
+        if route.alias is not None:
+            labels[ALIAS_LABEL] = route.alias
+        metadata = Metadata(labels=labels)
         # The key's limits are the fleet's: checked in Valkey with the push (a refusal is QueueFull).
         key = grant.limits()
         self.open_by_key[grant.key_id] += 1
         try:
-            if stream:
+            if stream and not isinstance(call, EmbeddingsCall):
                 chat_stream = producer.stream(
                     call, pool_id=pool_id, metadata=metadata, timeout=timeout_s, request_id=request_id,
                     include_usage=include_usage, key=key, tenant=tenant, tenant_weight=grant.tenant_weight,
@@ -211,20 +254,6 @@ async def until_disconnect(receive: Receive, call: Awaitable[Any]) -> Any:
     with contextlib.suppress(asyncio.CancelledError, DispatchError):
         await work
     return None
-
-
-def choose_pool(grant: KeyGrant, requested: str) -> str:
-    pool_id = requested.strip() or grant.default_pool
-    if pool_id not in grant.pools:
-        allowed = ", ".join(sorted(grant.pools))
-        raise ApiError(
-            403,
-            f"key {grant.name!r} may not use pool {pool_id!r} (allowed: {allowed})",
-            "permission_error",
-            "pool_not_allowed",
-            param=POOL_HEADER,
-        )
-    return pool_id
 
 
 def parse_timeout(raw: str | None, default_s: float) -> float:

@@ -39,8 +39,10 @@ class ProducerKey(models.Model):
     )
     default_pool = models.CharField(
         max_length=63,
+        blank=True,
         validators=[validate_lane_id],
-        help_text="Pool of requests without X-Dispatch-Pool; one of the allowed pools.",
+        help_text="Pool of requests without X-Dispatch-Pool whose model is no alias; one of the allowed "
+        "pools. Blank: such requests are refused (400), so every request names its pool or an alias.",
     )
     enabled = models.BooleanField(default=True, help_text="Untick to revoke the key (401 from then on).")
     max_in_flight = models.PositiveIntegerField(

@@ -28,16 +28,18 @@ def producer_key_create(
     *,
     name: str,
     pools: Sequence[str],
-    default_pool: str = "",
+    default_pool: str | None = None,
     max_in_flight: int | None = None,
     max_queued: int | None = None,
 ) -> CreatedKey:
-    """Creates a key (validated like the admin form does) and returns it with its one-time secret."""
+    """Creates a key (validated like the admin form does) and returns it with its one-time secret.
+
+    ``default_pool`` None: the first pool; "": none (requests must name a pool or a model alias)."""
     raw_key = new_raw_key()
     key = ProducerKey(
         name=name,
         allowed_pools=",".join(pools),
-        default_pool=default_pool or (pools[0] if pools else ""),
+        default_pool=(pools[0] if pools else "") if default_pool is None else default_pool,
         max_in_flight=max_in_flight,
         max_queued=max_queued,
     )

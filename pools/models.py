@@ -8,6 +8,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 
+from pools.model_aliases import ModelAlias
 from pools.validation import (
     backend_value_errors,
     group_problems,
@@ -373,3 +374,6 @@ class Pool(models.Model):
         )
         if problems:
             raise ValidationError(problems)
+
+
+__all__ = ["Backend", "FabricGroup", "ModelAlias", "Pool"]

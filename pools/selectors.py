@@ -18,7 +18,7 @@ from runtime.backends.probe import ProbeResult, probe
 from runtime.backends.status import READS, BackendStatus, queue_reads, status_from_replies
 from runtime.dispatch import deadletters
 from runtime.wire.backendconfig import BackendConfig
-from runtime.wire.groupconfig import GroupConfig, PoolConfig
+from runtime.wire.groupconfig import GroupConfig, ModelAlias, PoolConfig
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +157,10 @@ def group_config(*, group: FabricGroup, version: int = 0) -> GroupConfig:
         backend_id=group.backend_id or "",
         backends=tuple(backend_config(backend=b) for _, b in sorted(used.items())),
         cost_mode=group.cost_mode,
+        aliases=tuple(
+            ModelAlias(alias=a.alias, pool_id=a.pool.pool_id, model=a.sent_model)
+            for a in group.aliases.select_related("pool").order_by("alias")
+        ),
     )
 
 

@@ -1,4 +1,5 @@
-"""OpenAI's chat-completions shapes as the simulator writes them: checks, bodies, chunks, errors.
+"""OpenAI's chat-completions shapes as the simulator writes them: checks, bodies, chunks, errors (and
+the legacy ``text_completion`` bodies and chunks; embeddings are in :mod:`simulator.endpoints_format`).
 
 Pure functions of their arguments; the server decides when to call them.
 """
@@ -188,6 +189,46 @@ def chunk_event(
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
+def text_completion_body(
+    *, completion_id: str, created: int, model: str, text: str, finish: str, usage: dict[str, int]
+) -> bytes:
+    """A non-streaming ``text_completion``."""
+    return orjson.dumps(
+        {
+            "id": completion_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+            "usage": usage,
+        }
+    )
+
+
+def text_chunk_event(
+    *,
+    completion_id: str,
+    created: int,
+    model: str,
+    text: str = "",
+    finish: str | None = None,
+    usage: dict[str, int] | None = None,
+) -> bytes:
+    """One server-sent event of a streamed ``text_completion`` (with ``usage``: the choice-less last one)."""
+    chunk: dict[str, Any] = {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": []
+        if usage is not None
+        else [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+    }
+    if usage is not None:
+        chunk["usage"] = usage
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
@@ -201,11 +242,17 @@ class Reply:
     tokens: list[str]
     finish: str
     created: int = field(default_factory=lambda: int(time.time()))
+    legacy: bool = False  # a legacy ``text_completion`` (POST /v1/completions), not a chat completion
 
     def usage(self) -> dict[str, int]:
         return usage(self.prompt_tokens, len(self.tokens))
 
     def body(self) -> bytes:
+        if self.legacy:
+            return text_completion_body(
+                completion_id=self.completion_id, created=self.created, model=self.model,
+                text="".join(self.tokens), finish=self.finish, usage=self.usage(),
+            )  # fmt: skip
         return completion_body(
             completion_id=self.completion_id,
             created=self.created,
@@ -216,6 +263,11 @@ class Reply:
         )
 
     def chunk(self, delta: dict[str, str], finish: str | None = None) -> bytes:
+        if self.legacy:
+            return text_chunk_event(
+                completion_id=self.completion_id, created=self.created, model=self.model,
+                text=delta.get("content", ""), finish=finish,
+            )  # fmt: skip
         return chunk_event(
             completion_id=self.completion_id,
             created=self.created,
@@ -225,6 +277,10 @@ class Reply:
         )
 
     def usage_chunk(self) -> bytes:
+        if self.legacy:
+            return text_chunk_event(
+                completion_id=self.completion_id, created=self.created, model=self.model, usage=self.usage()
+            )
         return chunk_event(
             completion_id=self.completion_id, created=self.created, model=self.model, usage=self.usage()
         )

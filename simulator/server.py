@@ -4,6 +4,9 @@ It answers:
 
 * ``POST /v1/chat/completions``: a ``chat.completion`` with ``usage``, or with ``"stream": true``
   server-sent ``chat.completion.chunk`` events (role, content deltas, finish, optional usage, ``[DONE]``);
+* ``POST /v1/completions`` (legacy): the same as a ``text_completion``, streamed or not;
+* ``POST /v1/embeddings``: deterministic unit vectors of the requested ``dimensions``, floats or base64
+  (see :mod:`simulator.endpoints_format`);
 * ``GET /v1/models``, ``GET /health``;
 * ``GET /metrics``: Prometheus text with vLLM's (or SGLang's, llama.cpp's, TGI's) running / waiting /
   KV-cache gauges and ``sim_*`` counters (see :mod:`simulator.metrics`); kind ``openai`` has none (404).
@@ -24,22 +27,26 @@ import signal
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from simulator import endpoints_format as endpoints
 from simulator import openai_format as fmt
 from simulator.behaviour import Behaviour
 from simulator.config import SimulatorConfig
-from simulator.engine import Engine, Job
+from simulator.engine import Engine, Job, Timing
 from simulator.metrics import CONTENT_TYPE, Counters, SimulatorCollector, exposition, registry_for
 
 __all__ = ["SimulatorConfig", "SimulatorServer", "serve"]
 
 CHAT_PATH = "/v1/chat/completions"
-KNOWN_PATHS = (CHAT_PATH, "/v1/models", "/health", "/metrics")
+COMPLETIONS_PATH = "/v1/completions"
+EMBEDDINGS_PATH = "/v1/embeddings"
+KNOWN_PATHS = (CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH, "/v1/models", "/health", "/metrics")
 OTHER_PATH = "other"
 JSON = "application/json"
 GARBAGE = b"<html>simulated garbage, not a chat completion</html>"
@@ -91,6 +98,8 @@ class SimulatorServer:
         )
         self._routes = {
             CHAT_PATH: ("POST", self._chat),
+            COMPLETIONS_PATH: ("POST", self._completions),
+            EMBEDDINGS_PATH: ("POST", self._embeddings),
             "/v1/models": ("GET", self._models),
             "/health": ("GET", self._health),
             "/metrics": ("GET", self._metrics),
@@ -250,8 +259,10 @@ class SimulatorServer:
 
     # -- chat completions ----------------------------------------------------------------------------
 
-    async def _read_chat(self, request: web.Request) -> dict[str, Any] | web.Response:
-        """The parsed request, or the refusal to send."""
+    async def _read_chat(
+        self, request: web.Request, check: Callable[[Any], str] = fmt.check_request
+    ) -> dict[str, Any] | web.Response:
+        """The parsed request, or the refusal to send (``check`` says what the endpoint refuses)."""
         refusal = None
         limit = self.config.max_body_bytes
         if "chunked" in request.headers.get("Transfer-Encoding", "").lower():
@@ -267,13 +278,39 @@ class SimulatorServer:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError:
             return _error(HTTPStatus.BAD_REQUEST, "request body is not valid JSON")
-        problem = fmt.check_request(body)
+        problem = check(body)
         if problem:
             return _error(HTTPStatus.BAD_REQUEST, problem)
         return body
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        body = await self._read_chat(request)
+        return await self._generate(request, legacy=False)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, legacy=True)
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        body = await self._read_chat(request, endpoints.check_embeddings)
+        if isinstance(body, web.Response):
+            return body
+        sim: dict[str, Any] = body.get("sim") or {}
+        plan = self._behaviour.plan(body, sim)
+        answer, tokens = endpoints.embeddings_body(body, self.config.model)
+        # An embedding is one forward pass: it holds its prompt for its latency and generates nothing.
+        job = Job(tokens, Timing(plan.latency_s, 0.0, 0))
+        await self.engine.start(job)
+        try:
+            await self._sleep_until(job, plan.latency_s)
+            if plan.status:
+                return _error(plan.status, plan.message, self._error_headers(plan.status, sim))
+            self._counters.prompt_tokens_total += tokens
+            return _json(HTTPStatus.OK, answer)
+        finally:
+            self.engine.finish(job)
+
+    async def _generate(self, request: web.Request, *, legacy: bool) -> web.StreamResponse:
+        """A chat completion, or a legacy text completion: the same engine, another shape."""
+        body = await self._read_chat(request, endpoints.check_completions if legacy else fmt.check_request)
         if isinstance(body, web.Response):
             return body
         model = body.get("model")
@@ -289,7 +326,7 @@ class SimulatorServer:
             )
         self._enter(model)
         try:
-            return await self._run_chat(request, body)
+            return await self._run_chat(request, body, legacy)
         finally:
             self._active_by_model[model] -= 1
 
@@ -300,10 +337,12 @@ class SimulatorServer:
             return {"Retry-After": str(sim["retry_after"])}
         return self._retry_after if status == HTTPStatus.TOO_MANY_REQUESTS else None
 
-    async def _run_chat(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+    async def _run_chat(self, request: web.Request, body: dict[str, Any], legacy: bool) -> web.StreamResponse:
         sim: dict[str, Any] = body.get("sim") or {}
         plan = self._behaviour.plan(body, sim)
-        prompt_tokens, last_text = fmt.estimate_prompt(body["messages"])
+        prompt_tokens, last_text = (
+            endpoints.prompt_of(body) if legacy else fmt.estimate_prompt(body["messages"])
+        )
         job = Job(prompt_tokens, plan.timing)
         if not self.engine.fits(job):
             return _error(
@@ -320,10 +359,11 @@ class SimulatorServer:
                 return _error(plan.status, plan.message, self._error_headers(plan.status, sim))
             reply = fmt.Reply(
                 model=model_of(body, self.config.model),
-                completion_id=f"chatcmpl-sim-{self.completions_requested}",
+                completion_id=f"{'cmpl' if legacy else 'chatcmpl'}-sim-{self.completions_requested}",
                 prompt_tokens=prompt_tokens,
                 tokens=fmt.reply_tokens(last_text, plan.completion_tokens),
                 finish=plan.finish,
+                legacy=legacy,
             )
             if body.get("stream"):
                 options = body.get("stream_options") or {}
@@ -346,7 +386,8 @@ class SimulatorServer:
         )
         await self._sleep_until(job, job.timing.first_token_s)
         await response.prepare(request)
-        await response.write(reply.chunk({"role": "assistant", "content": ""}))
+        if not reply.legacy:  # a legacy stream has no role to announce
+            await response.write(reply.chunk({"role": "assistant", "content": ""}))
         for k, token in enumerate(reply.tokens, start=1):
             await self._sleep_until(job, job.timing.token_at(k))
             await response.write(reply.chunk({"content": token}))

@@ -1,4 +1,4 @@
-"""Admin for fabric groups (with their pools inline) and for pools."""
+"""Admin for fabric groups (with their pools and model aliases inline) and for pools."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pools.admin import whatif as whatif_views
 from pools.admin.dead_letters import DeadLettersAdminMixin
 from pools.admin.publication import report_publication
 from pools.forms import FabricGroupForm, PoolChangelistFormSet, PoolInlineFormSet, PoolRowForm
-from pools.models import FabricGroup, Pool
+from pools.models import FabricGroup, ModelAlias, Pool
 from runtime.backends.redact import redact_url
 
 
@@ -58,10 +58,26 @@ class PoolInline(admin.TabularInline):
     ordering = ("sort_order", "pool_id")
 
 
+class ModelAliasInline(admin.TabularInline):
+    """The group's model aliases: a request's ``model`` that picks a pool, for clients without headers."""
+
+    model = ModelAlias
+    extra = 0
+    fields = ("alias", "pool", "backend_model")
+    ordering = ("alias",)
+    verbose_name_plural = "model aliases (a request whose model is an alias goes to its pool, no header)"
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "pool":  # only this group's pools (saved ones: a new pool row has no id yet)
+            object_id = request.resolver_match.kwargs.get("object_id") if request.resolver_match else None
+            kwargs["queryset"] = Pool.objects.filter(group_id=object_id).order_by("sort_order", "pool_id")
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
 @admin.register(FabricGroup)
 class FabricGroupAdmin(whatif_views.WhatIfAdminMixin, admin.ModelAdmin):
     form = FabricGroupForm
-    inlines = (PoolInline,)
+    inlines = (PoolInline, ModelAliasInline)
     list_display = (
         "group_id",
         "name",
@@ -92,6 +108,9 @@ class FabricGroupAdmin(whatif_views.WhatIfAdminMixin, admin.ModelAdmin):
         services.group_save(group=obj, publish=False)  # published in save_related, with its pools
 
     def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        if formset.model is not Pool:  # aliases: published with the pools, in save_related
+            formset.save()
+            return
         pools = formset.save(commit=False)
         for pool in formset.deleted_objects:
             services.pool_delete(pool=pool, publish=False)

@@ -1,13 +1,15 @@
-"""The OpenAI-compatible backend adapter: send one normalized chat-completions call, classify the outcome.
+"""The OpenAI-compatible backend adapter: send one normalized call, classify the outcome.
 
-:class:`OpenAIBackend` POSTs the request body untouched to ``{base_url}/chat/completions`` and maps
-every failure onto :mod:`runtime.errors` at this edge (transport failures through the one table,
+:class:`OpenAIBackend` POSTs the request body untouched to ``{base_url}/chat/completions`` (or the
+call's own endpoint: ``/embeddings``, ``/completions``) and maps every failure onto
+:mod:`runtime.errors` at this edge (transport failures through the one table,
 :func:`runtime.backends.http.errors.backend_error`):
 
 * could not connect (refused, DNS, connect timeout)  -> :class:`BackendConnectError`
 * read / write / pool timeout, or the call's overall time budget ran out -> :class:`BackendTimeout`
 * non-2xx -> :class:`BackendHTTPError` (with the provider's ``error.message`` when it sent one)
-* 2xx whose body is not JSON or has no ``choices`` list -> :class:`BackendInvalidResponse`
+* 2xx whose body is not JSON or has no ``choices`` list (``data`` for embeddings) ->
+  :class:`BackendInvalidResponse`
 * the connection broke after the request was sent -> :class:`BackendError` (not retried: the
   backend may have run the call)
 
@@ -52,6 +54,7 @@ from runtime.errors import (
     BackendInvalidResponse,
     BackendTimeout,
 )
+from runtime.wire.call import CHAT_COMPLETIONS, EMBEDDINGS, ENDPOINT_PATHS
 
 __all__ = [
     "Answer",
@@ -66,10 +69,16 @@ __all__ = [
 ]
 
 
-def _chat_url(base_url: str) -> str:
-    """``{base_url}/chat/completions`` with userinfo removed and the query string kept."""
+def _chat_url(base_url: str, endpoint: str = CHAT_COMPLETIONS) -> str:
+    """``{base_url}/chat/completions`` (or ``endpoint``'s path) with userinfo removed and the query
+    string kept."""
     url = httpx.URL(strip_userinfo(base_url))
-    return str(url.copy_with(path=url.path.rstrip("/") + "/chat/completions"))
+    return str(url.copy_with(path=url.path.rstrip("/") + ENDPOINT_PATHS[endpoint]))
+
+
+# What a 2xx body must hold to be the endpoint's answer.
+_ANSWER_LISTS = {endpoint: "choices" for endpoint in ENDPOINT_PATHS} | {EMBEDDINGS: "data"}
+_ANSWER_NAMES = {CHAT_COMPLETIONS: "a chat completion", EMBEDDINGS: "an embeddings list"}
 
 
 class OpenAIBackend:
@@ -96,7 +105,7 @@ class OpenAIBackend:
         self.connect_timeout_s = connect_timeout_s
         self.pool_timeout_s = pool_timeout_s
         # Parsed once: httpx re-parses a str URL on every request.
-        self._url = httpx.URL(_chat_url(base_url))
+        self._urls = {endpoint: httpx.URL(_chat_url(base_url, endpoint)) for endpoint in ENDPOINT_PATHS}
         key = api_key if api_key is not None else userinfo_secret(base_url)
         self._base_url = base_url
         self._secrets = (key,) if key else ()
@@ -113,9 +122,11 @@ class OpenAIBackend:
             transport=transport,
         )
         # httpx wants its parsed URL (it re-parses a str per request); aiohttp takes the str as is.
-        self._request_url: str | httpx.URL = (
-            self._url if isinstance(self._client, httpx.AsyncClient) else str(self._url)
-        )
+        self._request_urls: dict[str, str | httpx.URL] = {
+            endpoint: url if isinstance(self._client, httpx.AsyncClient) else str(url)
+            for endpoint, url in self._urls.items()
+        }
+        self._request_url = self._request_urls[CHAT_COMPLETIONS]  # the chat one, as tests read it
         # A streamed call is bounded per read here (its caller bounds the whole stream).
         self._stream_timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s, pool=pool_timeout_s)
         # A whole call is bounded by its budget in complete(); only the connect phase has its own
@@ -126,8 +137,11 @@ class OpenAIBackend:
     def __repr__(self) -> str:
         return f"<OpenAIBackend {self.display_url} timeout_s={self.timeout_s}>"
 
-    async def complete(self, body: Mapping[str, Any], *, timeout_s: float | None = None) -> Completion:
-        """POST the chat-completions call; ``timeout_s`` bounds the whole call (capped by the default)."""
+    async def complete(
+        self, body: Mapping[str, Any], *, timeout_s: float | None = None, endpoint: str = CHAT_COMPLETIONS
+    ) -> Completion:
+        """POST the call to ``endpoint`` (chat completions by default); ``timeout_s`` bounds the whole
+        call (capped by the default)."""
         budget = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
         if budget <= 0:
             raise BackendTimeout(f"no time left to call backend {self.display_url}")
@@ -141,7 +155,7 @@ class OpenAIBackend:
         try:
             async with bound:
                 response = await self._client.post(
-                    self._request_url, content=content, headers=self._headers, timeout=timeout
+                    self._request_urls[endpoint], content=content, headers=self._headers, timeout=timeout
                 )
         except LOWER_ERRORS as exc:
             if bound.expired():
@@ -149,10 +163,13 @@ class OpenAIBackend:
                     f"backend {self.display_url} did not answer within {budget:.3g}s"
                 ) from exc
             raise self._transport_error(exc, budget) from exc
-        return self._completion(response)
+        return self._completion(response, endpoint)
 
-    async def stream(self, body: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """POST the call with ``stream: true``; yields each SSE chunk object until ``data: [DONE]``.
+    async def stream(
+        self, body: Mapping[str, Any], *, endpoint: str = CHAT_COMPLETIONS
+    ) -> AsyncIterator[dict[str, Any]]:
+        """POST the call with ``stream: true`` to ``endpoint``; yields each SSE chunk object until
+        ``data: [DONE]``.
 
         The caller bounds the whole stream (``asyncio.timeout`` around its loop); each read here is
         bounded by the backend's timeout. Failures are translated like :meth:`complete`'s.
@@ -161,7 +178,7 @@ class OpenAIBackend:
         try:
             async with self._client.stream(
                 "POST",
-                self._request_url,
+                self._request_urls[endpoint],
                 content=content,
                 headers=self._stream_headers,
                 timeout=self._stream_timeout,
@@ -213,10 +230,12 @@ class OpenAIBackend:
 
     def _scrub(self, text: str) -> str:
         """Lower layers may quote the request URL, whose query can hold a key: show it redacted."""
-        url = str(self._url)
-        return text.replace(url, redact_url(url))
+        for parsed in self._urls.values():
+            url = str(parsed)
+            text = text.replace(url, redact_url(url))
+        return text
 
-    def _completion(self, response: Answer) -> Completion:
+    def _completion(self, response: Answer, endpoint: str = CHAT_COMPLETIONS) -> Completion:
         status = response.status_code
         if not 200 <= status < 300:
             said = provider_message(response.content)
@@ -233,15 +252,19 @@ class OpenAIBackend:
             raise BackendInvalidResponse(
                 f"backend {self.display_url} answered HTTP {status} with a body that is not JSON: {snippet!r}"
             ) from exc
-        if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
+        wanted = _ANSWER_LISTS[endpoint]
+        if not isinstance(body, dict) or not isinstance(body.get(wanted), list):
             raise BackendInvalidResponse(
-                f"backend {self.display_url} answered HTTP {status} with JSON that is not a chat "
-                f"completion (no 'choices' list)"
+                f"backend {self.display_url} answered HTTP {status} with JSON that is not "
+                f"{_ANSWER_NAMES.get(endpoint, 'a completion')} (no {wanted!r} list)"
             )
         model = body.get("model")
+        usage = parse_usage(body)
+        if endpoint == EMBEDDINGS and usage is not None and usage.output_tokens is None:
+            usage = Usage(usage.input_tokens, 0, usage.total_tokens)  # an embedding generates nothing
         return Completion(
             body=body,
-            usage=parse_usage(body),
+            usage=usage,
             status_code=status,
             model=model if isinstance(model, str) else None,
         )

@@ -158,7 +158,7 @@ class Executor:
         started = time.time()
         completion: Completion | None = None
         error: DispatchError | None = refused
-        summary = StreamSummary() if envelope.stream is not None else None
+        summary = StreamSummary(endpoint=envelope.call.endpoint) if envelope.stream is not None else None
         shutdown: redelivery.Settlement | None = None
         self._settling[(run.pool_id, envelope.request_id)] = 0.0
         try:
@@ -263,7 +263,9 @@ class Executor:
                 call = (
                     self._stream(backend, envelope, timeout, summary, fence or Fence())
                     if summary is not None
-                    else backend.complete(envelope.call.to_openai(), timeout_s=timeout)
+                    else backend.complete(
+                        envelope.call.to_openai(), timeout_s=timeout, endpoint=envelope.call.endpoint
+                    )
                 )
                 completion = await self._cancellable(envelope.request_id, call)
             except DispatchError as exc:

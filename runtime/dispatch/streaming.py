@@ -3,7 +3,8 @@
 Each chunk goes to the producer's reply list (``list:llm:replies:{producer_id}``, with the list's TTL)
 in one atomic step that first checks the producer's liveness key: a producer gone mid-stream stops the
 relay, and the backend call is cut off (:class:`ProducerGoneMidStream`, counted by its error type).
-The relay assembles the streamed text into an ordinary chat completion for the final reply and history.
+The relay assembles the streamed text into an ordinary completion for the final reply and history: a
+``chat.completion``, or a ``text_completion`` for a streamed legacy completions call.
 
 In ``durable`` mode chunks are fenced like replies: the same step checks that the lease is still this
 attempt's (its fencing token), so a dispatcher whose lease was taken away sends nothing more
@@ -28,7 +29,7 @@ from runtime.errors import BackendTimeout, Cancelled
 from runtime.queue import registry
 from runtime.queue.keys import KeySpace
 from runtime.queue.scripts import RELAY_STALE
-from runtime.wire.contract import Envelope, StreamChunk
+from runtime.wire.contract import CHAT_COMPLETIONS, Envelope, StreamChunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,7 @@ class StreamSummary:
     finish_reason: str | None = None
     usage: Mapping[str, Any] | None = None
     text: list[str] = field(default_factory=list)
+    endpoint: str = CHAT_COMPLETIONS  # COMPLETIONS: the chunks' choices carry ``text``, not a delta
 
     def add(self, chunk: Mapping[str, Any], now: float) -> None:
         self.chunks += 1
@@ -77,24 +79,30 @@ class StreamSummary:
         for choice in chunk.get("choices") or ():
             if not isinstance(choice, Mapping):
                 continue
-            delta = choice.get("delta")
-            if isinstance(delta, Mapping) and isinstance(delta.get("content"), str):
-                self.text.append(delta["content"])
+            if self.endpoint == CHAT_COMPLETIONS:
+                delta = choice.get("delta")
+                text = delta.get("content") if isinstance(delta, Mapping) else None
+            else:
+                text = choice.get("text")
+            if isinstance(text, str):
+                self.text.append(text)
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
     def completion(self, request_id: str) -> Completion:
+        text = "".join(self.text)
+        choice: dict[str, Any] = (
+            {"index": 0, "message": {"role": "assistant", "content": text}}
+            if self.endpoint == CHAT_COMPLETIONS
+            else {"index": 0, "text": text, "logprobs": None}
+        )
+        choice["finish_reason"] = self.finish_reason
+        chat = self.endpoint == CHAT_COMPLETIONS
         body: dict[str, Any] = {
-            "id": f"chatcmpl-{request_id}",
-            "object": "chat.completion",
+            "id": f"chatcmpl-{request_id}" if chat else f"cmpl-{request_id}",
+            "object": "chat.completion" if chat else "text_completion",
             "model": self.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": "".join(self.text)},
-                    "finish_reason": self.finish_reason,
-                }
-            ],
+            "choices": [choice],
         }
         if self.usage is not None:
             body["usage"] = dict(self.usage)
@@ -142,7 +150,7 @@ class StreamRelay:
         body = envelope.call.to_openai()
         body["stream_options"] = {"include_usage": True}
         queue_wait: float | None = max(0.0, started_at - envelope.enqueued_at)
-        chunks: AsyncIterator[dict[str, Any]] = backend.stream(body)
+        chunks: AsyncIterator[dict[str, Any]] = backend.stream(body, endpoint=envelope.call.endpoint)
         async with contextlib.aclosing(chunks):  # type: ignore[type-var]
             await self._relay_all(chunks, envelope, include_usage, queue_wait, summary, fence)
         return summary.completion(envelope.request_id)

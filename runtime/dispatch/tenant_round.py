@@ -16,7 +16,7 @@ from typing import Any
 
 from runtime.dispatch.peek import PeekCache
 from runtime.policy.tenants import OFF, TenantCost, TenantLedger, plan_picks
-from runtime.policy.tokens import TokenCount, estimate_tokens, usage_tokens
+from runtime.policy.tokens import TokenCount, usage_tokens
 from runtime.queue.dispatching import Observation, QueueOps, QueueView
 from runtime.queue.tenant_dispatch import FairPick, FairView
 from runtime.valkey.client import REDIS_ERRORS
@@ -44,8 +44,7 @@ def _estimate(peek: PeekCache, raw: bytes, pool: PoolConfig) -> TokenCount:
     envelope = peek.get(raw).envelope
     if envelope is None:  # malformed: dropped, never charged
         return TokenCount(0, 0)
-    call = envelope.call
-    return estimate_tokens(call.messages, call.parameters, pool.tenant_default_output_tokens)
+    return envelope.call.tokens(pool.tenant_default_output_tokens)  # an embedding costs its input only
 
 
 def plan_pool(peek: PeekCache, pool: PoolConfig, view: QueueView, fair: FairView, launches: int) -> tuple[

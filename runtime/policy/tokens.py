@@ -12,7 +12,9 @@ about a charge:
 * an image part: :data:`IMAGE_TOKENS` (what OpenAI bills a 1024x1024 high-detail image); audio and
   file parts: :data:`ATTACHMENT_TOKENS` each;
 * the reply's priming: :data:`REPLY_OVERHEAD` tokens;
-* output: ``max_completion_tokens``, else ``max_tokens``, else the pool's default, times ``n``.
+* output: ``max_completion_tokens``, else ``max_tokens``, else the pool's default, times ``n``;
+* an embeddings or legacy completions ``input``/``prompt``: each string as text, each token array by
+  its length (no message overhead, no priming); an embedding has no output.
 
 Every count is clamped into ``[0, MAX_TOKENS]`` so that a hostile body can neither be free nor
 overflow a counter.
@@ -31,6 +33,7 @@ __all__ = [
     "MESSAGE_OVERHEAD",
     "REPLY_OVERHEAD",
     "TokenCount",
+    "estimate_input_tokens",
     "estimate_output_tokens",
     "estimate_prompt_tokens",
     "estimate_tokens",
@@ -109,6 +112,24 @@ def estimate_prompt_tokens(messages: Sequence[Any]) -> int:
     return _clamp(REPLY_OVERHEAD + sum(_message_tokens(m) for m in messages))
 
 
+def estimate_input_tokens(inputs: Any) -> int:
+    """Estimated tokens of an embeddings ``input`` or a legacy completions ``prompt``: a string, or a
+    list of strings, of token ids, or of token-id lists (anything else counts nothing)."""
+    if isinstance(inputs, str):
+        return _clamp(_text_tokens(inputs))
+    if not isinstance(inputs, list | tuple):
+        return 0
+    tokens = 0
+    for item in inputs:
+        if isinstance(item, str):
+            tokens += _text_tokens(item)
+        elif isinstance(item, list | tuple):
+            tokens += len(item)
+        elif type(item) is int:
+            tokens += 1
+    return _clamp(tokens)
+
+
 def _positive_int(value: Any) -> int | None:
     return value if type(value) is int and value > 0 else None
 
@@ -139,6 +160,8 @@ def usage_tokens(completion: Any) -> TokenCount | None:
     if not isinstance(usage, Mapping):
         return None
     prompt, output = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if output is None and completion.get("object") == "list":  # an embeddings answer: no output
+        output = 0
     if type(prompt) is not int or type(output) is not int or prompt < 0 or output < 0:
         return None
     return TokenCount(_clamp(prompt), _clamp(output))

@@ -56,13 +56,18 @@ from runtime.queue.admission import KeyLease
 from runtime.queue.keys import DEFAULT_KEYS, KeySpace
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire.contract import (
+    Call,
     ChatCall,
+    CompletionsCall,
+    EmbeddingsCall,
     Metadata,
     Reply,
 )
-from runtime.wire.groupconfig import GroupConfig
+from runtime.wire.groupconfig import GroupConfig, ModelAlias
 
 __all__ = ["Producer"]
+
+CALLS = (ChatCall, EmbeddingsCall, CompletionsCall)
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +199,7 @@ class Producer:
 
     async def submit(
         self,
-        call: ChatCall | Mapping[str, Any],
+        call: Call | Mapping[str, Any],
         *,
         pool_id: str,
         metadata: Metadata | None = None,
@@ -204,7 +209,11 @@ class Producer:
         tenant: str | None = None,
         tenant_weight: float = 1.0,
     ) -> CompletionResult:
-        """Runs one chat completion through ``pool_id``; returns it or raises a DispatchError.
+        """Runs one call through ``pool_id``; returns its answer or raises a DispatchError.
+
+        ``call`` is a chat completion (a :class:`ChatCall`, or the SDK's request dict as it is), or an
+        :class:`EmbeddingsCall` / :class:`CompletionsCall` (:meth:`embed` and :meth:`complete` take
+        those endpoints' request dicts).
 
         Cancelling the caller withdraws the request: still queued, it is taken out of its list and never
         runs; already running, its dispatcher is told to cut the backend call off. ``key`` (an ingress
@@ -216,7 +225,7 @@ class Producer:
             raise ProducerClosed(
                 f"producer {self.producer_id} is {'closed' if self._closed else 'not started'}"
             )
-        chat = call if isinstance(call, ChatCall) else ChatCall.from_openai(call)
+        chat = call if isinstance(call, CALLS) else ChatCall.from_openai(call)
         tag = UNTAGGED_TAG if tenant is None and tenant_weight == 1.0 else TenantTag.of(tenant, tenant_weight)
         timeout_s = self.settings.default_timeout_s if timeout is None else timeout
         request_id = request_id or uuid.uuid4().hex
@@ -247,9 +256,23 @@ class Producer:
         self.stats.completed += 1
         return result
 
+    async def embed(self, call: EmbeddingsCall | Mapping[str, Any], **kwargs: Any) -> CompletionResult:
+        """``POST /v1/embeddings`` through the queue: ``call`` is the SDK's ``embeddings.create`` params
+        (or an EmbeddingsCall); the answer is a ``CreateEmbeddingResponse`` body. ``submit``'s kwargs."""
+        return await self.submit(EmbeddingsCall.of(call), **kwargs)
+
+    async def complete(self, call: CompletionsCall | Mapping[str, Any], **kwargs: Any) -> CompletionResult:
+        """A legacy ``POST /v1/completions`` (a ``text_completion`` back); ``submit``'s kwargs."""
+        return await self.submit(CompletionsCall.of(call), **kwargs)
+
+    def stream_completion(self, call: CompletionsCall | Mapping[str, Any], **kwargs: Any) -> ChatStream:
+        """Streams a legacy completion (``text_completion`` chunks); ``stream``'s kwargs."""
+        completion, include_usage = stream_call(call, kwargs.pop("include_usage", None), CompletionsCall)
+        return self.stream(completion, include_usage=include_usage, **kwargs)
+
     async def _submit_queued(
         self,
-        chat: ChatCall,
+        chat: Call,
         request_id: str,
         pool_id: str,
         metadata: Metadata,
@@ -296,7 +319,7 @@ class Producer:
 
     def stream(
         self,
-        call: ChatCall | Mapping[str, Any],
+        call: ChatCall | CompletionsCall | Mapping[str, Any],
         *,
         pool_id: str,
         metadata: Metadata | None = None,
@@ -375,6 +398,10 @@ class Producer:
         None while nothing is published (the check is then skipped).
         """
         return await self._pools.pool_group(pool_id)
+
+    async def model_aliases(self) -> Mapping[str, ModelAlias]:
+        """Every published model alias of an enabled pool, by the name clients send as ``model``."""
+        return await self._pools.aliases()
 
     @property
     def configuration(self) -> str:

@@ -16,7 +16,7 @@ from runtime.backends.adapter import BackendPool, OpenAIBackend
 from runtime.errors import QueueFull
 from runtime.policy.admission import REASON_KEY_IN_FLIGHT, KeyLimits
 from runtime.producer.outcomes import CompletionResult
-from runtime.wire.contract import ChatCall, Timing
+from runtime.wire.contract import Call, Timing
 from runtime.wire.groupconfig import GroupConfig
 
 __all__ = ["DirectPath"]
@@ -69,10 +69,10 @@ class DirectPath:
             self._open[key.key_id] -= 1
 
     async def complete(
-        self, backend: OpenAIBackend, chat: ChatCall, request_id: str, pool_id: str, timeout_s: float
+        self, backend: OpenAIBackend, chat: Call, request_id: str, pool_id: str, timeout_s: float
     ) -> CompletionResult:
         started = time.monotonic()
-        completion = await backend.complete(chat.to_openai(), timeout_s=timeout_s)
+        completion = await backend.complete(chat.to_openai(), timeout_s=timeout_s, endpoint=chat.endpoint)
         elapsed = time.monotonic() - started
         return CompletionResult(request_id, pool_id, completion.body, Timing(0.0, elapsed, elapsed))
 

@@ -26,7 +26,7 @@ from runtime.queue.leases import lease_member
 from runtime.queue.producing import ProducerOps
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.valkey.persisted import PERSISTED, PersistedPusher
-from runtime.wire.contract import ChatCall, Envelope, Metadata, StreamOptions
+from runtime.wire.contract import Call, Envelope, Metadata, StreamOptions
 
 __all__ = ["Enqueuer"]
 
@@ -63,7 +63,7 @@ class Enqueuer:
 
     def envelope(
         self,
-        chat: ChatCall,
+        chat: Call,
         request_id: str,
         pool_id: str,
         metadata: Metadata,

@@ -20,7 +20,7 @@ from runtime.producer.outcomes import ProducerStats
 from runtime.queue import registry
 from runtime.queue.keys import KeySpace
 from runtime.valkey.client import REDIS_ERRORS
-from runtime.wire.groupconfig import GroupConfig
+from runtime.wire.groupconfig import GroupConfig, ModelAlias
 
 __all__ = ["PoolRegistry", "RegistryView"]
 
@@ -38,6 +38,8 @@ class RegistryView:
     read_at: float = float("-inf")
     # Each pool's admission limits, worked out once per read instead of once per submit.
     limits: dict[str, AdmissionLimits] = field(default_factory=dict)
+    # Every group's model aliases of its enabled pools, by alias (names are unique over the fleet).
+    aliases: dict[str, ModelAlias] = field(default_factory=dict)
     # Where it came from: "published" (as read), "last_known" (Valkey lost some or all of it and this
     # is what the producer read before), "none" (nothing was ever read: the checks are skipped).
     source: str = "none"
@@ -85,6 +87,13 @@ class PoolRegistry:
             known = ", ".join(sorted(view.pools))
             raise UnknownPool(f"no fabric group has an enabled pool {pool_id!r} (known pools: {known})")
         return view.groups.get(view.pools.get(pool_id, ""))
+
+    async def aliases(self) -> dict[str, ModelAlias]:
+        """The published model aliases of enabled pools, read again when stale."""
+        view = self.view
+        if time.monotonic() - view.read_at > self.refresh_s:
+            view = await self.fresh()
+        return view.aliases
 
     async def fresh(self) -> RegistryView:
         """The registry read again, one read at a time: every submit that finds it stale joins the read
@@ -139,9 +148,16 @@ class PoolRegistry:
             pool = groups[group_id].pool(pool_id) if group_id in groups else None
             if pool is not None:
                 limits[pool_id] = pool.admission_limits(groups[group_id].backend_for(pool_id))
+        aliases = {
+            alias.alias: alias
+            for group_id, group in sorted(groups.items())
+            for alias in group.aliases
+            if pools.get(alias.pool_id) == group_id
+        }
         self.view = RegistryView(
-            pools=pools, groups=groups, read_at=time.monotonic(), limits=limits, source=source
-        )
+            pools=pools, groups=groups, read_at=time.monotonic(), limits=limits, source=source,
+            aliases=aliases,
+        )  # fmt: skip
         return self.view
 
     def _with_last_known(

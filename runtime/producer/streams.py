@@ -14,11 +14,20 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 
-from runtime.errors import DispatchError, QueueFull, RequestTimeout
+from runtime.errors import DispatchError, MalformedEnvelope, QueueFull, RequestTimeout
 from runtime.policy.admission import KeyLimits
 from runtime.producer.outcomes import fail_span, refused_span, reply_error, withdrawn_span
 from runtime.producer.tenancy import UNTAGGED_TAG, TenantTag, tag_span
-from runtime.wire.contract import ChatCall, Metadata, Reply, StreamChunk, StreamOptions, Timing
+from runtime.wire.contract import (
+    Call,
+    ChatCall,
+    CompletionsCall,
+    Metadata,
+    Reply,
+    StreamChunk,
+    StreamOptions,
+    Timing,
+)
 
 if TYPE_CHECKING:
     from runtime.producer.core import Producer
@@ -32,7 +41,7 @@ class ChatStream:
     ``timing`` once the stream ended."""
 
     producer: Producer
-    call: ChatCall
+    call: ChatCall | CompletionsCall
     pool_id: str
     metadata: Metadata
     timeout_s: float
@@ -47,18 +56,25 @@ class ChatStream:
         return stream_events(self.producer, self)
 
 
-def stream_call(call: ChatCall | Mapping[str, Any], include_usage: bool | None) -> tuple[ChatCall, bool]:
+def stream_call(
+    call: Call | Mapping[str, Any],
+    include_usage: bool | None,
+    kind: type[ChatCall | CompletionsCall] = ChatCall,
+) -> tuple[ChatCall | CompletionsCall, bool]:
     """The call to stream, and whether the client asked for the usage chunk: ``call`` may be the SDK's
     streaming params as they are (their ``stream_options.include_usage`` counts unless
-    ``include_usage`` says otherwise)."""
-    if isinstance(call, ChatCall):
+    ``include_usage`` says otherwise); a mapping is read as a ``kind`` call. An embeddings call does
+    not stream (MalformedEnvelope)."""
+    if isinstance(call, ChatCall | CompletionsCall):
         return call, bool(include_usage)
+    if not isinstance(call, Mapping):
+        raise MalformedEnvelope(f"call: the {call.endpoint} endpoint does not stream")
     if include_usage is None:
         options = call.get("stream_options")
         include_usage = isinstance(options, Mapping) and options.get("include_usage") is True
     # ``stream`` is the switch: the body's own OpenAI streaming fields are not needed.
     body = {k: v for k, v in call.items() if k not in ("stream", "stream_options")}
-    return ChatCall.from_openai(body), bool(include_usage)
+    return kind.from_openai(body), bool(include_usage)
 
 
 async def stream_events(producer: Producer, stream: ChatStream) -> AsyncIterator[Mapping[str, Any]]:
@@ -68,7 +84,8 @@ async def stream_events(producer: Producer, stream: ChatStream) -> AsyncIterator
     if backend is not None:
         body = {**stream.call.to_openai(), "stream_options": {"include_usage": stream.include_usage}}
         with producer._direct.slot(stream.key, pool_id):
-            async with contextlib.aclosing(backend.stream(body)) as chunks:  # type: ignore[type-var]
+            chunks_of = backend.stream(body, endpoint=stream.call.endpoint)
+            async with contextlib.aclosing(chunks_of) as chunks:  # type: ignore[type-var]
                 async for chunk in chunks:
                     yield chunk
         producer.stats.completed += 1

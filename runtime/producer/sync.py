@@ -12,7 +12,7 @@ from runtime.config import ProducerSettings
 from runtime.producer.core import Producer
 from runtime.producer.outcomes import CompletionResult
 from runtime.valkey.client import connect
-from runtime.wire.contract import ChatCall
+from runtime.wire.contract import Call, CompletionsCall, EmbeddingsCall
 
 __all__ = ["SyncProducer"]
 
@@ -45,8 +45,14 @@ class SyncProducer:
     def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def submit(self, call: ChatCall | Mapping[str, Any], **kwargs: Any) -> CompletionResult:
+    def submit(self, call: Call | Mapping[str, Any], **kwargs: Any) -> CompletionResult:
         return self._run(self.producer.submit(call, **kwargs))
+
+    def embed(self, call: EmbeddingsCall | Mapping[str, Any], **kwargs: Any) -> CompletionResult:
+        return self._run(self.producer.embed(call, **kwargs))
+
+    def complete(self, call: CompletionsCall | Mapping[str, Any], **kwargs: Any) -> CompletionResult:
+        return self._run(self.producer.complete(call, **kwargs))
 
     def close(self) -> None:
         self._run(self.producer.close())

@@ -36,6 +36,7 @@ class LeaseRecord:
     # then; whoever reaps the expired lease answers it with ``stream_interrupted`` instead.
     streamed: bool = False
     tenant: str | None = None  # issue 22; None: untagged (a record of one encodes no field)
+    operation: str = "chat"  # the GenAI operation; a chat record encodes no field, as before
 
     @classmethod
     def of(
@@ -46,7 +47,7 @@ class LeaseRecord:
             producer_id=envelope.producer_id,
             pool_id=pool_id,
             model=envelope.call.model,
-            message_count=len(envelope.call.messages),
+            message_count=envelope.call.message_count,
             enqueued_at=envelope.enqueued_at,
             claimed_at=claimed_at,
             dispatcher_id=dispatcher_id,
@@ -54,6 +55,7 @@ class LeaseRecord:
             trace=dict(envelope.trace),
             labels=dict(envelope.metadata.labels),
             tenant=envelope.tenant,
+            operation=envelope.call.operation,
         )
 
     @staticmethod
@@ -67,7 +69,7 @@ class LeaseRecord:
                 "producer_id": envelope.producer_id,
                 "pool_id": pool_id,
                 "model": envelope.call.model,
-                "message_count": len(envelope.call.messages),
+                "message_count": envelope.call.message_count,
                 "enqueued_at": envelope.enqueued_at,
                 "claimed_at": claimed_at,
                 "dispatcher_id": dispatcher_id,
@@ -75,6 +77,7 @@ class LeaseRecord:
                 "trace": dict(envelope.trace),
                 "labels": dict(envelope.metadata.labels),
                 **({"tenant": envelope.tenant} if envelope.tenant is not None else {}),
+                **({"operation": envelope.call.operation} if envelope.call.operation != "chat" else {}),
             }
         )
 
@@ -94,6 +97,7 @@ class LeaseRecord:
                 "labels": dict(self.labels),
                 **({"streamed": True} if self.streamed else {}),
                 **({"tenant": self.tenant} if self.tenant is not None else {}),
+                **({"operation": self.operation} if self.operation != "chat" else {}),
             }
         )
 
@@ -116,6 +120,7 @@ class LeaseRecord:
                 labels={str(k): str(v) for k, v in dict(data.get("labels") or {}).items()},
                 streamed=data.get("streamed") is True,
                 tenant=str(data["tenant"]) if isinstance(data.get("tenant"), str) else None,
+                operation=str(data.get("operation") or "chat"),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             return None
@@ -131,6 +136,7 @@ class LeaseRecord:
             trace=self.trace,
             labels=self.labels,
             tenant=self.tenant,
+            operation=self.operation,
         )
 
 

@@ -43,4 +43,4 @@ LABEL_PREFIX = "llm_dispatch.label."
 PRODUCER_LABEL = f"{LABEL_PREFIX}producer"
 
 SPAN_NAME_SUBMIT = "llm_dispatch.submit"
-SPAN_NAME_DISPATCH = "chat"  # GenAI convention: "{operation} {model}" is built from this
+SPAN_NAME_DISPATCH = "chat"  # a chat call's span name; GenAI convention: "{operation} {model}"

@@ -17,7 +17,7 @@ from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from runtime.telemetry import semconv
-from runtime.wire.contract import Envelope
+from runtime.wire.contract import ChatCall, CompletionsCall, Envelope
 
 _propagator = TraceContextTextMapPropagator()
 
@@ -45,6 +45,7 @@ class Subject:
     trace: Mapping[str, str]
     labels: Mapping[str, str] = field(default_factory=dict)  # the producer's free-form labels
     tenant: str | None = None  # issue 22: None for untagged traffic
+    operation: str = "chat"  # gen_ai.operation.name: chat, embeddings or text_completion
 
     @classmethod
     def of(cls, envelope: Envelope) -> Subject:
@@ -53,11 +54,12 @@ class Subject:
             producer_id=envelope.producer_id,
             pool_id=envelope.pool_id,
             model=envelope.call.model,
-            message_count=len(envelope.call.messages),
+            message_count=envelope.call.message_count,
             enqueued_at=envelope.enqueued_at,
             trace=envelope.trace,
             labels=envelope.metadata.labels,
             tenant=envelope.tenant,
+            operation=envelope.call.operation,
         )
 
 
@@ -81,10 +83,18 @@ class Outcome:
 
 
 def content_attributes(envelope: Envelope, completion: Mapping[str, Any] | None) -> dict[str, str]:
-    """Prompt and completion text as GenAI attributes; only used when an operator opted in."""
-    content = {semconv.GEN_AI_INPUT_MESSAGES: orjson.dumps(list(envelope.call.messages)).decode()}
+    """Prompt and completion text as GenAI attributes; only used when an operator opted in.
+
+    A call without messages records its request body's own input (``input``, ``prompt``); vectors
+    are never stored, only the completions' texts."""
+    call = envelope.call
+    sent: Any = list(call.messages) if isinstance(call, ChatCall) else call.to_openai()
+    content = {semconv.GEN_AI_INPUT_MESSAGES: orjson.dumps(sent).decode()}
     choices = completion.get("choices") if completion else None
-    if isinstance(choices, list):
+    if isinstance(call, CompletionsCall) and isinstance(choices, list):
+        texts = [c.get("text") for c in choices if isinstance(c, dict)]
+        content[semconv.GEN_AI_OUTPUT_MESSAGES] = orjson.dumps(texts).decode()
+    elif isinstance(choices, list):
         messages = [c.get("message") for c in choices if isinstance(c, dict)]
         content[semconv.GEN_AI_OUTPUT_MESSAGES] = orjson.dumps(messages).decode()
     return content
@@ -109,7 +119,7 @@ def record_span(
     parent = _propagator.extract(dict(subject.trace))
     queue_wait = max(0.0, outcome.started_at - subject.enqueued_at)
     attributes: dict[str, Any] = {
-        semconv.GEN_AI_OPERATION_NAME: "chat",
+        semconv.GEN_AI_OPERATION_NAME: subject.operation,
         semconv.GEN_AI_REQUEST_MODEL: subject.model,
         semconv.REQUEST_ID: subject.request_id,
         semconv.PRODUCER_ID: subject.producer_id,
@@ -151,7 +161,7 @@ def record_span(
     if content:
         attributes.update(content)
     span = tracer.start_span(
-        f"{semconv.SPAN_NAME_DISPATCH} {subject.model}",
+        f"{subject.operation} {subject.model}",
         context=parent,
         kind=trace.SpanKind.CLIENT,
         attributes=attributes,

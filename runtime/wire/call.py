@@ -1,13 +1,32 @@
-"""The canonical chat-completion call, validated once when a dispatcher first peeks it."""
+"""The canonical chat-completion call, validated once when a dispatcher first peeks it.
+
+The other OpenAI operations a queue carries (embeddings, legacy text completions) live beside it in
+:mod:`runtime.wire.operations`; every call names its ``endpoint`` (the envelope carries it) and its
+GenAI ``operation`` (spans and history name it).
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from runtime.policy.tokens import TokenCount, estimate_tokens
 from runtime.wire.fields import _NUMBER, _expect, _fail
+
+# The OpenAI endpoints a queued call may name (the envelope's ``endpoint``; absent means chat, so
+# envelopes written before other endpoints existed decode unchanged), with the path appended to a
+# backend's base URL and the OpenTelemetry GenAI ``gen_ai.operation.name`` of each.
+CHAT_COMPLETIONS = "chat.completions"
+EMBEDDINGS = "embeddings"
+COMPLETIONS = "completions"
+ENDPOINT_PATHS = {
+    CHAT_COMPLETIONS: "/chat/completions",
+    EMBEDDINGS: "/embeddings",
+    COMPLETIONS: "/completions",
+}
+OPERATIONS = {CHAT_COMPLETIONS: "chat", EMBEDDINGS: "embeddings", COMPLETIONS: "text_completion"}
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 PART_TYPES = frozenset({"text", "image_url", "input_audio", "file", "refusal"})
@@ -88,6 +107,38 @@ def _check_message(message: Any, where: str) -> int:
     return images
 
 
+def check_model(body: Any) -> str:
+    """The body's ``model``: a non-empty string."""
+    _expect(body, dict, "call")
+    model: str = _expect(body.get("model"), str, "call.model")
+    if not model.strip():
+        raise _fail("call.model must not be empty")
+    return model
+
+
+def split_parameters(
+    body: Mapping[str, Any], types: Mapping[str, tuple[type, ...]], own: tuple[str, ...]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The body's known parameters (type-checked against ``types``) and its provider extras, leaving
+    out the fields ``own`` names (the call's own, checked by the caller)."""
+    if body.get("stream"):
+        raise _fail("call.stream is not supported on the queued path")
+    parameters: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for name, value in body.items():
+        if name in own or name == "stream":
+            continue
+        if name in types:
+            if value is not None:
+                _expect(value, types[name], f"call.{name}")
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise _fail(f"call.{name} must be finite")
+            parameters[name] = value
+        else:
+            extra[name] = value
+    return parameters, extra
+
+
 def _check_messages(messages: list[Any]) -> int:
     """Validates every message of a call; returns the number of image parts they carry."""
     images = 0
@@ -104,6 +155,9 @@ class ChatCall:
     provider extras, passed to the backend untouched.
     """
 
+    endpoint: ClassVar[str] = CHAT_COMPLETIONS
+    streams: ClassVar[bool] = True  # whether the endpoint can stream
+
     model: str
     messages: tuple[Mapping[str, Any], ...]
     parameters: Mapping[str, Any] = field(default_factory=dict)
@@ -114,29 +168,12 @@ class ChatCall:
     @classmethod
     def from_openai(cls, body: Any) -> ChatCall:
         """Builds a call from an OpenAI chat-completions request body; raises MalformedEnvelope."""
-        _expect(body, dict, "call")
-        model = _expect(body.get("model"), str, "call.model")
-        if not model.strip():
-            raise _fail("call.model must not be empty")
+        model = check_model(body)
         messages = _expect(body.get("messages"), list, "call.messages")
         if not messages:
             raise _fail("call.messages must not be empty")
         images = _check_messages(messages)
-        if body.get("stream"):
-            raise _fail("call.stream is not supported on the queued path")
-        parameters: dict[str, Any] = {}
-        extra: dict[str, Any] = {}
-        for name, value in body.items():
-            if name in ("model", "messages", "stream"):
-                continue
-            if name in PARAMETER_TYPES:
-                if value is not None:
-                    _expect(value, PARAMETER_TYPES[name], f"call.{name}")
-                    if isinstance(value, float) and not math.isfinite(value):
-                        raise _fail(f"call.{name} must be finite")
-                parameters[name] = value
-            else:
-                extra[name] = value
+        parameters, extra = split_parameters(body, PARAMETER_TYPES, ("model", "messages"))
         call = cls(model=model, messages=tuple(messages), parameters=parameters, extra=extra)
         object.__setattr__(call, "_images", images)  # frozen: set once, right after construction
         return call
@@ -153,3 +190,15 @@ class ChatCall:
         if self._images is not None:
             return self._images
         return sum(_check_message(m, "message") for m in self.messages)
+
+    @property
+    def operation(self) -> str:
+        return OPERATIONS[self.endpoint]
+
+    @property
+    def message_count(self) -> int:
+        return len(self.messages)
+
+    def tokens(self, default_output_tokens: int) -> TokenCount:
+        """The launch-time token estimate (:mod:`runtime.policy.tokens`)."""
+        return estimate_tokens(self.messages, self.parameters, default_output_tokens)

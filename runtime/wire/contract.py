@@ -15,7 +15,16 @@ from typing import Any
 import orjson
 
 from runtime.errors import EnvelopeTooLarge
-from runtime.wire.call import OPTIONAL_CONTENT_ROLES, PARAMETER_TYPES, PART_TYPES, ROLES, ChatCall
+from runtime.wire.call import (
+    CHAT_COMPLETIONS,
+    COMPLETIONS,
+    EMBEDDINGS,
+    OPTIONAL_CONTENT_ROLES,
+    PARAMETER_TYPES,
+    PART_TYPES,
+    ROLES,
+    ChatCall,
+)
 from runtime.wire.fields import (
     CONTRACT_VERSION,
     MAX_WALL_CLOCK_S,
@@ -28,6 +37,7 @@ from runtime.wire.fields import (
     _non_empty_str,
     _wall_clock,
 )
+from runtime.wire.operations import Call, CompletionsCall, EmbeddingsCall, decode_call
 from runtime.wire.reply import (
     STATUS_CHUNK,
     STATUS_ERROR,
@@ -41,8 +51,11 @@ from runtime.wire.reply import (
 from runtime.wire.tenant import check_tenant
 
 __all__ = [
+    "CHAT_COMPLETIONS",
+    "COMPLETIONS",
     "CONTRACT_VERSION",
     "DEFAULT_MAX_ENVELOPE_BYTES",
+    "EMBEDDINGS",
     "MAX_WALL_CLOCK_S",
     "MIN_WALL_CLOCK_S",
     "OPTIONAL_CONTENT_ROLES",
@@ -53,7 +66,10 @@ __all__ = [
     "STATUS_ERROR",
     "STATUS_OK",
     "BackendAnswer",
+    "Call",
     "ChatCall",
+    "CompletionsCall",
+    "EmbeddingsCall",
     "Envelope",
     "Metadata",
     "Reply",
@@ -108,7 +124,7 @@ class Envelope:
     request_id: str
     producer_id: str
     pool_id: str
-    call: ChatCall
+    call: Call  # its endpoint travels beside it as ``endpoint``, left out for chat (as before)
     enqueued_at: float
     deadline: float | None = None
     trace: Mapping[str, str] = field(default_factory=dict)
@@ -130,6 +146,8 @@ class Envelope:
             optional.update(attempt=self.attempt, requeues=self.requeues)
         if self.tenant is not None:
             optional["tenant"] = check_tenant(self.tenant)
+        if self.call.endpoint != CHAT_COMPLETIONS:
+            optional["endpoint"] = self.call.endpoint
         raw = orjson.dumps(
             {
                 "request_id": self.request_id,
@@ -169,16 +187,26 @@ class Envelope:
         attempt = data.get("attempt", 1)
         requeues = data.get("requeues", 0)
         tenant = data.get("tenant")
+        endpoint = data.get("endpoint")
+        # Chat (no field) skips the endpoint dispatch: every peek of every chat call decodes here.
+        call = (
+            ChatCall.from_openai(data.get("call"))
+            if endpoint is None
+            else decode_call(endpoint, data.get("call"))
+        )
+        stream = data.get("stream")
+        if stream is not None and not call.streams:
+            raise _fail(f"envelope.stream: the {call.endpoint} endpoint does not stream")
         return cls(
             request_id=request_id,
             producer_id=producer_id,
             pool_id=pool_id,
-            call=ChatCall.from_openai(data.get("call")),
+            call=call,
             enqueued_at=enqueued_at,
             deadline=deadline,
             trace=trace,
             metadata=Metadata.from_json(data.get("metadata")),
-            stream=StreamOptions.from_json(data["stream"]) if data.get("stream") is not None else None,
+            stream=StreamOptions.from_json(stream) if stream is not None else None,
             attempt=1
             if attempt == 1 and type(attempt) is int
             else _count(attempt, "envelope.attempt", minimum=1),

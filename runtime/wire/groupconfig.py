@@ -94,6 +94,16 @@ class PoolConfig:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class ModelAlias:
+    """A model name clients may send instead of a pool header: ``alias`` routes to ``pool_id`` and
+    reaches the backend as ``model`` (LiteLLM's ``model_list`` entry, per group)."""
+
+    alias: str
+    pool_id: str
+    model: str
+
+
 class PoolRoute(NamedTuple):
     """Where one pool's calls go: its backend row (None for a bare URL) and the URL itself."""
 
@@ -127,6 +137,7 @@ class GroupConfig:
     backends: tuple[BackendConfig, ...] = field(default_factory=tuple)
     # Durable delivery: replicas that must hold a push (WAIT/WAITAOF) before the producer is answered.
     persist_replicas: int = 0
+    aliases: tuple[ModelAlias, ...] = field(default_factory=tuple)  # model-based routing (issue 24)
 
     @cached_property
     def enabled_pools(self) -> tuple[PoolConfig, ...]:
@@ -194,7 +205,12 @@ class GroupConfig:
         return PoolRoute(backend, backend.base_url if backend is not None else self.default_endpoint_url)
 
     def encode(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        data = asdict(self)
+        if (
+            not self.aliases
+        ):  # a group without aliases reads as before them (older dispatchers refuse the key)
+            del data["aliases"]
+        return orjson.dumps(data)
 
     @classmethod
     def decode(cls, raw: bytes | str) -> GroupConfig:
@@ -202,7 +218,8 @@ class GroupConfig:
             data: Mapping[str, Any] = orjson.loads(raw)
             pools = tuple(PoolConfig(**p) for p in data.get("pools", ()))
             backends = tuple(BackendConfig(**b) for b in data.get("backends", ()))
-            config = cls(**{**data, "pools": pools, "backends": backends})
+            aliases = tuple(ModelAlias(**a) for a in data.get("aliases", ()))
+            config = cls(**{**data, "pools": pools, "backends": backends, "aliases": aliases})
         except (orjson.JSONDecodeError, TypeError, AttributeError) as exc:
             raise MalformedEnvelope(f"published group configuration is unreadable: {exc}") from exc
         if config.policy not in POLICIES:
@@ -211,6 +228,12 @@ class GroupConfig:
             raise MalformedEnvelope(f"group {config.group_id}: unknown delivery {config.delivery!r}")
         if config.cost_mode not in COST_MODES:
             raise MalformedEnvelope(f"group {config.group_id}: unknown cost mode {config.cost_mode!r}")
+        for alias in config.aliases:
+            if config.pool(alias.pool_id) is None:
+                raise MalformedEnvelope(
+                    f"group {config.group_id}: model alias {alias.alias!r} names pool {alias.pool_id!r}, "
+                    "which the group does not have"
+                )
         for pool in config.pools:
             if pool.tenant_fairness not in MODES:
                 raise MalformedEnvelope(

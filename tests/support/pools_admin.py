@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from pools.models import FabricGroup, Pool
@@ -38,8 +39,16 @@ def _flag(data: dict[str, Any], key: str, value: bool) -> None:
         data[key] = "on"
 
 
-def group_form(group: dict[str, Any], pools: list[dict[str, Any]], *, initial: int = 0) -> dict[str, Any]:
-    """POST data of the group add/change page; ``pools`` rows may carry ``id`` and ``DELETE``."""
+def group_form(
+    group: dict[str, Any],
+    pools: list[dict[str, Any]],
+    *,
+    initial: int = 0,
+    aliases: Sequence[dict[str, Any]] = (),
+    initial_aliases: int = 0,
+) -> dict[str, Any]:
+    """POST data of the group add/change page; ``pools`` rows may carry ``id`` and ``DELETE``, as may
+    the model ``aliases`` rows (``alias``, ``pool`` (its primary key), ``backend_model``)."""
     data: dict[str, Any] = {
         "name": group.get("name", ""),
         "policy": group.get("policy", "drr"),
@@ -52,8 +61,18 @@ def group_form(group: dict[str, Any], pools: list[dict[str, Any]], *, initial: i
         "pools-INITIAL_FORMS": initial,
         "pools-MIN_NUM_FORMS": 0,
         "pools-MAX_NUM_FORMS": 1000,
+        "aliases-TOTAL_FORMS": len(aliases),
+        "aliases-INITIAL_FORMS": initial_aliases,
+        "aliases-MIN_NUM_FORMS": 0,
+        "aliases-MAX_NUM_FORMS": 1000,
         "_save": "Save",
     }
+    for i, alias in enumerate(aliases):
+        for name, value in {"backend_model": "", **alias}.items():
+            if name == "DELETE":
+                _flag(data, f"aliases-{i}-{name}", value)
+            else:
+                data[f"aliases-{i}-{name}"] = value
     if "group_id" in group:
         data["group_id"] = group["group_id"]
     _flag(data, "queueing_enabled", group.get("queueing_enabled", True))

@@ -20,7 +20,12 @@ class Command(BaseCommand):
         parser.add_argument("name", help="the key's name, recorded as the producer label in history")
         parser.add_argument("--pools", required=True, help="comma-separated pool ids the key may use")
         parser.add_argument(
-            "--default-pool", default="", help="pool without X-Dispatch-Pool (default: first)"
+            "--default-pool", default=None, help="pool without X-Dispatch-Pool (default: first)"
+        )
+        parser.add_argument(
+            "--no-default-pool",
+            action="store_true",
+            help="no default pool: every request names its pool (X-Dispatch-Pool) or a model alias",
         )
         parser.add_argument("--max-in-flight", type=int, default=None)
         parser.add_argument("--max-queued", type=int, default=None)
@@ -34,7 +39,7 @@ class Command(BaseCommand):
             created = services.producer_key_create(
                 name=options["name"],
                 pools=pools,
-                default_pool=options["default_pool"],
+                default_pool="" if options["no_default_pool"] else options["default_pool"],
                 max_in_flight=options["max_in_flight"],
                 max_queued=options["max_queued"],
             )
