@@ -34,12 +34,11 @@ from runtime.queue.tenant_dispatch import (
     FairPick,
     FairView,
     claim_keys,
-    correct_call,
+    finish_fair_args,
     forget_call,
     observe_call,
     parse_view,
     promote_call,
-    requeue_fair_args,
 )
 from runtime.valkey.batch import ScriptBatcher
 from runtime.valkey.lua import run_pipeline
@@ -103,9 +102,9 @@ class QueueOps:
         self.fair_backlog: dict[str, int] = {}  # each fair pool's queued count, as last observed
         self.fair_picks: dict[str, dict[bytes, FairPick]] = {}
         self.charges: dict[str, tuple[str, FairPick]] = {}  # lease member -> (pool id, pick)
+        self._corrections: dict[str, tuple[float, float]] = {}  # member -> (correction, served), for FINISH
         self._tenant_observe = script("tenant_observe")
         self._tenant_claim = script("tenant_claim")
-        self._tenant_correct = script("tenant_correct").bind(client)
         self._tenant_promote = script("tenant_promote")
         self._tenant_forget = script("tenant_forget")
 
@@ -244,9 +243,8 @@ class QueueOps:
                     self._claim.queue(pipe, keys, args)
                     continue
                 keys[0], tenant_keys = claim_keys(self.keys, req.pool_id, pick)
-                launch = req.mode == "launch"
-                charge, cost = (repr(pick.charge), repr(pick.charge * pick.weight)) if launch else ("0", "0")
-                self._tenant_claim.queue(pipe, [*keys, *tenant_keys], [*args, pick.tenant, charge, cost])
+                charge = repr(pick.charge) if req.mode == "launch" else "0"
+                self._tenant_claim.queue(pipe, [*keys, *tenant_keys], [*args, pick.tenant, charge])
             if end_turn is not None:
                 self._release.queue(
                     pipe,
@@ -299,8 +297,13 @@ class QueueOps:
         (``FINISH_STALE``). While one of ``group_pools`` has backlog, the freed slot wakes one idle
         dispatcher of the group.
         """
-        # A fair pool's request going back goes to its tenant's list (lua/_tenant_requeue.lua).
-        requeue_fair = settlement == scripts.SETTLE_REQUEUE and pool_id in self.fair_pools
+        # A fair pool's request going back goes to its tenant's list (lua/_tenant_requeue.lua), and a
+        # charged call's correction rides in the same script (lua/_tenant_correct.lua). Taken out
+        # before the call: a FINISH retried after a lost answer may have run, so it corrects at most once.
+        charged = self.charges.pop(member, None)
+        correction, served = self._corrections.pop(member, (0.0, 0.0))
+        fair = pool_id in self.fair_pools or charged is not None
+        pick = charged[1] if charged is not None else None
         code = await self._finishes.run(
             [
                 self.keys.producer_alive(producer_id),
@@ -320,7 +323,7 @@ class QueueOps:
             [
                 reply, int(reply_ttl_s * 1000), member, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, token, settlement,
                 payload, due_at,
-                *(requeue_fair_args(self.keys, pool_id) if requeue_fair else ()),
+                *(finish_fair_args(self.keys, pool_id, pick, correction, served) if fair else ()),
             ],
         )  # fmt: skip
         return int(code)
@@ -334,14 +337,12 @@ class QueueOps:
         """A key that exists exactly while the pool has backlog: its list, or a fair pool's tenants."""
         return self.keys.tenants(pool_id) if pool_id in self.fair_pools else self.keys.requests(pool_id)
 
-    async def correct(self, member: str, correction: float | None) -> None:
-        """Forgets a finished fair-pool call's charge and adds ``correction`` (unweighted: actual minus
-        estimate) / its weight to its tenant's counter; None or 0 (no usage reported) keeps the estimate."""
-        charged = self.charges.pop(member, None)
-        if charged is None or not correction:
-            return
-        pool_id, pick = charged
-        await self._tenant_correct(*correct_call(self.keys, pool_id, pick, correction))
+    def stage_correction(self, member: str, correction: float, served: float) -> None:
+        """Sets what the FINISH of one of this dispatcher's running fair-pool calls adds to its tenant's
+        counter, ``correction`` (unweighted: actual minus estimate; 0 keeps the estimate) / its weight,
+        and to what the tenant was ``served`` (unweighted)."""
+        if member in self.charges:
+            self._corrections[member] = (correction, served)
 
     def charged(self, member: str) -> FairPick | None:
         """The pick of one of this dispatcher's running fair-pool calls (None: not a fair pool's)."""

@@ -4,9 +4,10 @@ correct on completion.
 ``lua/tenant_observe.lua`` reads the pool's W lowest backlogged tenants (their counters, weights,
 queued counts and first heads) and the next one as the plan's horizon, in O(log n + W).
 ``lua/tenant_claim.lua`` is CLAIM (``lua/_claim.lua``) on the tenant's own list, charging the tenant's
-counter by the dispatcher's estimate / weight as the head leaves; ``lua/tenant_correct.lua`` adds
-(actual - estimate) / weight when the backend reported its usage. Charges and corrections are
-increments, so two dispatchers' never drift; the SHA-1 check makes a raced head a ``moved``.
+counter by the dispatcher's estimate / weight as the head leaves; the call's FINISH adds
+(actual - estimate) / weight when the backend reported its usage (``lua/_tenant_correct.lua``, in the
+same script, so a stale dispatcher's correction is refused with its reply). Charges and corrections
+are increments, so two dispatchers' never drift; the SHA-1 check makes a raced head a ``moved``.
 """
 
 from __future__ import annotations
@@ -24,16 +25,22 @@ __all__ = [
     "FairView",
     "TenantHeads",
     "claim_keys",
-    "correct_call",
+    "finish_fair_args",
     "forget_call",
     "observe_call",
     "parse_view",
     "promote_call",
     "reap_fair_args",
-    "requeue_fair_args",
+    "view_width",
 ]
 
 TENANT_VIEW_WIDTH = 16  # tenants viewed per observation (W); one more is read as the horizon
+
+
+def view_width(depth: int) -> int:
+    """Tenants viewed when a round launches at most ``depth``: no more than it could pick from (a plan
+    that runs out of viewed tenants stops at the horizon, never guesses), at most W."""
+    return max(2, min(TENANT_VIEW_WIDTH, depth))
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +93,7 @@ def observe_call(
             keys.pool_inflight(pool_id), group_inflight, keys.requests(pool_id),
             keys.tenant_counters(pool_id),
         ],
-        [depth, pool_max, group_limit, int(display), TENANT_VIEW_WIDTH, keys.tenant_requests(pool_id, "")],
+        [depth, pool_max, group_limit, int(display), view_width(depth), keys.tenant_requests(pool_id, "")],
     )  # fmt: skip
 
 
@@ -112,7 +119,6 @@ def claim_keys(keys: KeySpace, pool_id: str, pick: FairPick) -> tuple[str, list[
         keys.tenants(pool_id),
         keys.tenant_counters(pool_id),
         keys.pool_queued(pool_id),
-        keys.tenant_served(pool_id),
     ]
 
 
@@ -142,14 +148,6 @@ def reap_fair_args(keys: KeySpace, fair_pools: Collection[str]) -> list[str]:
     ]
 
 
-def requeue_fair_args(keys: KeySpace, pool_id: str) -> list[str]:
-    """FINISH's extra arguments for a fair pool's requeue (a durable call its dispatcher shut down on)."""
-    return [
-        keys.tenant_requests(pool_id, ""), keys.tenants(pool_id), keys.tenant_counters(pool_id),
-        keys.pool_queued(pool_id),
-    ]  # fmt: skip
-
-
 FORGET_SCAN = 256  # counters hash fields an idle cleanup looks at per pool and reap
 
 
@@ -162,11 +160,15 @@ def forget_call(keys: KeySpace, pool_id: str) -> tuple[list[str], list[Any]]:
     )  # fmt: skip
 
 
-def correct_call(
-    keys: KeySpace, pool_id: str, pick: FairPick, correction: float
-) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of ``lua/tenant_correct.lua`` (``correction`` before the tenant's weight)."""
-    return (
-        [keys.tenants(pool_id), keys.tenant_counters(pool_id), keys.tenant_served(pool_id)],
-        [pick.tenant, repr(correction / pick.weight), repr(correction)],
-    )
+def finish_fair_args(
+    keys: KeySpace, pool_id: str, pick: FairPick | None, correction: float = 0.0, served: float = 0.0
+) -> list[str]:
+    """FINISH's extra arguments in a fair pool: where a requeue goes and, for a charged ``pick``, the
+    ``correction`` of its charge (before the tenant's weight) and the cost it was ``served``."""
+    extra = [
+        keys.tenant_requests(pool_id, ""), keys.tenants(pool_id), keys.tenant_counters(pool_id),
+        keys.pool_queued(pool_id),
+    ]  # fmt: skip
+    if pick is not None and (correction or served):
+        extra += [pick.tenant, repr(correction / pick.weight), repr(served), keys.tenant_served(pool_id)]
+    return extra
