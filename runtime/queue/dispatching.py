@@ -26,6 +26,7 @@ from runtime.queue.dispatch_requests import (
     bury_args,
     promote_args,
     reap_args,
+    reaped,
 )
 from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
 from runtime.queue.leases import LeaseRecord, item_digest, lease_member
@@ -33,9 +34,11 @@ from runtime.queue.registry import script
 from runtime.queue.tenant_dispatch import (
     FairPick,
     FairView,
+    bury_fair_args,
     claim_keys,
     finish_fair_args,
     forget_call,
+    leftover_backlog,
     observe_call,
     parse_view,
     promote_call,
@@ -107,6 +110,7 @@ class QueueOps:
         self._tenant_claim = script("tenant_claim")
         self._tenant_promote = script("tenant_promote")
         self._tenant_forget = script("tenant_forget")
+        self._tenant_bury = script("tenant_bury")
 
     @property
     def finishes(self) -> ScriptBatcher:
@@ -137,6 +141,10 @@ class QueueOps:
         if reap:
             self._reaped_at = time.monotonic()
 
+        # Pools read first come, first served whose tenants' lists may still hold work: a dispatcher
+        # started after the pool's fairness was switched off never saw it fair (issue 22).
+        unfair = [r.pool_id for r in reads if r.pool_id not in self.fair_pools and reap]
+
         def build(pipe: Any) -> None:
             if take_turn:
                 self._acquire.queue(
@@ -149,7 +157,7 @@ class QueueOps:
                 self._reap.queue(
                     pipe, *reap_args(self.keys, self.group_id, pool_ids, backend_ids, self.fair_pools)
                 )
-                self._queue_forgets(pipe)
+                self._queue_forgets(pipe, unfair)
             for read in reads:
                 if read.pool_id in self.fair_pools:
                     self._tenant_observe.queue(
@@ -174,12 +182,12 @@ class QueueOps:
             results = results[1:]
         lost: tuple[LeaseRecord, ...] = ()
         requeued: tuple[bytes, ...] = ()
+        left: dict[str, int] = {}
         if reap:
-            lost_raw, requeued_raw = results[0]
-            records = (LeaseRecord.decode(raw) for raw in lost_raw)
-            lost = tuple(r for r in records if r is not None)
-            requeued = tuple(requeued_raw)
-            results = results[1 + len(self.fair_pools) :]  # the idle cleanups' counts
+            lost, requeued = reaped(results[0])
+            done = 1 + len(self.fair_pools)  # the reap, the idle cleanups' counts
+            left = leftover_backlog(unfair, results[done : done + len(unfair)])
+            results = results[done + len(unfair) :]
         views: dict[str, QueueView] = {}
         fair_views: dict[str, FairView] = {}
         for read, (backlog, in_flight, heads_read, heads, *horizon) in zip(reads, results[:-1], strict=True):
@@ -190,7 +198,7 @@ class QueueOps:
                 views[read.pool_id] = QueueView(int(backlog), (), int(in_flight), False, heads[0])
             else:
                 views[read.pool_id] = QueueView(int(backlog), tuple(heads), int(in_flight), bool(heads_read))
-        self.fair_backlog = {pool_id: views[pool_id].backlog for pool_id in fair_views}
+        self.fair_backlog = {pool_id: views[pool_id].backlog for pool_id in fair_views} | left
         return Observation(views, int(results[-1]), lost, requeued, fair_views)
 
     async def take_poll(self, interval_s: float) -> bool:
@@ -328,10 +336,13 @@ class QueueOps:
         )  # fmt: skip
         return int(code)
 
-    def _queue_forgets(self, pipe: Any) -> None:
-        """Each fair pool's idle cleanup, a slice of its counters hash at a time (in reap's interval)."""
+    def _queue_forgets(self, pipe: Any, unfair: Sequence[str]) -> None:
+        """Each fair pool's idle cleanup, a slice of its counters hash at a time (in reap's interval),
+        then the queued count of each pool in ``unfair`` (its tenants' lists may hold leftover work)."""
         for pool_id in sorted(self.fair_pools):
             self._tenant_forget.queue(pipe, *forget_call(self.keys, pool_id))
+        for pool_id in unfair:
+            pipe.get(self.keys.pool_queued(pool_id))
 
     def _backlog_key(self, pool_id: str) -> str:
         """A key that exists exactly while the pool has backlog: its list, or a fair pool's tenants."""
@@ -370,16 +381,20 @@ class QueueOps:
         """Dead-letters the head ``raw`` of a pool as ``letter`` and answers its producer with ``reply``
         if it is alive; False if the head moved."""
 
-        def build(pipe: Any) -> None:
-            self._bury.queue(
-                pipe,
-                *bury_args(
-                    self.keys, raw, pool_id=pool_id, producer_id=producer_id, letter=letter, reply=reply,
-                    reply_ttl_s=reply_ttl_s,
-                ),
-            )  # fmt: skip
+        script_keys, args = bury_args(
+            self.keys, raw, pool_id=pool_id, producer_id=producer_id, letter=letter, reply=reply,
+            reply_ttl_s=reply_ttl_s,
+        )  # fmt: skip
+        pick = self.fair_picks.get(pool_id, {}).get(raw)
+        bury = self._bury
+        if pick is not None:  # a fair pool's head: taken from its tenant's list (issue 22)
+            script_keys, args = bury_fair_args(self.keys, pool_id, pick, script_keys, args)
+            bury = self._tenant_bury
 
-        [buried] = await run_pipeline(self.client, [self._bury], build)
+        def build(pipe: Any) -> None:
+            bury.queue(pipe, script_keys, args)
+
+        [buried] = await run_pipeline(self.client, [bury], build)
         return bool(int(buried))
 
     async def renew(self, leases: Sequence[tuple[str, str, str]], lease_s: float) -> None:

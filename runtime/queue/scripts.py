@@ -50,6 +50,8 @@ TENANT_OBSERVE = source("tenant_observe")  # a fair pool's (issue 22; see runtim
 TENANT_CLAIM = source("tenant_claim")
 TENANT_PROMOTE = source("tenant_promote")
 TENANT_FORGET = source("tenant_forget")
+TENANT_BURY = source("tenant_bury")
+TENANT_DEAD_LETTER_TAKE = source("tenant_dead_letter_take")
 
 # --- producer side ---------------------------------------------------------------------------------
 PUSH = source("push")

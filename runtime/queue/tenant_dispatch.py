@@ -17,16 +17,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.queue import scripts
-from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
+from runtime.queue.keys import UNTAGGED, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
 
 __all__ = [
     "TENANT_VIEW_WIDTH",
     "FairPick",
     "FairView",
     "TenantHeads",
+    "bury_fair_args",
     "claim_keys",
+    "dead_letter_take_fair_args",
     "finish_fair_args",
     "forget_call",
+    "leftover_backlog",
     "observe_call",
     "parse_view",
     "promote_call",
@@ -120,6 +123,35 @@ def claim_keys(keys: KeySpace, pool_id: str, pick: FairPick) -> tuple[str, list[
         keys.tenant_counters(pool_id),
         keys.pool_queued(pool_id),
     ]
+
+
+def bury_fair_args(
+    keys: KeySpace, pool_id: str, pick: FairPick, bury_keys: list[str], bury_args: list[Any]
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of ``lua/tenant_bury.lua`` from BURY's: the head is taken from its tenant's list."""
+    return (
+        [keys.tenant_requests(pool_id, pick.tenant), *bury_keys[1:], keys.tenants(pool_id),
+         keys.tenant_counters(pool_id), keys.pool_queued(pool_id)],
+        [*bury_args, pick.tenant],
+    )  # fmt: skip
+
+
+def dead_letter_take_fair_args(
+    keys: KeySpace, pool_id: str, stored: bytes, queued: bytes, tenant: str | None
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of ``lua/tenant_dead_letter_take.lua``: a replay onto ``tenant``'s list (None:
+    untagged, the seed's list as tenant ``*``)."""
+    return (
+        [keys.dead_letters(pool_id), keys.requests(pool_id), keys.tenants(pool_id),
+         keys.tenant_counters(pool_id), keys.pool_queued(pool_id)],
+        [stored, queued, keys.tenant_requests(pool_id, ""), UNTAGGED if tenant is None else tenant],
+    )  # fmt: skip
+
+
+def leftover_backlog(pool_ids: Sequence[str], counts: Sequence[Any]) -> dict[str, int]:
+    """The pools read first come, first served whose queued count (``GET`` of each) says their tenants'
+    lists still hold work: fairness switched off while they did."""
+    return {pool_id: int(n) for pool_id, n in zip(pool_ids, counts, strict=True) if n and int(n) > 0}
 
 
 def promote_call(keys: KeySpace, pool_id: str) -> tuple[list[str], list[Any]]:
