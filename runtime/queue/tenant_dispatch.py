@@ -12,6 +12,7 @@ are increments, so two dispatchers' never drift; the SHA-1 check makes a raced h
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -116,13 +117,20 @@ def parse_view(view: Sequence[Any], horizon: Sequence[Any]) -> FairView:
     return FairView(tenants, (float(_text(horizon[1])), _text(horizon[0])) if horizon else None)
 
 
+@functools.lru_cache(maxsize=1024)
+def _pool_keys(keys: KeySpace, pool_id: str) -> tuple[str, str, str, str]:
+    """A fair pool's tenant lists' prefix, backlogged tenants, counters and queued count: every claim
+    and finish of the pool names them."""
+    return (
+        keys.tenant_requests(pool_id, ""), keys.tenants(pool_id), keys.tenant_counters(pool_id),
+        keys.pool_queued(pool_id),
+    )  # fmt: skip
+
+
 def claim_keys(keys: KeySpace, pool_id: str, pick: FairPick) -> tuple[str, list[str]]:
     """The tenant's list (CLAIM's first key) and the keys TENANT_CLAIM appends to CLAIM's."""
-    return keys.tenant_requests(pool_id, pick.tenant), [
-        keys.tenants(pool_id),
-        keys.tenant_counters(pool_id),
-        keys.pool_queued(pool_id),
-    ]
+    lists, zset, counters, count = _pool_keys(keys, pool_id)
+    return keys.requests(pool_id) if pick.tenant == UNTAGGED else lists + pick.tenant, [zset, counters, count]
 
 
 def bury_fair_args(
@@ -197,10 +205,7 @@ def finish_fair_args(
 ) -> list[str]:
     """FINISH's extra arguments in a fair pool: where a requeue goes and, for a charged ``pick``, the
     ``correction`` of its charge (before the tenant's weight) and the cost it was ``served``."""
-    extra = [
-        keys.tenant_requests(pool_id, ""), keys.tenants(pool_id), keys.tenant_counters(pool_id),
-        keys.pool_queued(pool_id),
-    ]  # fmt: skip
+    extra = list(_pool_keys(keys, pool_id))
     if pick is not None and (correction or served):
         extra += [pick.tenant, repr(correction / pick.weight), repr(served), keys.tenant_served(pool_id)]
     return extra
