@@ -19,7 +19,10 @@ from runtime.policy.tenants import TenantCost
 from runtime.policy.tokens import estimate_tokens
 from runtime.producer import Producer
 from runtime.queue import groups
+from runtime.queue.dispatching import ClaimRequest, QueueOps, lease_member
+from runtime.queue.leases import LeaseRecord
 from runtime.queue.producing import ProducerOps
+from runtime.queue.tenant_dispatch import FairPick
 from runtime.queue.tenants import TenantPush
 from runtime.wire.contract import ChatCall, Envelope
 from tests.runtime.test_tenant_dispatch import POOL, call, one_fair_pool
@@ -167,3 +170,47 @@ async def test_a_dispatcher_started_after_fairness_was_switched_off_drains_the_t
 
 async def _queued(aredis, keys, n: int) -> bool:  # type: ignore[no-untyped-def]
     return int(await aredis.get(keys.pool_queued(POOL)) or 0) >= n
+
+
+async def _claim_durable(queue, keys, env: Envelope, charge: float) -> str:  # type: ignore[no-untyped-def]
+    """A durable launch of ``env`` from its tenant's list, charged ``charge``; its fencing token."""
+    raw = env.encode()
+    await ProducerOps(queue.client, keys).push(POOL, raw, OPEN, tenant=TenantPush(env.tenant))
+    queue.fair_pools = frozenset({POOL})
+    queue.fair_picks.setdefault(POOL, {})[raw] = FairPick(str(env.tenant), charge, 10, 16, 2.0)
+    record = LeaseRecord.of(env, pool_id=POOL, claimed_at=time.time(), dispatcher_id="d1", cost=1).encode()
+    request = ClaimRequest(
+        POOL, raw, "launch", lease_member=lease_member(POOL, env.request_id), producer_id="p1", pool_max=8,
+        group_limit=8, lease_record=record, requeue=requeued(env).encode(),
+    )  # fmt: skip
+    [(code, _, token)] = await queue.claim([request], 30.0)
+    assert code == "claimed" and token
+    return token
+
+
+async def test_the_finish_corrects_the_charge_and_a_stale_finish_corrects_nothing(aredis, keys) -> None:
+    await aredis.set(keys.producer_alive("p1"), b"1", ex=60)
+    queue = QueueOps(aredis, keys, "g")
+    first, second = envelope("c1", "acme"), envelope("c2", "acme")
+    token = await _claim_durable(queue, keys, first, 50.0)
+    member = lease_member(POOL, "c1")
+    queue.stage_correction(member, -40.0, 60.0)  # used 40 less than estimated (weight 2: -20)
+    assert await queue.finish(pool_id=POOL, producer_id="p1", member=member, reply=b"r", reply_ttl_s=10.0,
+                              token=token) == 1  # fmt: skip
+    assert float(await aredis.hget(keys.tenant_counters(POOL), "acme")) == pytest.approx(30.0)
+    assert float(await aredis.hget(keys.tenant_served(POOL), "acme")) == pytest.approx(60.0)
+
+    stale = await _claim_durable(queue, keys, second, 50.0)
+    member = lease_member(POOL, "c2")
+    await aredis.zadd(keys.group_inflight("g"), {member: 1.0})  # its lease expired long ago
+    await QueueOps(aredis, keys, "g").observe([], 8, fair=[POOL])  # another dispatcher's reap requeues it
+    # Back from idle at the last leaver's counter (50, its own was 30), then charged 50.
+    assert await aredis.zscore(keys.tenants(POOL), "acme") == pytest.approx(100.0)
+    queue.stage_correction(member, -40.0, 60.0)
+    assert await queue.finish(pool_id=POOL, producer_id="p1", member=member, reply=b"r", reply_ttl_s=10.0,
+                              token=stale) == -1  # fmt: skip
+    # The requeued copy will be corrected by the FINISH of the attempt that runs it, not by this one.
+    assert float(await aredis.hget(keys.tenant_counters(POOL), "acme")) == pytest.approx(100.0)
+    assert await aredis.zscore(keys.tenants(POOL), "acme") == pytest.approx(100.0)
+    assert float(await aredis.hget(keys.tenant_served(POOL), "acme")) == pytest.approx(60.0)
+    assert await aredis.llen(keys.tenant_requests(POOL, "acme")) == 1  # the requeued copy
