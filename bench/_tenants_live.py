@@ -1,15 +1,19 @@
-"""The live scenarios of ``bench/bench_tenants.py`` (issue 22, phase 2): a private Valkey, a simulator
-process and a dispatcher process; the producer runs in the benchmark's own process.
+"""The live scenarios of ``bench/bench_tenants.py`` (issue 22): a private Valkey, a simulator process
+and a dispatcher process; the producer runs in the benchmark's own process.
 
 * noisy neighbour: one pool, 4 slots, 40 ms calls. Tenant A queues 600 calls at once; tenant B
   submits one call every 100 ms. B's queue waits (p50/p99) against the p99 time from a submission
   to the pool's next completion (the wait for a slot, whoever's backlog is queued), fairness ``off``
   vs ``tokens``.
-* token fairness: two tenants backlogged in one pool (8 slots), A's calls answer 64 tokens and B's
-  16, both estimated right; weights 1:1 and 2:1: the served weighted tokens (1 x prompt + 4 x
-  output, from the completions' usage) over the run, as A's share against the weights'.
+* token fairness: two tenants backlogged in one pool (8 slots) for ``seconds``, A's calls longer
+  prompts and 64 output tokens, B's 16, both estimated right; weights 1:1 and 2:1. Every completion
+  is recorded (when, whose, its cost 1 x prompt + 4 x output tokens from its ``usage``), and every
+  60 s window of the run (sliding by 5 s) is checked: A's share of the tokens served against the
+  weights' share, and the largest difference in weighted service (cost / weight) between the two
+  over any interval against 2 x the largest request's cost x the pool's concurrency.
 * throughput: 4,000 zero-latency calls from 1,000 tenants (closed loop, 256 in flight): completions
-  per second with fairness ``off`` and ``tokens``.
+  per second with fairness ``off`` and ``tokens``, alternated in one run, with the CPU each process
+  spent per completion (dispatcher, Valkey, the producer in this process).
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ from typing import Any
 
 from bench._common import (
     client,
+    cpu_seconds,
     dispatcher_procs,
     group,
     new_keys,
     pct,
-    private_valkey,
+    private_valkey_server,
     publish,
     simulator_proc,
 )
@@ -35,10 +40,10 @@ from runtime.wire.groupconfig import GroupConfig, PoolConfig
 POOL = "chat"
 
 
-def _call(i: int, latency_ms: float, tokens: int) -> dict[str, Any]:
+def _call(i: int, latency_ms: float, tokens: int, prompt: str = "request") -> dict[str, Any]:
     return {
         "model": "sim-model",
-        "messages": [{"role": "user", "content": f"request {i}"}],
+        "messages": [{"role": "user", "content": f"{prompt} {i}"}],
         "max_tokens": tokens,
         "sim": {"latency_ms": latency_ms, "completion_tokens": tokens},
     }
@@ -50,17 +55,18 @@ def _config(url: str, fairness: str, slots: int) -> GroupConfig:
 
 
 async def _with_stack(fairness: str, slots: int, body: Any) -> Any:  # type: ignore[no-untyped-def]
-    with private_valkey() as url, simulator_proc() as sim:
+    """Runs ``body(producer, pids)`` against a fresh stack; ``pids`` = (Valkey's, the dispatcher's)."""
+    with private_valkey_server() as server, simulator_proc() as sim:
         keys = new_keys()
-        async with client(url) as conn:
+        async with client(server.url) as conn:
             await publish(conn, keys, _config(sim, fairness, slots))
-            with dispatcher_procs(url, keys.prefix, "tenants", 1, slots):
+            with dispatcher_procs(server.url, keys.prefix, "tenants", 1, slots) as procs:
                 async with Producer(conn, keys=keys) as producer:
-                    return await body(producer)
+                    return await body(producer, (server.pid, procs[0].pid))
 
 
 async def noisy_neighbour(fairness: str) -> dict[str, float]:
-    async def body(producer: Producer) -> dict[str, float]:
+    async def body(producer: Producer, _pids: tuple[int, int]) -> dict[str, float]:
         completions: list[float] = []
         b_waits: list[float] = []
         b_submitted: list[float] = []
@@ -92,33 +98,89 @@ async def noisy_neighbour(fairness: str) -> dict[str, float]:
     return await _with_stack(fairness, 4, body)
 
 
-async def token_share(weights: tuple[float, float], seconds: float = 6.0) -> tuple[float, float]:
-    """A's measured share of the weighted tokens served, and the share its weight asks for."""
+WINDOW_S = 60.0
+WINDOW_STEP_S = 5.0
+SHARE_SLOTS = 8
+TOKENS = {"a": 64, "b": 16}
+PROMPTS = {"a": "a longer prompt " * 24, "b": "short"}  # different request sizes: A's ~30x B's
 
-    async def body(producer: Producer) -> tuple[float, float]:
-        served = {"a": 0.0, "b": 0.0}
+
+async def token_share(weights: tuple[float, float], seconds: float) -> dict[str, float]:
+    """Two always-backlogged tenants for ``seconds``: A's share of the tokens served over the run and
+    in its worst 60 s window, and the largest weighted-service gap against its bound."""
+
+    async def body(producer: Producer, _pids: tuple[int, int]) -> list[tuple[float, str, float]]:
+        served: list[tuple[float, str, float]] = []  # (completed at, tenant, cost)
         stop = time.monotonic() + seconds
-        tokens = {"a": 64, "b": 16}
         weight = {"a": weights[0], "b": weights[1]}
 
         async def worker(tenant: str, i: int) -> None:
             while time.monotonic() < stop:
                 result = await producer.submit(
-                    _call(i, 20, tokens[tenant]), pool_id=POOL, timeout=120, tenant=tenant,
+                    _call(i, 20, TOKENS[tenant], PROMPTS[tenant]), pool_id=POOL, timeout=120, tenant=tenant,
                     tenant_weight=weight[tenant],
                 )  # fmt: skip
                 usage = result.completion["usage"]
-                served[tenant] += usage["prompt_tokens"] + 4 * usage["completion_tokens"]
+                served.append(
+                    (time.monotonic(), tenant, usage["prompt_tokens"] + 4.0 * usage["completion_tokens"])
+                )
 
-        # 16 callers each: both tenants keep a backlog behind the 8 slots the whole run.
-        await asyncio.gather(*(worker(t, i) for t in ("a", "b") for i in range(16)))
-        return served["a"] / (served["a"] + served["b"]), weights[0] / (weights[0] + weights[1])
+        # 4 callers per slot each: both tenants keep a backlog behind the slots the whole run (with 2 per
+        # slot B's short calls came back so fast that its list emptied now and then, and a tenant that
+        # re-enters starts at the floor: not a backlogged tenant's service any more).
+        await asyncio.gather(*(worker(t, i) for t in ("a", "b") for i in range(4 * SHARE_SLOTS)))
+        return served
 
-    return await _with_stack("tokens", 8, body)
+    served = await _with_stack("tokens", SHARE_SLOTS, body)
+    return window_fairness(served, weights, SHARE_SLOTS)
 
 
-async def throughput(fairness: str, tenants: int = 1_000, total: int = 4_000) -> float:
-    async def body(producer: Producer) -> float:
+def window_fairness(
+    served: list[tuple[float, str, float]], weights: tuple[float, float], slots: int
+) -> dict[str, float]:
+    """Checks the completions of a run: over every 60 s window (sliding by 5 s; the last callers'
+    calls, which end after both stopped queueing, are left out), A's share of the cost served against
+    ``weights``' share; over any interval, the gap in weighted service (cost / weight)."""
+    weight = {"a": weights[0], "b": weights[1]}
+    wanted = weights[0] / sum(weights)
+    served = sorted(served)
+    start = served[0][0]
+    # Both tenants are backlogged until the first caller finds the run over: stop at the last start.
+    end = served[-1][0] - 2.0
+    worst, windows, at = 0.0, 0, start
+    while at + WINDOW_S <= end:
+        got = {"a": 0.0, "b": 0.0}
+        for when, tenant, cost in served:
+            if at <= when < at + WINDOW_S:
+                got[tenant] += cost
+        share = got["a"] / (got["a"] + got["b"])
+        worst = max(worst, abs(share - wanted) / wanted * 100)
+        windows += 1
+        at += WINDOW_STEP_S
+    gap, low, high = 0.0, 0.0, 0.0
+    for when, tenant, cost in served:
+        if when > end:
+            break
+        gap += cost / weight[tenant] if tenant == "a" else -cost / weight[tenant]
+        low, high = min(low, gap), max(high, gap)
+    total = {t: sum(c for _, who, c in served if who == t and _ <= end) for t in ("a", "b")}
+    largest = max(cost for _, _, cost in served)
+    return {
+        "share": total["a"] / (total["a"] + total["b"]),
+        "wanted": wanted,
+        "worst_window_pct": worst,
+        "windows": windows,
+        "gap": high - low,
+        "a_ahead": high,  # A's largest lead in weighted service (low: B's, negative)
+        "bound": 2 * largest * slots,
+        "completions": len(served),
+    }
+
+
+async def throughput(fairness: str, tenants: int = 1_000, total: int = 4_000) -> dict[str, float]:
+    """Completions per second, and the CPU microseconds per completion of each process."""
+
+    async def body(producer: Producer, pids: tuple[int, int]) -> dict[str, float]:
         remaining = total
 
         async def worker(w: int) -> None:
@@ -129,25 +191,36 @@ async def throughput(fairness: str, tenants: int = 1_000, total: int = 4_000) ->
                 await producer.submit(_call(i, 0, 16), pool_id=POOL, timeout=120, tenant=f"t{i % tenants}")
                 i += 256
 
+        before = (time.process_time(), *map(cpu_seconds, pids))
         started = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(256)))
-        return total / (time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        after = (time.process_time(), *map(cpu_seconds, pids))
+        names = ("producer", "valkey", "dispatcher")
+        cpu = {name: (b - a) / total * 1e6 for name, a, b in zip(names, before, after, strict=True)}
+        return {"rate": total / elapsed, **cpu}
 
     return await _with_stack(fairness, 64, body)
 
 
-def run(runs: int) -> dict[str, Any]:
+PARTS = ("noisy", "fairness", "cost")
+
+
+def run(runs: int, parts: tuple[str, ...] = PARTS, fair_seconds: float = 150.0) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    for fairness in ("off", "tokens"):
-        rows = [asyncio.run(noisy_neighbour(fairness)) for _ in range(runs)]
-        results[f"noisy:{fairness}"] = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    for weights in ((1.0, 1.0), (2.0, 1.0)):
-        results[f"share:{weights[0]:g}:{weights[1]:g}"] = asyncio.run(token_share(weights))
-    for fairness in ("off", "tokens"):
-        results[f"rate:{fairness}"] = statistics.median(
-            asyncio.run(throughput(fairness)) for _ in range(runs)
-        )
+    if "noisy" in parts:
+        for fairness in ("off", "tokens"):
+            rows = [asyncio.run(noisy_neighbour(fairness)) for _ in range(runs)]
+            results[f"noisy:{fairness}"] = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    if "fairness" in parts:
+        for weights in ((1.0, 1.0), (2.0, 1.0)):
+            results[f"share:{weights[0]:g}:{weights[1]:g}"] = asyncio.run(token_share(weights, fair_seconds))
+    if "cost" in parts:
+        pairs = []
+        for _ in range(runs):  # alternated, so both sides meet the same moments of a shared machine
+            pairs.append({fairness: asyncio.run(throughput(fairness)) for fairness in ("off", "tokens")})
+        results["cost"] = pairs
     return results
 
 
-__all__ = ["noisy_neighbour", "run", "throughput", "token_share"]
+__all__ = ["PARTS", "noisy_neighbour", "run", "throughput", "token_share", "window_fairness"]

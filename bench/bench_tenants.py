@@ -18,7 +18,10 @@ Then, still pure and in virtual time, token fairness between two always-backlogg
 against the bound 2 x largest cost x concurrency.
 
 Without ``--pure``: the noisy-neighbour, token-fairness and throughput scenarios with a private
-Valkey, a simulator process and a dispatcher process (``bench/_tenants_live.py`` says what each does).
+Valkey, a simulator process and a dispatcher process (``bench/_tenants_live.py`` says what each does);
+``--part noisy|fairness|cost`` (repeatable) runs some of them, ``--runs`` is the number of runs of the
+noisy neighbour and of off/tokens pairs of the throughput, ``--fair-seconds`` the length of each live
+fairness run (the per-60 s-window check needs a few windows).
 """
 
 from __future__ import annotations
@@ -189,9 +192,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--pure", action="store_true", help="the pure tenant scheduler alone (no Valkey)")
     parser.add_argument("--runs", type=int, default=RUNS)
+    parser.add_argument(
+        "--part",
+        action="append",
+        choices=("noisy", "fairness", "cost"),
+        help="live parts to run (default: all)",
+    )
+    parser.add_argument("--fair-seconds", type=float, default=150.0, help="length of each live fairness run")
     args = parser.parse_args()
     if not args.pure:
-        live(min(args.runs, 3))
+        live(args.runs, tuple(args.part or ("noisy", "fairness", "cost")), args.fair_seconds)
         return
     rows = []
     for n in TENANT_COUNTS:
@@ -215,31 +225,80 @@ def main() -> None:
     print(table(["weights", "worst 60 s share deviation", "largest gap", "bound 2 x M x C"], rows))
 
 
-def live(runs: int) -> None:
+def _load() -> str:
+    return "load average " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def live(runs: int, parts: tuple[str, ...], fair_seconds: float) -> None:
     from bench import _tenants_live
 
-    results = _tenants_live.run(runs)
     print(machine())
-    print(
-        "Noisy neighbour: one pool, 4 slots, 40 ms calls; A queues 600, B submits every 100 ms "
-        f"(median of {runs})"
-    )
-    rows = [
-        [mode, f"{r['b_p50']:.0f}", f"{r['b_p99']:.0f}", f"{r['next_p99']:.0f}"]
-        for mode, r in ((m, results[f"noisy:{m}"]) for m in ("off", "tokens"))
-    ]
-    print(table(["fairness", "B wait p50 ms", "B wait p99 ms", "submission to next completion p99 ms"], rows))
-    print()
-    print("Token fairness: two backlogged tenants, 8 slots, 6 s; A's calls 64 output tokens, B's 16")
-    rows = []
-    for name in ("1:1", "2:1"):
-        share, wanted = results[f"share:{name}"]
-        rows.append([name, f"{share * 100:.1f} %", f"{wanted * 100:.1f} %"])
-    print(table(["weights A:B", "A's share of weighted tokens served", "A's weighted share"], rows))
-    print()
-    print(f"Throughput: 4,000 zero-latency calls from 1,000 tenants, 256 in flight (median of {runs})")
-    rows = [[m, f"{results[f'rate:{m}']:.0f}"] for m in ("off", "tokens")]
-    print(table(["fairness", "completions/s"], rows))
+    print(f"start: {_load()}")
+    results = _tenants_live.run(runs, parts, fair_seconds)
+    print(f"end: {_load()}")
+    if "noisy" in parts:
+        print()
+        print(
+            "Noisy neighbour: one pool, 4 slots, 40 ms calls; A queues 600, B submits every 100 ms "
+            f"(median of {runs})"
+        )
+        rows = [
+            [mode, f"{r['b_p50']:.0f}", f"{r['b_p99']:.0f}", f"{r['next_p99']:.0f}"]
+            for mode, r in ((m, results[f"noisy:{m}"]) for m in ("off", "tokens"))
+        ]
+        print(
+            table(
+                ["fairness", "B wait p50 ms", "B wait p99 ms", "submission to next completion p99 ms"], rows
+            )
+        )
+    if "fairness" in parts:
+        print()
+        print(
+            f"Token fairness, live: two backlogged tenants, {_tenants_live.SHARE_SLOTS} slots, "
+            f"{fair_seconds:.0f} s each; A's calls ~30x B's prompt and 64 output tokens, B's 16; "
+            "every 60 s window sliding by 5 s"
+        )
+        rows = []
+        for name in ("1:1", "2:1"):
+            r = results[f"share:{name}"]
+            rows.append(
+                [
+                    name, f"{r['completions']:.0f}", f"{r['share'] * 100:.1f} %",
+                    f"{r['wanted'] * 100:.1f} %", f"{r['windows']:.0f}", f"{r['worst_window_pct']:.2f} %",
+                    f"{r['gap']:,.0f}", f"{r['bound']:,.0f}",
+                ]
+            )  # fmt: skip
+        headers = [
+            "weights A:B", "completions", "A's share of tokens", "A's weighted share", "60 s windows",
+            "worst window deviation", "largest weighted gap", "bound 2 x M x C",
+        ]  # fmt: skip
+        print(table(headers, rows))
+    if "cost" in parts:
+        pairs = results["cost"]
+        print()
+        print(
+            "Throughput: 4,000 zero-latency calls from 1,000 tenants, 256 in flight, 64 slots; "
+            f"off and tokens alternated, {runs} pairs; CPU µs per completion"
+        )
+        rows = []
+        for i, pair in enumerate(pairs):
+            off, on = pair["off"], pair["tokens"]
+            rows.append(
+                [
+                    i + 1, f"{off['rate']:.0f}", f"{on['rate']:.0f}", f"{on['rate'] / off['rate']:.2f}",
+                    f"{off['dispatcher']:.0f} / {on['dispatcher']:.0f}",
+                    f"{off['valkey']:.0f} / {on['valkey']:.0f}",
+                    f"{off['producer']:.0f} / {on['producer']:.0f}",
+                ]
+            )  # fmt: skip
+        off_rate = statistics.median(p["off"]["rate"] for p in pairs)
+        on_rate = statistics.median(p["tokens"]["rate"] for p in pairs)
+        rows.append(["median", f"{off_rate:.0f}", f"{on_rate:.0f}", f"{on_rate / off_rate:.2f}", "", "", ""])
+        headers = [
+            "pair", "off /s", "tokens /s", "ratio", "dispatcher off / tokens", "Valkey off / tokens",
+            "producer off / tokens",
+        ]  # fmt: skip
+        print(table(headers, rows))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 One series per tenant would let a pool with 100,000 tenants (one per ingress sub-tenant) blow up
 every Prometheus that scrapes us, so each pool shows its :data:`TOP_TENANTS` tenants by cost served
-(``hash:llm:tenant-served:{pool}``: launch estimates corrected by the completions' usage, before the
-tenant's weight) and sums the rest under ``tenant="other"``. Pools without fairness have no series.
+(``hash:llm:tenant-served:{pool}``: each completed call's usage, or its estimate when the backend
+reported none, before the tenant's weight) and sums the rest under ``tenant="other"``. Pools without
+fairness have no series.
 """
 
 from __future__ import annotations

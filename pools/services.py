@@ -26,6 +26,7 @@ from pools.models import Backend, FabricGroup, Pool
 from pools.validation import group_problems, pool_values
 from runtime.dispatch import deadletters
 from runtime.errors import DispatchError
+from runtime.policy.tenants import OFF
 from runtime.queue.groups import PUBLISH_SCRIPT, UNPUBLISH_SCRIPT, publish_args, unpublish_args
 from runtime.wire.groupconfig import GroupConfig
 
@@ -228,7 +229,7 @@ def _take_dead_letter(*, pool: Pool, digest: str, replay: bool) -> DeadLetterRes
             return DeadLetterResult("", False, GONE)
         request_id = stored.letter.request_id if stored.letter else ""
         if replay:
-            done = deadletters.replay(client, keys, pool.pool_id, stored)
+            done = deadletters.replay(client, keys, pool.pool_id, stored, fair=pool.tenant_fairness != OFF)
         else:
             done = deadletters.discard(client, keys, pool.pool_id, stored)
     except VALKEY_ERRORS as exc:

@@ -21,7 +21,8 @@ import redis
 from runtime.errors import MalformedEnvelope
 from runtime.queue.keys import KeySpace
 from runtime.queue.leases import item_digest
-from runtime.queue.scripts import DEAD_LETTER_TAKE
+from runtime.queue.scripts import DEAD_LETTER_TAKE, TENANT_DEAD_LETTER_TAKE
+from runtime.queue.tenant_dispatch import dead_letter_take_fair_args
 from runtime.wire.contract import Envelope
 
 # An operator acts on letters the admin listed; letters past this many are reached after the first go.
@@ -150,9 +151,11 @@ def find(client: redis.Redis, keys: KeySpace, pool_id: str, digest: str) -> Stor
     return None
 
 
-def replay(client: redis.Redis, keys: KeySpace, pool_id: str, stored: StoredLetter) -> bool:
+def replay(
+    client: redis.Redis, keys: KeySpace, pool_id: str, stored: StoredLetter, *, fair: bool = False
+) -> bool:
     """Queues the letter again in ``pool_id``, the pool whose dead-letter list holds it; False if it
-    was no longer there.
+    was no longer there. In a ``fair`` pool (tenant_fairness on) it goes back to its tenant's list.
 
     The list is authoritative, not the envelope's ``pool_id``: a request served in another lane than
     the one it names died there, and its letter is only found (and replayed) in that lane.
@@ -160,6 +163,10 @@ def replay(client: redis.Redis, keys: KeySpace, pool_id: str, stored: StoredLett
     if stored.letter is None:
         raise MalformedEnvelope("an unreadable dead letter cannot be replayed, only discarded")
     queued = replayed_envelope(stored.letter)
+    if fair:
+        tenant = Envelope.decode(queued).tenant
+        script_keys, args = dead_letter_take_fair_args(keys, pool_id, stored.raw, queued, tenant)
+        return bool(int(client.eval(TENANT_DEAD_LETTER_TAKE, len(script_keys), *script_keys, *args)))
     return _take(client, keys, pool_id, stored.raw, queued)
 
 

@@ -183,10 +183,10 @@ class Executor:
         )
         settled = shutdown or (self._settle(run, config, error, ended, timing) if refused is None else None)
         reply = settled.reply if settled is not None else reply_bytes(envelope, completion, error, timing)
+        if self.queue.charges:  # a fair pool's call: its FINISH corrects its tenant's charge (issue 22)
+            tenant_round.correct(self.queue, run.member, completion, config.pool(run.pool_id))
         code = await self._finish(run, reply, self._group_pools(config), settled)
         self._settled(run, code)
-        if self.queue.charges:  # a fair pool's call: its usage corrects its tenant's charge (issue 22)
-            await tenant_round.correct(self.queue, run.member, completion, config.pool(run.pool_id))
         count_finish(self.stats, code, error, settled)
         outcome = span_outcome(
             envelope, run.cost, endpoint, completion, error, started, ended, code, summary, settled

@@ -1,4 +1,5 @@
-"""Decoding of peeked queue items, cached so a head seen in many rounds is decoded once."""
+"""Decoding of peeked queue items, cached so a head seen in many rounds is decoded once (and, in a
+fair pool, its token estimate computed once)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from runtime.dispatch.stats import DROP_EXPIRED, DROP_MALFORMED
 from runtime.errors import MalformedEnvelope
 from runtime.policy.cost import CostModel, request_cost
 from runtime.policy.scheduler import HeadItem
+from runtime.policy.tokens import TokenCount
 from runtime.wire.contract import Envelope
 
 
@@ -33,6 +35,8 @@ class PeekCache:
         self.cost_model = cost_model
         self.capacity = capacity
         self._items: OrderedDict[tuple[int, bytes], PeekedItem] = OrderedDict()
+        # A fair pool's head is read in every round until it is claimed: its estimate, per pool default.
+        self._tokens: dict[tuple[int, bytes], tuple[int, TokenCount, bool]] = {}
 
     def __len__(self) -> int:
         return len(self._items)
@@ -50,11 +54,29 @@ class PeekCache:
         item = self._decode(raw)
         self._items[key] = item
         if len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+            self._tokens.pop(self._items.popitem(last=False)[0], None)
         return item
 
     def forget(self, raw: bytes) -> None:
-        self._items.pop(self._key(raw), None)
+        key = self._key(raw)
+        self._items.pop(key, None)
+        self._tokens.pop(key, None)
+
+    def estimate(self, raw: bytes, default_output_tokens: int) -> tuple[TokenCount, bool]:
+        """A fair pool's view of an item: its token estimate with its pool's default output, and whether
+        it is its request's first attempt (only a first attempt is charged at launch). A malformed
+        item is estimated at nothing."""
+        key = self._key(raw)
+        known = self._tokens.get(key)
+        if known is not None and known[0] == default_output_tokens:
+            return known[1], known[2]
+        envelope = self.get(raw).envelope
+        if envelope is None:
+            return TokenCount(0, 0), False
+        estimate = envelope.call.tokens(default_output_tokens)  # an embedding costs its input only
+        if key in self._items:  # only what the LRU holds, so this stays as bounded as it
+            self._tokens[key] = (default_output_tokens, estimate, envelope.attempt == 1)
+        return estimate, envelope.attempt == 1
 
     def _decode(self, raw: bytes) -> PeekedItem:
         try:

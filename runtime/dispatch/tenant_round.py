@@ -11,18 +11,14 @@ tenants'. On completion the backend's ``usage`` corrects the launch estimate.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from runtime.dispatch.peek import PeekCache
 from runtime.policy.tenants import OFF, TenantCost, TenantLedger, plan_picks
 from runtime.policy.tokens import TokenCount, usage_tokens
 from runtime.queue.dispatching import Observation, QueueOps, QueueView
-from runtime.queue.tenant_dispatch import FairPick, FairView
-from runtime.valkey.client import REDIS_ERRORS
+from runtime.queue.tenant_dispatch import FairPick, FairView, TenantHeads
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
-
-log = logging.getLogger(__name__)
 
 __all__ = ["correct", "fair_pools", "plan_fair"]
 
@@ -40,30 +36,35 @@ def fair_pools(config: GroupConfig | None, queue: QueueOps | None = None) -> fro
     return frozenset(fair)
 
 
-def _estimate(peek: PeekCache, raw: bytes, pool: PoolConfig) -> TokenCount:
-    envelope = peek.get(raw).envelope
-    if envelope is None:  # malformed: dropped, never charged
-        return TokenCount(0, 0)
-    return envelope.call.tokens(pool.tenant_default_output_tokens)  # an embedding costs its input only
-
-
 def plan_pool(peek: PeekCache, pool: PoolConfig, view: QueueView, fair: FairView, launches: int) -> tuple[
     QueueView, dict[bytes, FairPick]
 ]:  # fmt: skip
-    """The pool's view with its heads in the tenants' order, and each head's pick."""
+    """The pool's view with its heads in the tenants' order, and each head's pick.
+
+    Only a request's first attempt is charged at launch: a retry, or a durable request put back by an
+    expired lease or a shutdown, was charged at its first launch, and the FINISH of the attempt that
+    reports usage corrects that one charge. A dead letter replayed is a first attempt again.
+    """
     cost = pool.tenant_cost() or TenantCost()
     if not view.heads_read:
         first = fair.tenants[0].heads[:1] if fair.tenants else ()
         return QueueView(view.backlog, (), view.in_flight, False, first[0] if first else None), {}
-    ledger = TenantLedger(
-        {t.tenant: t.counter for t in fair.tenants},
-        [t.tenant for t in fair.tenants],
-        weights={t.tenant: t.weight for t in fair.tenants},
-    )
-    estimates = {t.tenant: [_estimate(peek, raw, pool) for raw in t.heads] for t in fair.tenants}
-    costs = {tenant: [cost.of(*e) for e in counted] for tenant, counted in estimates.items()}
-    queued = {t.tenant: t.queued for t in fair.tenants}
-    by_tenant = {t.tenant: t for t in fair.tenants}
+    default = pool.tenant_default_output_tokens
+    counters: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    queued: dict[str, int] = {}
+    costs: dict[str, list[float]] = {}
+    estimates: dict[str, list[TokenCount]] = {}
+    by_tenant: dict[str, TenantHeads] = {}
+    for seen in fair.tenants:
+        tenant = seen.tenant
+        counters[tenant], weights[tenant], queued[tenant], by_tenant[tenant] = (
+            seen.counter, seen.weight, seen.queued, seen,
+        )  # fmt: skip
+        counted = [peek.estimate(raw, default) for raw in seen.heads]
+        estimates[tenant] = [estimate for estimate, _ in counted]
+        costs[tenant] = [cost.of(*estimate) if first else 0.0 for estimate, first in counted]
+    ledger = TenantLedger(counters, list(counters), weights=weights)
     heads: list[bytes] = []
     picks: dict[bytes, FairPick] = {}
     taken: dict[str, int] = {}
@@ -91,18 +92,17 @@ def plan_fair(
         )
 
 
-async def correct(queue: QueueOps, member: str, completion: Any, pool: PoolConfig | None) -> None:
-    """Corrects a finished fair-pool call's charge by its reported usage (none reported: the estimate
-    stands); a Valkey failure leaves the estimate as the charge."""
+def correct(queue: QueueOps, member: str, completion: Any, pool: PoolConfig | None) -> None:
+    """Stages the correction of a finished fair-pool call's charge by its reported usage for the call's
+    FINISH (none reported: the estimate stands)."""
     pick = queue.charged(member)
-    if pick is None:
-        return
     cost = pool.tenant_cost() if pool is not None else None
-    usage = usage_tokens(completion.body) if completion is not None else None
-    correction = 0.0
-    if cost is not None:
-        correction = cost.correction((pick.prompt_tokens, pick.output_tokens), usage)
-    try:
-        await queue.correct(member, correction)
-    except REDIS_ERRORS as exc:
-        log.warning("could not correct tenant %s's charge: %s", pick.tenant, exc)
+    if pick is None or cost is None:
+        return
+    if completion is None:  # failed: the estimate stands, and nothing was served
+        queue.stage_correction(member, 0.0, 0.0)
+        return
+    estimate = (pick.prompt_tokens, pick.output_tokens)
+    usage = usage_tokens(completion.body)
+    # A later attempt is charged nothing at launch: it corrects the first attempt's charge all the same.
+    queue.stage_correction(member, cost.correction(estimate, usage), cost.of(*(usage or estimate)))

@@ -23,7 +23,7 @@ overflow a counter.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 __all__ = [
     "ATTACHMENT_TOKENS",
@@ -56,6 +56,11 @@ class TokenCount(NamedTuple):
     output: int
 
 
+def _mapping(value: Any) -> TypeGuard[Mapping[Any, Any]]:
+    # Decoded JSON is a dict: the ABC check (a fifth of an estimate's time) only for anything else.
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def _clamp(tokens: int) -> int:
     return max(0, min(MAX_TOKENS, tokens))
 
@@ -65,7 +70,7 @@ def _text_tokens(text: str) -> int:
 
 
 def _part_tokens(part: Any) -> int:
-    if not isinstance(part, Mapping):
+    if not _mapping(part):
         return 0
     kind = part.get("type")
     if kind == "text":
@@ -84,8 +89,8 @@ def _tool_call_tokens(calls: Any) -> int:
         return 0
     tokens = 0
     for call in calls:
-        function = call.get("function") if isinstance(call, Mapping) else None
-        if isinstance(function, Mapping):
+        function = call.get("function") if _mapping(call) else None
+        if _mapping(function):
             for field in ("name", "arguments"):
                 value = function.get(field)
                 tokens += _text_tokens(value) if isinstance(value, str) else 0
@@ -93,7 +98,7 @@ def _tool_call_tokens(calls: Any) -> int:
 
 
 def _message_tokens(message: Any) -> int:
-    if not isinstance(message, Mapping):
+    if not _mapping(message):
         return MESSAGE_OVERHEAD
     tokens = MESSAGE_OVERHEAD
     content = message.get("content")
@@ -156,8 +161,8 @@ def estimate_tokens(
 def usage_tokens(completion: Any) -> TokenCount | None:
     """The backend's reported ``usage`` of a completion; None when it reports none or nonsense,
     so the launch estimate stands (a backend that omits ``usage`` is charged what was estimated)."""
-    usage = completion.get("usage") if isinstance(completion, Mapping) else None
-    if not isinstance(usage, Mapping):
+    usage = completion.get("usage") if _mapping(completion) else None
+    if not _mapping(usage):
         return None
     prompt, output = usage.get("prompt_tokens"), usage.get("completion_tokens")
     if output is None and completion.get("object") == "list":  # an embeddings answer: no output

@@ -24,6 +24,7 @@ __all__ = [
     "bury_args",
     "promote_args",
     "reap_args",
+    "reaped",
 ]
 
 
@@ -95,6 +96,13 @@ def reap_args(
         *map(keys.backend_inflight, backend_ids),
     ]
     return script_keys, [keys.requests(""), *reap_fair_args(keys, fair_pools)]
+
+
+def reaped(result: Any) -> tuple[tuple[LeaseRecord, ...], tuple[bytes, ...]]:
+    """REAP's answer: the records of the calls lost in flight, and the durable envelopes requeued."""
+    lost_raw, requeued_raw = result
+    records = (LeaseRecord.decode(raw) for raw in lost_raw)
+    return tuple(r for r in records if r is not None), tuple(requeued_raw)
 
 
 def promote_args(keys: KeySpace, pool_id: str) -> ScriptArgs:

@@ -26,6 +26,7 @@ from runtime.queue.dispatch_requests import (
     bury_args,
     promote_args,
     reap_args,
+    reaped,
 )
 from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
 from runtime.queue.leases import LeaseRecord, item_digest, lease_member
@@ -33,13 +34,14 @@ from runtime.queue.registry import script
 from runtime.queue.tenant_dispatch import (
     FairPick,
     FairView,
+    bury_fair_args,
     claim_keys,
-    correct_call,
+    finish_fair_args,
     forget_call,
+    leftover_backlog,
     observe_call,
     parse_view,
     promote_call,
-    requeue_fair_args,
 )
 from runtime.valkey.batch import ScriptBatcher
 from runtime.valkey.lua import run_pipeline
@@ -103,11 +105,12 @@ class QueueOps:
         self.fair_backlog: dict[str, int] = {}  # each fair pool's queued count, as last observed
         self.fair_picks: dict[str, dict[bytes, FairPick]] = {}
         self.charges: dict[str, tuple[str, FairPick]] = {}  # lease member -> (pool id, pick)
+        self._corrections: dict[str, tuple[float, float]] = {}  # member -> (correction, served), for FINISH
         self._tenant_observe = script("tenant_observe")
         self._tenant_claim = script("tenant_claim")
-        self._tenant_correct = script("tenant_correct").bind(client)
         self._tenant_promote = script("tenant_promote")
         self._tenant_forget = script("tenant_forget")
+        self._tenant_bury = script("tenant_bury")
 
     @property
     def finishes(self) -> ScriptBatcher:
@@ -138,6 +141,10 @@ class QueueOps:
         if reap:
             self._reaped_at = time.monotonic()
 
+        # Pools read first come, first served whose tenants' lists may still hold work: a dispatcher
+        # started after the pool's fairness was switched off never saw it fair (issue 22).
+        unfair = [r.pool_id for r in reads if r.pool_id not in self.fair_pools and reap]
+
         def build(pipe: Any) -> None:
             if take_turn:
                 self._acquire.queue(
@@ -150,7 +157,7 @@ class QueueOps:
                 self._reap.queue(
                     pipe, *reap_args(self.keys, self.group_id, pool_ids, backend_ids, self.fair_pools)
                 )
-                self._queue_forgets(pipe)
+                self._queue_forgets(pipe, unfair)
             for read in reads:
                 if read.pool_id in self.fair_pools:
                     self._tenant_observe.queue(
@@ -175,12 +182,12 @@ class QueueOps:
             results = results[1:]
         lost: tuple[LeaseRecord, ...] = ()
         requeued: tuple[bytes, ...] = ()
+        left: dict[str, int] = {}
         if reap:
-            lost_raw, requeued_raw = results[0]
-            records = (LeaseRecord.decode(raw) for raw in lost_raw)
-            lost = tuple(r for r in records if r is not None)
-            requeued = tuple(requeued_raw)
-            results = results[1 + len(self.fair_pools) :]  # the idle cleanups' counts
+            lost, requeued = reaped(results[0])
+            done = 1 + len(self.fair_pools)  # the reap, the idle cleanups' counts
+            left = leftover_backlog(unfair, results[done : done + len(unfair)])
+            results = results[done + len(unfair) :]
         views: dict[str, QueueView] = {}
         fair_views: dict[str, FairView] = {}
         for read, (backlog, in_flight, heads_read, heads, *horizon) in zip(reads, results[:-1], strict=True):
@@ -191,7 +198,7 @@ class QueueOps:
                 views[read.pool_id] = QueueView(int(backlog), (), int(in_flight), False, heads[0])
             else:
                 views[read.pool_id] = QueueView(int(backlog), tuple(heads), int(in_flight), bool(heads_read))
-        self.fair_backlog = {pool_id: views[pool_id].backlog for pool_id in fair_views}
+        self.fair_backlog = {pool_id: views[pool_id].backlog for pool_id in fair_views} | left
         return Observation(views, int(results[-1]), lost, requeued, fair_views)
 
     async def take_poll(self, interval_s: float) -> bool:
@@ -244,9 +251,8 @@ class QueueOps:
                     self._claim.queue(pipe, keys, args)
                     continue
                 keys[0], tenant_keys = claim_keys(self.keys, req.pool_id, pick)
-                launch = req.mode == "launch"
-                charge, cost = (repr(pick.charge), repr(pick.charge * pick.weight)) if launch else ("0", "0")
-                self._tenant_claim.queue(pipe, [*keys, *tenant_keys], [*args, pick.tenant, charge, cost])
+                charge = repr(pick.charge) if req.mode == "launch" else "0"
+                self._tenant_claim.queue(pipe, [*keys, *tenant_keys], [*args, pick.tenant, charge])
             if end_turn is not None:
                 self._release.queue(
                     pipe,
@@ -299,8 +305,13 @@ class QueueOps:
         (``FINISH_STALE``). While one of ``group_pools`` has backlog, the freed slot wakes one idle
         dispatcher of the group.
         """
-        # A fair pool's request going back goes to its tenant's list (lua/_tenant_requeue.lua).
-        requeue_fair = settlement == scripts.SETTLE_REQUEUE and pool_id in self.fair_pools
+        # A fair pool's request going back goes to its tenant's list (lua/_tenant_requeue.lua), and a
+        # charged call's correction rides in the same script (lua/_tenant_correct.lua). Taken out
+        # before the call: a FINISH retried after a lost answer may have run, so it corrects at most once.
+        charged = self.charges.pop(member, None)
+        correction, served = self._corrections.pop(member, (0.0, 0.0))
+        fair = pool_id in self.fair_pools or charged is not None
+        pick = charged[1] if charged is not None else None
         code = await self._finishes.run(
             [
                 self.keys.producer_alive(producer_id),
@@ -320,28 +331,29 @@ class QueueOps:
             [
                 reply, int(reply_ttl_s * 1000), member, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, token, settlement,
                 payload, due_at,
-                *(requeue_fair_args(self.keys, pool_id) if requeue_fair else ()),
+                *(finish_fair_args(self.keys, pool_id, pick, correction, served) if fair else ()),
             ],
         )  # fmt: skip
         return int(code)
 
-    def _queue_forgets(self, pipe: Any) -> None:
-        """Each fair pool's idle cleanup, a slice of its counters hash at a time (in reap's interval)."""
+    def _queue_forgets(self, pipe: Any, unfair: Sequence[str]) -> None:
+        """Each fair pool's idle cleanup, a slice of its counters hash at a time (in reap's interval),
+        then the queued count of each pool in ``unfair`` (its tenants' lists may hold leftover work)."""
         for pool_id in sorted(self.fair_pools):
             self._tenant_forget.queue(pipe, *forget_call(self.keys, pool_id))
+        for pool_id in unfair:
+            pipe.get(self.keys.pool_queued(pool_id))
 
     def _backlog_key(self, pool_id: str) -> str:
         """A key that exists exactly while the pool has backlog: its list, or a fair pool's tenants."""
         return self.keys.tenants(pool_id) if pool_id in self.fair_pools else self.keys.requests(pool_id)
 
-    async def correct(self, member: str, correction: float | None) -> None:
-        """Forgets a finished fair-pool call's charge and adds ``correction`` (unweighted: actual minus
-        estimate) / its weight to its tenant's counter; None or 0 (no usage reported) keeps the estimate."""
-        charged = self.charges.pop(member, None)
-        if charged is None or not correction:
-            return
-        pool_id, pick = charged
-        await self._tenant_correct(*correct_call(self.keys, pool_id, pick, correction))
+    def stage_correction(self, member: str, correction: float, served: float) -> None:
+        """Sets what the FINISH of one of this dispatcher's running fair-pool calls adds to its tenant's
+        counter, ``correction`` (unweighted: actual minus estimate; 0 keeps the estimate) / its weight,
+        and to what the tenant was ``served`` (unweighted)."""
+        if member in self.charges:
+            self._corrections[member] = (correction, served)
 
     def charged(self, member: str) -> FairPick | None:
         """The pick of one of this dispatcher's running fair-pool calls (None: not a fair pool's)."""
@@ -369,16 +381,20 @@ class QueueOps:
         """Dead-letters the head ``raw`` of a pool as ``letter`` and answers its producer with ``reply``
         if it is alive; False if the head moved."""
 
-        def build(pipe: Any) -> None:
-            self._bury.queue(
-                pipe,
-                *bury_args(
-                    self.keys, raw, pool_id=pool_id, producer_id=producer_id, letter=letter, reply=reply,
-                    reply_ttl_s=reply_ttl_s,
-                ),
-            )  # fmt: skip
+        script_keys, args = bury_args(
+            self.keys, raw, pool_id=pool_id, producer_id=producer_id, letter=letter, reply=reply,
+            reply_ttl_s=reply_ttl_s,
+        )  # fmt: skip
+        pick = self.fair_picks.get(pool_id, {}).get(raw)
+        bury = self._bury
+        if pick is not None:  # a fair pool's head: taken from its tenant's list (issue 22)
+            script_keys, args = bury_fair_args(self.keys, pool_id, pick, script_keys, args)
+            bury = self._tenant_bury
 
-        [buried] = await run_pipeline(self.client, [self._bury], build)
+        def build(pipe: Any) -> None:
+            bury.queue(pipe, script_keys, args)
+
+        [buried] = await run_pipeline(self.client, [bury], build)
         return bool(int(buried))
 
     async def renew(self, leases: Sequence[tuple[str, str, str]], lease_s: float) -> None:

@@ -72,8 +72,9 @@ class KeySpace:
         return f"{self.prefix}hash:llm:tenant-weights:{pool_id}"
 
     def tenant_served(self, pool_id: str) -> str:
-        """Hash tenant -> the (unweighted) cost it was served: estimates at launch, corrected by usage
-        on completion (the operator's per-tenant metrics read its top tenants)."""
+        """Hash tenant -> the (unweighted) cost it was served, added by each completed call's FINISH: its
+        usage's cost, or its estimate when the backend reported none (the operator's per-tenant
+        metrics read its top tenants)."""
         return f"{self.prefix}hash:llm:tenant-served:{pool_id}"
 
     def tenant_scan(self, pool_id: str) -> str:

@@ -48,9 +48,10 @@ WAKE = source("wake")  # the wake-token push on its own
 DRAIN = source("drain")  # the drain count on its own
 TENANT_OBSERVE = source("tenant_observe")  # a fair pool's (issue 22; see runtime.queue.tenant_dispatch)
 TENANT_CLAIM = source("tenant_claim")
-TENANT_CORRECT = source("tenant_correct")
 TENANT_PROMOTE = source("tenant_promote")
 TENANT_FORGET = source("tenant_forget")
+TENANT_BURY = source("tenant_bury")
+TENANT_DEAD_LETTER_TAKE = source("tenant_dead_letter_take")
 
 # --- producer side ---------------------------------------------------------------------------------
 PUSH = source("push")

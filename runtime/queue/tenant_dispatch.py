@@ -4,36 +4,47 @@ correct on completion.
 ``lua/tenant_observe.lua`` reads the pool's W lowest backlogged tenants (their counters, weights,
 queued counts and first heads) and the next one as the plan's horizon, in O(log n + W).
 ``lua/tenant_claim.lua`` is CLAIM (``lua/_claim.lua``) on the tenant's own list, charging the tenant's
-counter by the dispatcher's estimate / weight as the head leaves; ``lua/tenant_correct.lua`` adds
-(actual - estimate) / weight when the backend reported its usage. Charges and corrections are
-increments, so two dispatchers' never drift; the SHA-1 check makes a raced head a ``moved``.
+counter by the dispatcher's estimate / weight as the head leaves; the call's FINISH adds
+(actual - estimate) / weight when the backend reported its usage (``lua/_tenant_correct.lua``, in the
+same script, so a stale dispatcher's correction is refused with its reply). Charges and corrections
+are increments, so two dispatchers' never drift; the SHA-1 check makes a raced head a ``moved``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from runtime.queue import scripts
-from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
+from runtime.queue.keys import UNTAGGED, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
 
 __all__ = [
     "TENANT_VIEW_WIDTH",
     "FairPick",
     "FairView",
     "TenantHeads",
+    "bury_fair_args",
     "claim_keys",
-    "correct_call",
+    "dead_letter_take_fair_args",
+    "finish_fair_args",
     "forget_call",
+    "leftover_backlog",
     "observe_call",
     "parse_view",
     "promote_call",
     "reap_fair_args",
-    "requeue_fair_args",
+    "view_width",
 ]
 
 TENANT_VIEW_WIDTH = 16  # tenants viewed per observation (W); one more is read as the horizon
+
+
+def view_width(depth: int) -> int:
+    """Tenants viewed when a round launches at most ``depth``: no more than it could pick from (a plan
+    that runs out of viewed tenants stops at the horizon, never guesses), at most W."""
+    return max(2, min(TENANT_VIEW_WIDTH, depth))
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +97,7 @@ def observe_call(
             keys.pool_inflight(pool_id), group_inflight, keys.requests(pool_id),
             keys.tenant_counters(pool_id),
         ],
-        [depth, pool_max, group_limit, int(display), TENANT_VIEW_WIDTH, keys.tenant_requests(pool_id, "")],
+        [depth, pool_max, group_limit, int(display), view_width(depth), keys.tenant_requests(pool_id, "")],
     )  # fmt: skip
 
 
@@ -106,14 +117,49 @@ def parse_view(view: Sequence[Any], horizon: Sequence[Any]) -> FairView:
     return FairView(tenants, (float(_text(horizon[1])), _text(horizon[0])) if horizon else None)
 
 
+@functools.lru_cache(maxsize=1024)
+def _pool_keys(keys: KeySpace, pool_id: str) -> tuple[str, str, str, str]:
+    """A fair pool's tenant lists' prefix, backlogged tenants, counters and queued count: every claim
+    and finish of the pool names them."""
+    return (
+        keys.tenant_requests(pool_id, ""), keys.tenants(pool_id), keys.tenant_counters(pool_id),
+        keys.pool_queued(pool_id),
+    )  # fmt: skip
+
+
 def claim_keys(keys: KeySpace, pool_id: str, pick: FairPick) -> tuple[str, list[str]]:
     """The tenant's list (CLAIM's first key) and the keys TENANT_CLAIM appends to CLAIM's."""
-    return keys.tenant_requests(pool_id, pick.tenant), [
-        keys.tenants(pool_id),
-        keys.tenant_counters(pool_id),
-        keys.pool_queued(pool_id),
-        keys.tenant_served(pool_id),
-    ]
+    lists, zset, counters, count = _pool_keys(keys, pool_id)
+    return keys.requests(pool_id) if pick.tenant == UNTAGGED else lists + pick.tenant, [zset, counters, count]
+
+
+def bury_fair_args(
+    keys: KeySpace, pool_id: str, pick: FairPick, bury_keys: list[str], bury_args: list[Any]
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of ``lua/tenant_bury.lua`` from BURY's: the head is taken from its tenant's list."""
+    return (
+        [keys.tenant_requests(pool_id, pick.tenant), *bury_keys[1:], keys.tenants(pool_id),
+         keys.tenant_counters(pool_id), keys.pool_queued(pool_id)],
+        [*bury_args, pick.tenant],
+    )  # fmt: skip
+
+
+def dead_letter_take_fair_args(
+    keys: KeySpace, pool_id: str, stored: bytes, queued: bytes, tenant: str | None
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of ``lua/tenant_dead_letter_take.lua``: a replay onto ``tenant``'s list (None:
+    untagged, the seed's list as tenant ``*``)."""
+    return (
+        [keys.dead_letters(pool_id), keys.requests(pool_id), keys.tenants(pool_id),
+         keys.tenant_counters(pool_id), keys.pool_queued(pool_id)],
+        [stored, queued, keys.tenant_requests(pool_id, ""), UNTAGGED if tenant is None else tenant],
+    )  # fmt: skip
+
+
+def leftover_backlog(pool_ids: Sequence[str], counts: Sequence[Any]) -> dict[str, int]:
+    """The pools read first come, first served whose queued count (``GET`` of each) says their tenants'
+    lists still hold work: fairness switched off while they did."""
+    return {pool_id: int(n) for pool_id, n in zip(pool_ids, counts, strict=True) if n and int(n) > 0}
 
 
 def promote_call(keys: KeySpace, pool_id: str) -> tuple[list[str], list[Any]]:
@@ -142,14 +188,6 @@ def reap_fair_args(keys: KeySpace, fair_pools: Collection[str]) -> list[str]:
     ]
 
 
-def requeue_fair_args(keys: KeySpace, pool_id: str) -> list[str]:
-    """FINISH's extra arguments for a fair pool's requeue (a durable call its dispatcher shut down on)."""
-    return [
-        keys.tenant_requests(pool_id, ""), keys.tenants(pool_id), keys.tenant_counters(pool_id),
-        keys.pool_queued(pool_id),
-    ]  # fmt: skip
-
-
 FORGET_SCAN = 256  # counters hash fields an idle cleanup looks at per pool and reap
 
 
@@ -162,11 +200,12 @@ def forget_call(keys: KeySpace, pool_id: str) -> tuple[list[str], list[Any]]:
     )  # fmt: skip
 
 
-def correct_call(
-    keys: KeySpace, pool_id: str, pick: FairPick, correction: float
-) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of ``lua/tenant_correct.lua`` (``correction`` before the tenant's weight)."""
-    return (
-        [keys.tenants(pool_id), keys.tenant_counters(pool_id), keys.tenant_served(pool_id)],
-        [pick.tenant, repr(correction / pick.weight), repr(correction)],
-    )
+def finish_fair_args(
+    keys: KeySpace, pool_id: str, pick: FairPick | None, correction: float = 0.0, served: float = 0.0
+) -> list[str]:
+    """FINISH's extra arguments in a fair pool: where a requeue goes and, for a charged ``pick``, the
+    ``correction`` of its charge (before the tenant's weight) and the cost it was ``served``."""
+    extra = list(_pool_keys(keys, pool_id))
+    if pick is not None and (correction or served):
+        extra += [pick.tenant, repr(correction / pick.weight), repr(served), keys.tenant_served(pool_id)]
+    return extra

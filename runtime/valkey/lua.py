@@ -32,6 +32,9 @@ class Commands:
     def zcard(self, key: str) -> None:
         self.calls.append(("ZCARD", key))
 
+    def get(self, key: str) -> None:
+        self.calls.append(("GET", key))
+
 
 class LuaScript:
     """One script's source and SHA-1; ``queue`` adds an EVALSHA of it to the commands."""

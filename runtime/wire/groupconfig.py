@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, NamedTuple
 
 import orjson
@@ -29,6 +29,12 @@ DELIVERIES = (LISTS, DURABLE)
 COST_UNITS = "units"  # the seed's: cost_units, else images and pages
 COST_TOKENS = "tokens"  # estimated tokens, weighted by the pool's token weights
 COST_MODES = (COST_UNITS, COST_TOKENS)
+
+
+@lru_cache(maxsize=256)
+def _tenant_cost(mode: str, input_weight: float, output_weight: float) -> TenantCost:
+    """One TenantCost per distinct setting: every fair-pool launch and completion asks for it."""
+    return TenantCost(mode, input_weight, output_weight)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +74,7 @@ class PoolConfig:
         """What a request costs a tenant of this pool; None when the pool is first come, first served."""
         if self.tenant_fairness == OFF:
             return None
-        return TenantCost(self.tenant_fairness, self.tenant_input_weight, self.tenant_output_weight)
+        return _tenant_cost(self.tenant_fairness, self.tenant_input_weight, self.tenant_output_weight)
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(self.max_attempts, self.retry_backoff_base_s, self.retry_backoff_cap_s)

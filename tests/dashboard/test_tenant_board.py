@@ -50,6 +50,13 @@ async def claim(queue: QueueOps, env: Envelope, charge: float) -> None:
     assert code in (b"claimed", "claimed"), code
 
 
+async def finish(queue: QueueOps, env: Envelope, served: float) -> None:
+    """The call's FINISH: what it was served counts for its tenant once it is done."""
+    member = lease_member(POOL, env.request_id)
+    queue.stage_correction(member, 0.0, served)
+    await queue.finish(pool_id=POOL, producer_id="p1", member=member, reply=b"", reply_ttl_s=10.0)
+
+
 @pytest.fixture
 def window(monkeypatch: pytest.MonkeyPatch) -> ServedWindow:
     fresh = ServedWindow()
@@ -67,20 +74,23 @@ async def test_a_noisy_tenant_tops_its_fair_pool(
     await push(ops, "key-quiet", 1, "q")
     await push(ops, None, 2, "u")
     await claim(queue, noisy[0], 4.0)
+    await finish(queue, noisy[0], 4.0)
+    await claim(queue, noisy[1], 4.0)
     now = time.time()
 
     read = selectors.tenants_read(group_id="g", fairness={POOL: "tokens"}, now=now, client=sredis)
     assert set(read) == {POOL} and read[POOL]["backlogged"] == 3 and read[POOL]["fairness"] == "tokens"
     assert [(r["tenant"], r["queued"], r["in_flight"]) for r in read[POOL]["rows"]] == [
-        ("key-noisy", 5, 1), ("*", 2, 0), ("key-quiet", 1, 0),
+        ("key-noisy", 4, 1), ("*", 2, 0), ("key-quiet", 1, 0),
     ]  # fmt: skip
     top = read[POOL]["rows"][0]
-    assert (top["counter"], top["served"], top["served_last_minute"]) == (4.0, 4.0, None)  # no earlier read
+    assert (top["counter"], top["served"], top["served_last_minute"]) == (8.0, 4.0, None)  # no earlier read
 
-    await claim(queue, noisy[1], 4.0)
+    await finish(queue, noisy[1], 4.0)
+    await claim(queue, noisy[2], 4.0)
     later = selectors.tenants_read(group_id="g", fairness={POOL: "tokens"}, now=now + 60, client=sredis)
     by_tenant = {r["tenant"]: r for r in later[POOL]["rows"]}
-    assert by_tenant["key-noisy"]["in_flight"] == 2 and by_tenant["key-noisy"]["served"] == 8.0
+    assert by_tenant["key-noisy"]["in_flight"] == 1 and by_tenant["key-noisy"]["served"] == 8.0
     assert by_tenant["key-noisy"]["served_last_minute"] == 4.0  # served since the read 60 s before
     assert by_tenant["key-quiet"]["served_last_minute"] == 0.0
 

@@ -6,9 +6,5 @@
 local head = redis.call('LINDEX', KEYS[1], 0)
 if not head or redis.sha1hex(head) ~= ARGV[1] then return 0 end
 redis.call('LPOP', KEYS[1])
-redis.call('RPUSH', KEYS[2], ARGV[2])
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  redis.call('RPUSH', KEYS[4], ARGV[3])
-  redis.call('PEXPIRE', KEYS[4], ARGV[4])
-end
+--! bury_letter
 return 1

@@ -5,8 +5,10 @@
 --       (a fair pool's: its backlogged tenants zset; either exists only while the pool has backlog)
 -- ARGV: reply bytes (empty: release only), reply list TTL ms, lease member, wake token cap, token TTL ms,
 --       fencing token ('' unfenced: lists mode), settlement (SETTLE_*), the retry's next envelope or the
---       dead letter, the retry's due time, then only for a fair pool's requeue (tenant_fairness on): its
---       tenant lists' key up to the tenant, its backlogged tenants zset, counters hash, queued count
+--       dead letter, the retry's due time, then only for a fair pool (tenant_fairness on): its tenant
+--       lists' key up to the tenant, its backlogged tenants zset, counters hash, queued count (a
+--       requeue goes to the tenant's list) and, for a charged call (lua/_tenant_correct.lua, not when
+--       stale): the tenant, the correction / weight, the cost served, the served hash
 -- Returns FINISH_DELIVERED, FINISH_PRODUCER_GONE, FINISH_STALE (the lease was taken away: nothing
 -- done, not even the backend's lease), FINISH_DELAYED (the retry waits in the delayed set) or
 -- FINISH_REQUEUED (a durable call its dispatcher could not finish before shutting down went back to
@@ -20,6 +22,9 @@ redis.call('HDEL', KEYS[5], ARGV[3])
 redis.call('HDEL', KEYS[7], ARGV[3])
 redis.call('HDEL', KEYS[8], ARGV[3])
 redis.call('ZREM', KEYS[11], ARGV[3])
+if ARGV[14] then
+--! tenant_correct zset=ARGV[11] counters=ARGV[12] served=ARGV[17] tenant=ARGV[14] charge=ARGV[15] cost=ARGV[16]
+end
 if ARGV[7] == 'requeue' then
   if ARGV[10] then
 --! tenant_requeue envelope=ARGV[8] seed=KEYS[12] lists=ARGV[10] zset=ARGV[11] counters=ARGV[12] count=ARGV[13]

@@ -1,24 +1,29 @@
 -- TENANT_CLAIM: CLAIM in a fair pool (tenant_fairness on): the head of one tenant's list, taken as CLAIM
 -- takes it; every pop also lowers the pool's queued count, and the tenant leaves the backlogged set
 -- when its list is now empty (its counter remembered as the last leaver's). A launch charges the
--- tenant's counter (and its score while backlogged) by the dispatcher's estimate / weight; a drop
--- charges nothing.
+-- tenant's counter (and its score while backlogged) by the dispatcher's estimate / weight (0 for a
+-- request charged at an earlier attempt); a drop charges nothing. What the call is served is counted
+-- by its FINISH (lua/_tenant_correct.lua).
 -- KEYS: CLAIM's (the first: the tenant's list), then the backlogged tenants zset, the counters hash,
---       the pool's queued count, the served hash
--- ARGV: CLAIM's, then the tenant, the charge, the cost (the charge before the weight)
+--       the pool's queued count
+-- ARGV: CLAIM's, then the tenant, the charge
 -- Returns as CLAIM; a launch's fourth element is the pool's queued count after it.
-local zset, counters, count, served = KEYS[#KEYS - 3], KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
-local tenant, charge, cost = ARGV[#ARGV - 2], ARGV[#ARGV - 1], ARGV[#ARGV]
+local zset, counters, count = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
+local tenant, charge = ARGV[#ARGV - 1], ARGV[#ARGV]
+local left = 0
 local function popped(charged)
   redis.call('LPOP', KEYS[1])
-  redis.call('DECR', count)
-  if charged then
-    redis.call('HINCRBYFLOAT', counters, tenant, charge)
-    redis.call('HINCRBYFLOAT', served, tenant, cost)
-    if redis.call('ZSCORE', zset, tenant) then redis.call('ZINCRBY', zset, charge, tenant) end
-  end
+  left = redis.call('DECR', count)
+  local counter = nil
+  charged = charged and tonumber(charge) ~= 0  -- a retry's or a requeued request's launch is free
+  if charged then counter = redis.call('HINCRBYFLOAT', counters, tenant, charge) end
   if redis.call('LLEN', KEYS[1]) == 0 then
---! leave zset=zset counters=counters tenant=tenant
+    -- LEAVE (lua/_leave.lua), with the counter the charge just gave
+    if redis.call('ZREM', zset, tenant) == 1 then
+      redis.call('HSET', counters, '*last', counter or redis.call('HGET', counters, tenant) or 0)
+    end
+  elseif charged then
+    redis.call('ZADD', zset, 'XX', 'INCR', charge, tenant)
   end
 end
---! claim last=#KEYS-4 drop=popped(false) launch=popped(true) left=math.max(0,tonumber(redis.call('GET',count))or(0))
+--! claim last=#KEYS-3 drop=popped(false) launch=popped(true) left=math.max(0,left)

@@ -26,7 +26,7 @@ local low = redis.call('ZRANGE', KEYS[1], 0, width, 'WITHSCORES')
 -- A round launches at most depth, shared by the viewed tenants: each needs about its share of heads
 -- (twice it, for uneven counters). A plan that runs out of a tenant's heads stops early, never guesses.
 local per = math.min(depth, math.max(2, math.ceil(2 * depth / math.max(1, math.min(width, #low / 2)))))
-local view, horizon = {}, {}
+local view, horizon, viewed = {}, {}, {}
 for i = 1, #low, 2 do
   local tenant, counter = low[i], low[i + 1]
   if (i + 1) / 2 > width then
@@ -34,17 +34,23 @@ for i = 1, #low, 2 do
     break
   end
   local list = tenant == '*' and KEYS[6] or ARGV[6] .. tenant
-  local queued = redis.call('LLEN', list)
+  local heads, queued = {}, nil
+  if read == 1 then
+    heads = redis.call('LRANGE', list, 0, per - 1)
+    if #heads < per then queued = #heads end  -- the whole list was read
+  elseif read == 2 and #view == 0 then
+    heads = redis.call('LRANGE', list, 0, 0)
+  end
+  queued = queued or redis.call('LLEN', list)
   if queued == 0 then
 --! leave zset=KEYS[1] counters=KEYS[7] tenant=tenant
   else
-    local heads = {}
-    if read == 1 then
-      heads = redis.call('LRANGE', list, 0, per - 1)
-    elseif read == 2 and #view == 0 then
-      heads = redis.call('LRANGE', list, 0, 0)
-    end
-    view[#view + 1] = {tenant, counter, redis.call('HGET', KEYS[2], tenant) or '1', queued, heads}
+    view[#view + 1] = {tenant, counter, '1', queued, heads}
+    viewed[#viewed + 1] = tenant
   end
+end
+if #viewed > 0 then
+  local weights = redis.call('HMGET', KEYS[2], unpack(viewed))
+  for j = 1, #view do view[j][3] = weights[j] or '1' end
 end
 return {backlog, in_pool, read, view, horizon}

@@ -1,6 +1,7 @@
 -- TENANT_PUSH: a fair pool's push (tenant_fairness on): ADMIT_PUSH's checks against the pool's count
 -- key, then the tenant's own cap, then the push onto the tenant's list; the tenant enters the
--- backlogged set when its list was empty. Untagged traffic is tenant '*' on the seed's list.
+-- backlogged set when its list was empty, and a dispatcher is woken when the pool's was. Untagged
+-- traffic is tenant '*' on the seed's list.
 -- KEYS: the tenant's list, wake key, drain hash, rejections hash, breaker state, the key's open-requests
 --       zset (a key never written without a lease), backlogged tenants zset, counters hash, weights
 --       hash, the pool's queued count
@@ -22,9 +23,10 @@ local total = redis.call('INCR', KEYS[10])
 redis.call('HSET', KEYS[9], ARGV[14], ARGV[15])
 if n == 1 then
 --! enter zset=KEYS[7] counters=KEYS[8] tenant=ARGV[14]
---! wake key=KEYS[2] cap=ARGV[2] ttl=ARGV[3]
 end
 if total == 1 then
+  -- As the seed's push: only the pool's first queued request wakes a dispatcher (not every tenant's).
+--! wake key=KEYS[2] cap=ARGV[2] ttl=ARGV[3]
   local st = redis.call('TIME')
   redis.call('HSET', KEYS[3], 'since', tonumber(st[1]) + tonumber(st[2]) / 1000000)
   redis.call('EXPIRE', KEYS[3], $DRAIN_TTL_S)
