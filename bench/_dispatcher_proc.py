@@ -46,6 +46,7 @@ async def main(url: str, prefix: str, group_id: str, concurrency: int, dispatche
                         "completed": stats.completed,
                         "claim_lost": stats.claim_lost,
                         "turn_busy": stats.turn_busy,
+                        "stale_tokens": stats.stale_tokens,
                         "wake_tokens": dispatcher.waiter.tokens,
                         "rounds": stats.rounds,
                         "launched": sum(stats.launched_by_pool.values()),

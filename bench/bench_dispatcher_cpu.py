@@ -9,7 +9,9 @@ checkout on asyncio's default loop (``--before-loop asyncio``). Each variant's d
 and one private Valkey; this process is the producer (closed loop, same client for every path).
 Every run measures ``direct`` (the baseline) and each variant at concurrency 1, 16 and 64, in a
 rotating order. Dispatcher CPU per call comes from /proc/<pid>/stat around the measured calls,
-Valkey's from ``INFO cpu``.
+Valkey's from ``INFO cpu``. At concurrency 1 each run also measures a bare Valkey hop
+(``bench._bare_hop_proc``: RPUSH, a worker's BLPOP and RPUSH of the reply, the caller's BLPOP), the
+floor the added latency is compared with.
 """
 
 from __future__ import annotations
@@ -18,12 +20,18 @@ import argparse
 import asyncio
 import contextlib
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import (
+    CALL,
     ROOT,
     client,
     closed_loop,
@@ -38,6 +46,8 @@ from bench._common import (
     private_valkey,
     publish,
     simulator_proc,
+    spawn,
+    stop_proc,
     table,
     valkey_cpu_ms,
 )
@@ -47,10 +57,30 @@ from runtime.wire.groupconfig import PoolConfig
 
 LEVELS = (1, 16, 64)
 SLOTS = 64
+BARE = "bare Valkey hop"
 
 
 def calls_at(level: int, quick: bool) -> int:
     return {1: 100, 16: 400, 64: 640}[level] if quick else {1: 400, 16: 2000, 64: 3200}[level]
+
+
+class BareHop:
+    """The floor at concurrency 1: RPUSH a request, a worker process's BLPOP and RPUSH of the reply,
+    and this caller's BLPOP (redis-py with hiredis, as the DESIGN's bare hop). ``submit`` has the
+    producer's shape, so the same closed loop measures it."""
+
+    def __init__(self, url: str, requests: str) -> None:
+        self.conn = aioredis.Redis.from_url(url)
+        self.requests = requests
+        self.reply = f"bare:{uuid.uuid4().hex}"[:32].encode()
+        self.payload = self.reply + orjson.dumps(CALL)
+
+    async def submit(self, *_: Any, **__: Any) -> None:
+        await self.conn.rpush(self.requests, self.payload)
+        await self.conn.blpop([self.reply], timeout=10)
+
+    async def aclose(self) -> None:
+        await self.conn.aclose()
 
 
 async def measure(variants: dict[str, tuple[Path, dict[str, str]]], quick: bool, runs: int) -> dict:
@@ -82,21 +112,42 @@ async def measure(variants: dict[str, tuple[Path, dict[str, str]]], quick: bool,
             for producer, _ in paths.values():
                 await closed_loop(producer, "default", SLOTS, 4 * SLOTS)
             names = list(paths)
+            requests = f"bare:{uuid.uuid4().hex}"
+            stack.enter_context(worker(["-m", "bench._bare_hop_proc", valkey_url, requests]))
+            bare = BareHop(valkey_url, requests)
+            await closed_loop(bare, "default", 1, 100)
             for run in range(runs):
                 for level in LEVELS:
                     shift = run % len(names)
+                    if level == 1:
+                        sample = await measured_load(bare, 1, calls_at(1, quick), no_cpu)
+                        results.setdefault((1, BARE), []).append(sample)
                     for name in names[shift:] + names[:shift]:
                         producer, cpu_fn = paths[name]
                         sample = await measured_load(producer, level, calls_at(level, quick), cpu_fn)
                         results.setdefault((level, name), []).append(sample)
+            await bare.aclose()
         await backend.aclose()
     return results
+
+
+@contextlib.contextmanager
+def worker(args: list[str]) -> Iterator[None]:
+    proc = spawn(args)
+    try:
+        assert proc.stdout is not None
+        if "ready" not in proc.stdout.readline():
+            raise RuntimeError(f"{args[1]} did not start")
+        yield
+    finally:
+        stop_proc(proc)
 
 
 def report(results: dict, variants: list[str], runs: int, quick: bool) -> dict[str, dict[str, float]]:
     print(f"# dispatcher CPU per call and throughput, median of {runs} runs{' (quick)' if quick else ''}")
     print(f"# {machine()}")
-    rows, summary = [], {}
+    rows: list[list[object]] = []
+    summary: dict[str, dict[str, float]] = {}
     for level in LEVELS:
         direct = results[(level, "direct")]
         for name in ["direct", *variants]:
@@ -123,6 +174,9 @@ def report(results: dict, variants: list[str], runs: int, quick: bool) -> dict[s
                 "added_p99": added99,
                 "cpu_ms": cpu,
             }
+    hop = results[(1, BARE)]
+    hop50, hop99 = median([s["p50"] for s in hop]), median([s["p99"] for s in hop])
+    summary["1:bare"] = {"p50": hop50, "p99": hop99}
     print(
         table(
             [
@@ -137,6 +191,13 @@ def report(results: dict, variants: list[str], runs: int, quick: bool) -> dict[s
             rows,
         )
     )
+    print(f"bare Valkey hop at concurrency 1 (same run): p50 {hop50:.2f} ms, p99 {hop99:.2f} ms")
+    for name in variants:
+        at1 = summary[f"1:{name}"]
+        print(
+            f"{name}: added at concurrency 1 = {at1['added_p50'] / hop50:.2f}x the hop's p50"
+            f" (target <= 1.5x), {at1['added_p99'] / hop99:.2f}x its p99 (target <= 3x)"
+        )
     return summary
 
 
