@@ -9,7 +9,9 @@ checkout on asyncio's default loop (``--before-loop asyncio``). Each variant's d
 and one private Valkey; this process is the producer (closed loop, same client for every path).
 Every run measures ``direct`` (the baseline) and each variant at concurrency 1, 16 and 64, in a
 rotating order. Dispatcher CPU per call comes from /proc/<pid>/stat around the measured calls,
-Valkey's from ``INFO cpu``. At concurrency 1 each run also measures a bare Valkey hop
+Valkey's from ``INFO cpu``, and Valkey's commands (and scripts) per call from ``INFO commandstats``
+(the producer's share is the same for every variant; unlike CPU time, these do not move with the
+machine's load). At concurrency 1 each run also measures a bare Valkey hop
 (``bench._bare_hop_proc``: RPUSH, a worker's BLPOP and RPUSH of the reply, the caller's BLPOP), the
 floor the added latency is compared with.
 """
@@ -106,7 +108,13 @@ async def measure(variants: dict[str, tuple[Path, dict[str, str]]], quick: bool,
                 )
 
                 async def cpu(pid: int = proc.pid) -> dict[str, float]:
-                    return {"dispatcher_ms": cpu_seconds(pid) * 1000, "valkey_ms": await valkey_cpu_ms(conn)}
+                    commands, scripts = await valkey_commands(conn)
+                    return {
+                        "dispatcher_ms": cpu_seconds(pid) * 1000,
+                        "valkey_ms": await valkey_cpu_ms(conn),
+                        "commands": commands,
+                        "scripts": scripts,
+                    }
 
                 paths[name] = (await producers.enter_async_context(Producer(conn, keys=keys)), cpu)
             for producer, _ in paths.values():
@@ -129,6 +137,17 @@ async def measure(variants: dict[str, tuple[Path, dict[str, str]]], quick: bool,
             await bare.aclose()
         await backend.aclose()
     return results
+
+
+async def valkey_commands(conn: aioredis.Redis) -> tuple[float, float]:
+    """Commands Valkey ran so far (a script's own commands included) and the scripts among them.
+
+    Same for every variant but the dispatcher's: a same-run difference is the dispatcher's, and unlike
+    CPU time it does not move with the machine's load."""
+    stats = await conn.info("commandstats")
+    calls = {name: int(v["calls"]) for name, v in stats.items()}
+    scripts = calls.get("cmdstat_evalsha", 0) + calls.get("cmdstat_eval", 0)
+    return float(sum(calls.values())), float(scripts)
 
 
 @contextlib.contextmanager
@@ -157,6 +176,8 @@ def report(results: dict, variants: list[str], runs: int, quick: bool) -> dict[s
             added99 = median([s["p99"] - d["p99"] for s, d in zip(samples, direct, strict=True)])
             cpu = median([s.get("dispatcher_ms", float("nan")) for s in samples])
             vcpu = median([s.get("valkey_ms", float("nan")) for s in samples])
+            commands = median([s.get("commands", float("nan")) for s in samples])
+            evalsha = median([s.get("scripts", float("nan")) for s in samples])
             rows.append(
                 [
                     level,
@@ -166,6 +187,7 @@ def report(results: dict, variants: list[str], runs: int, quick: bool) -> dict[s
                     "-" if name == "direct" else f"{added:+.2f} / {added99:+.2f}",
                     "-" if name == "direct" else f"{cpu:.3f}",
                     "-" if name == "direct" else f"{vcpu:.3f}",
+                    "-" if name == "direct" else f"{commands:.1f} / {evalsha:.2f}",
                 ]
             )
             summary[f"{level}:{name}"] = {
@@ -173,6 +195,8 @@ def report(results: dict, variants: list[str], runs: int, quick: bool) -> dict[s
                 "added_p50": added,
                 "added_p99": added99,
                 "cpu_ms": cpu,
+                "commands": commands,
+                "scripts": evalsha,
             }
     hop = results[(1, BARE)]
     hop50, hop99 = median([s["p50"] for s in hop]), median([s["p99"] for s in hop])
@@ -187,6 +211,7 @@ def report(results: dict, variants: list[str], runs: int, quick: bool) -> dict[s
                 "added p50/p99 ms",
                 "dispatcher CPU ms/call",
                 "Valkey CPU ms/call",
+                "Valkey commands / scripts per call",
             ],
             rows,
         )
