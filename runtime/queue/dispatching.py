@@ -363,6 +363,8 @@ class QueueOps(Upkeep):
                 self.keys.dead_letters(pool_id),
                 self.keys.backend_inflight(backend_id),
                 self.keys.requests(pool_id),
+                self._turn,
+                self._again,
                 *map(self._backlog_key, group_pools),
             ],
             [
