@@ -46,6 +46,8 @@ async def main(url: str, prefix: str, group_id: str, concurrency: int, dispatche
                         "completed": stats.completed,
                         "claim_lost": stats.claim_lost,
                         "turn_busy": stats.turn_busy,
+                        "stale_tokens": stats.stale_tokens,
+                        "round_trips": getattr(dispatcher.queue, "trips", -1),
                         "wake_tokens": dispatcher.waiter.tokens,
                         "rounds": stats.rounds,
                         "launched": sum(stats.launched_by_pool.values()),

@@ -9,7 +9,11 @@ checkout on asyncio's default loop (``--before-loop asyncio``). Each variant's d
 and one private Valkey; this process is the producer (closed loop, same client for every path).
 Every run measures ``direct`` (the baseline) and each variant at concurrency 1, 16 and 64, in a
 rotating order. Dispatcher CPU per call comes from /proc/<pid>/stat around the measured calls,
-Valkey's from ``INFO cpu``.
+Valkey's from ``INFO cpu``, and Valkey's commands (and scripts) per call from ``INFO commandstats``
+(the producer's share is the same for every variant; unlike CPU time, these do not move with the
+machine's load). At concurrency 1 each run also measures a bare Valkey hop
+(``bench._bare_hop_proc``: RPUSH, a worker's BLPOP and RPUSH of the reply, the caller's BLPOP), the
+floor the added latency is compared with.
 """
 
 from __future__ import annotations
@@ -18,12 +22,18 @@ import argparse
 import asyncio
 import contextlib
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import (
+    CALL,
     ROOT,
     client,
     closed_loop,
@@ -38,6 +48,8 @@ from bench._common import (
     private_valkey,
     publish,
     simulator_proc,
+    spawn,
+    stop_proc,
     table,
     valkey_cpu_ms,
 )
@@ -47,10 +59,30 @@ from runtime.wire.groupconfig import PoolConfig
 
 LEVELS = (1, 16, 64)
 SLOTS = 64
+BARE = "bare Valkey hop"
 
 
 def calls_at(level: int, quick: bool) -> int:
     return {1: 100, 16: 400, 64: 640}[level] if quick else {1: 400, 16: 2000, 64: 3200}[level]
+
+
+class BareHop:
+    """The floor at concurrency 1: RPUSH a request, a worker process's BLPOP and RPUSH of the reply,
+    and this caller's BLPOP (redis-py with hiredis, as the DESIGN's bare hop). ``submit`` has the
+    producer's shape, so the same closed loop measures it."""
+
+    def __init__(self, url: str, requests: str) -> None:
+        self.conn = aioredis.Redis.from_url(url)
+        self.requests = requests
+        self.reply = f"bare:{uuid.uuid4().hex}"[:32].encode()
+        self.payload = self.reply + orjson.dumps(CALL)
+
+    async def submit(self, *_: Any, **__: Any) -> None:
+        await self.conn.rpush(self.requests, self.payload)
+        await self.conn.blpop([self.reply], timeout=10)
+
+    async def aclose(self) -> None:
+        await self.conn.aclose()
 
 
 async def measure(variants: dict[str, tuple[Path, dict[str, str]]], quick: bool, runs: int) -> dict:
@@ -76,27 +108,65 @@ async def measure(variants: dict[str, tuple[Path, dict[str, str]]], quick: bool,
                 )
 
                 async def cpu(pid: int = proc.pid) -> dict[str, float]:
-                    return {"dispatcher_ms": cpu_seconds(pid) * 1000, "valkey_ms": await valkey_cpu_ms(conn)}
+                    commands, scripts = await valkey_commands(conn)
+                    return {
+                        "dispatcher_ms": cpu_seconds(pid) * 1000,
+                        "valkey_ms": await valkey_cpu_ms(conn),
+                        "commands": commands,
+                        "scripts": scripts,
+                    }
 
                 paths[name] = (await producers.enter_async_context(Producer(conn, keys=keys)), cpu)
             for producer, _ in paths.values():
                 await closed_loop(producer, "default", SLOTS, 4 * SLOTS)
             names = list(paths)
+            requests = f"bare:{uuid.uuid4().hex}"
+            stack.enter_context(worker(["-m", "bench._bare_hop_proc", valkey_url, requests]))
+            bare = BareHop(valkey_url, requests)
+            await closed_loop(bare, "default", 1, 100)
             for run in range(runs):
                 for level in LEVELS:
                     shift = run % len(names)
+                    if level == 1:
+                        sample = await measured_load(bare, 1, calls_at(1, quick), no_cpu)
+                        results.setdefault((1, BARE), []).append(sample)
                     for name in names[shift:] + names[:shift]:
                         producer, cpu_fn = paths[name]
                         sample = await measured_load(producer, level, calls_at(level, quick), cpu_fn)
                         results.setdefault((level, name), []).append(sample)
+            await bare.aclose()
         await backend.aclose()
     return results
+
+
+async def valkey_commands(conn: aioredis.Redis) -> tuple[float, float]:
+    """Commands Valkey ran so far (a script's own commands included) and the scripts among them.
+
+    Same for every variant but the dispatcher's: a same-run difference is the dispatcher's, and unlike
+    CPU time it does not move with the machine's load."""
+    stats = await conn.info("commandstats")
+    calls = {name: int(v["calls"]) for name, v in stats.items()}
+    scripts = calls.get("cmdstat_evalsha", 0) + calls.get("cmdstat_eval", 0)
+    return float(sum(calls.values())), float(scripts)
+
+
+@contextlib.contextmanager
+def worker(args: list[str]) -> Iterator[None]:
+    proc = spawn(args)
+    try:
+        assert proc.stdout is not None
+        if "ready" not in proc.stdout.readline():
+            raise RuntimeError(f"{args[1]} did not start")
+        yield
+    finally:
+        stop_proc(proc)
 
 
 def report(results: dict, variants: list[str], runs: int, quick: bool) -> dict[str, dict[str, float]]:
     print(f"# dispatcher CPU per call and throughput, median of {runs} runs{' (quick)' if quick else ''}")
     print(f"# {machine()}")
-    rows, summary = [], {}
+    rows: list[list[object]] = []
+    summary: dict[str, dict[str, float]] = {}
     for level in LEVELS:
         direct = results[(level, "direct")]
         for name in ["direct", *variants]:
@@ -106,6 +176,8 @@ def report(results: dict, variants: list[str], runs: int, quick: bool) -> dict[s
             added99 = median([s["p99"] - d["p99"] for s, d in zip(samples, direct, strict=True)])
             cpu = median([s.get("dispatcher_ms", float("nan")) for s in samples])
             vcpu = median([s.get("valkey_ms", float("nan")) for s in samples])
+            commands = median([s.get("commands", float("nan")) for s in samples])
+            evalsha = median([s.get("scripts", float("nan")) for s in samples])
             rows.append(
                 [
                     level,
@@ -115,6 +187,7 @@ def report(results: dict, variants: list[str], runs: int, quick: bool) -> dict[s
                     "-" if name == "direct" else f"{added:+.2f} / {added99:+.2f}",
                     "-" if name == "direct" else f"{cpu:.3f}",
                     "-" if name == "direct" else f"{vcpu:.3f}",
+                    "-" if name == "direct" else f"{commands:.1f} / {evalsha:.2f}",
                 ]
             )
             summary[f"{level}:{name}"] = {
@@ -122,7 +195,12 @@ def report(results: dict, variants: list[str], runs: int, quick: bool) -> dict[s
                 "added_p50": added,
                 "added_p99": added99,
                 "cpu_ms": cpu,
+                "commands": commands,
+                "scripts": evalsha,
             }
+    hop = results[(1, BARE)]
+    hop50, hop99 = median([s["p50"] for s in hop]), median([s["p99"] for s in hop])
+    summary["1:bare"] = {"p50": hop50, "p99": hop99}
     print(
         table(
             [
@@ -133,10 +211,18 @@ def report(results: dict, variants: list[str], runs: int, quick: bool) -> dict[s
                 "added p50/p99 ms",
                 "dispatcher CPU ms/call",
                 "Valkey CPU ms/call",
+                "Valkey commands / scripts per call",
             ],
             rows,
         )
     )
+    print(f"bare Valkey hop at concurrency 1 (same run): p50 {hop50:.2f} ms, p99 {hop99:.2f} ms")
+    for name in variants:
+        at1 = summary[f"1:{name}"]
+        print(
+            f"{name}: added at concurrency 1 = {at1['added_p50'] / hop50:.2f}x the hop's p50"
+            f" (target <= 1.5x), {at1['added_p99'] / hop99:.2f}x its p99 (target <= 3x)"
+        )
     return summary
 
 

@@ -14,8 +14,10 @@ wake-up rule is, a wake token with each push (worst case: every push wakes a dis
 Measured per configuration: max share error (pp) and Jain index (share/target), lost claims per
 completion, each dispatcher's share of the completions (max deviation from an even split), throughput,
 Valkey commands and Valkey CPU (user+sys) per completion (``INFO commandstats`` / ``INFO cpu`` deltas
-over the measured window), and cap / protected-slot violations in 10 ms samples (each sample one
-MULTI over the lease sets and lists). In 4:1 the heavy pool has two protected slots (min concurrent 2).
+over the measured window), the dispatchers' CPU per completion (all processes summed, /proc deltas over
+the same window), rounds that found the turn taken per completion, and cap / protected-slot
+violations in 10 ms samples (each sample one MULTI over the lease sets and lists). In 4:1 the heavy
+pool has two protected slots (min concurrent 2).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import subprocess
 import sys
 import time
 import uuid
@@ -37,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import (
     CALL,
     client,
+    cpu_seconds,
     group,
     machine,
     median,
@@ -69,18 +73,23 @@ PUSH_SCRIPT = registry.script("push")
 
 
 @contextlib.contextmanager
-def fleet(url: str, prefix: str, group_id: str, count: int) -> Iterator[list[dict[str, Any]]]:
-    """``count`` dispatcher processes; the yielded list gets each one's exit stats once they stopped."""
+def fleet(
+    url: str, prefix: str, group_id: str, count: int
+) -> Iterator[tuple[list[dict[str, Any]], list[subprocess.Popen[str]]]]:
+    """``count`` dispatcher processes; yields a list that gets each one's exit stats once they
+    stopped, and the processes (for their CPU time)."""
     with scratch() as stats_dir:
         stats: list[dict[str, Any]] = []
         paths = [stats_dir / f"d{i}.json" for i in range(count)]
-        with _processes(url, prefix, group_id, paths):
-            yield stats
+        with _processes(url, prefix, group_id, paths) as procs:
+            yield stats, procs
         stats.extend(orjson.loads(path.read_bytes()) for path in paths)
 
 
 @contextlib.contextmanager
-def _processes(url: str, prefix: str, group_id: str, paths: list[Path]) -> Iterator[None]:
+def _processes(
+    url: str, prefix: str, group_id: str, paths: list[Path]
+) -> Iterator[list[subprocess.Popen[str]]]:
     procs = [
         spawn(
             ["-m", "bench._dispatcher_proc", url, prefix, group_id, str(GROUP_TOTAL), f"d{i}"],
@@ -93,7 +102,7 @@ def _processes(url: str, prefix: str, group_id: str, paths: list[Path]) -> Itera
             assert proc.stdout is not None
             if "ready" not in proc.stdout.readline():
                 raise RuntimeError("dispatcher did not start")
-        yield
+        yield procs
     finally:
         for proc in procs:
             stop_proc(proc)
@@ -191,9 +200,10 @@ async def one_run(
         for p in pools:
             await preload(conn, keys, p, producer.producer_id, costs[p])
         await publish(conn, keys, config)
-        with fleet(valkey_url, keys.prefix, config.group_id, dispatchers) as per:
+        with fleet(valkey_url, keys.prefix, config.group_id, dispatchers) as (per, procs):
             stop = asyncio.Event()
             calls0, cpu0 = await valkey_counters(conn)
+            dcpu0 = sum(cpu_seconds(proc.pid) for proc in procs)
             started = time.perf_counter()
             sampler = asyncio.create_task(sample_caps(conn, keys, config, stop))
             pushed = dict.fromkeys(pools, 0)
@@ -214,6 +224,7 @@ async def one_run(
                 await asyncio.sleep(0.02)
             elapsed = time.perf_counter() - started
             calls1, cpu1 = await valkey_counters(conn)
+            dcpu1 = sum(cpu_seconds(proc.pid) for proc in procs)
             stop.set()
             samples, violations = await sampler
             if pusher:
@@ -232,6 +243,9 @@ async def one_run(
         "split": [s["completed"] for s in per],
         "commands_per_completion": (calls1 - calls0) / done,
         "cpu_us_per_completion": (cpu1 - cpu0) * 1e6 / done,
+        "dispatcher_us_per_completion": (dcpu1 - dcpu0) * 1e6 / done,
+        "turn_busy_per_completion": sum(s["turn_busy"] for s in per) / max(1, completions),
+        "rounds_per_completion": sum(s["rounds"] for s in per) / max(1, completions),
         "samples": samples,
         "violations": violations,
         "tokens_per_completion": sum(s["wake_tokens"] for s in per) / max(1, completions),
@@ -263,6 +277,7 @@ def report(
     for (name, n, live), rs in results.items():
         base = results[(name, 1, live)]
         ratio = med(rs, "commands_per_completion") / med(base, "commands_per_completion")
+        cpu_ratio = med(rs, "dispatcher_us_per_completion") / med(base, "dispatcher_us_per_completion")
         rows.append(
             [
                 name,
@@ -275,14 +290,18 @@ def report(
                 f"{med(rs, 'rate'):.0f}",
                 f"{med(rs, 'commands_per_completion'):.1f} ({ratio:.2f}x)",
                 f"{med(rs, 'cpu_us_per_completion'):.0f}",
+                f"{med(rs, 'dispatcher_us_per_completion'):.0f} ({cpu_ratio:.2f}x)",
                 f"{med(rs, 'tokens_per_completion'):.2f}",
+                f"{med(rs, 'rounds_per_completion'):.2f}",
+                f"{med(rs, 'turn_busy_per_completion'):.2f}",
                 f"{sum(r['violations'] for r in rs)}/{sum(r['samples'] for r in rs)}",
                 "yes" if all(r["backlogged"] for r in rs) else "NO",
             ]
         )
         keep = ("error_pp", "lost_per_completion", "split_dev_pct", "cpu_us_per_completion")
-        summary.append({"scenario": name, "dispatchers": n, "live": live, "ratio": ratio, **{
-            k: med(rs, k) for k in keep}, "violations": sum(r["violations"] for r in rs)})  # fmt: skip
+        summary.append({"scenario": name, "dispatchers": n, "live": live, "ratio": ratio,
+            "cpu_ratio": cpu_ratio, **{k: med(rs, k) for k in keep},
+            "violations": sum(r["violations"] for r in rs)})  # fmt: skip
     print(f"# fleet: 1-3 dispatcher processes, median of {runs} runs{' (quick)' if quick else ''}")
     print(f"# {machine()}")
     print(
@@ -298,7 +317,10 @@ def report(
                 "req/s",
                 "Valkey cmds/completion (vs 1)",
                 "Valkey CPU us/completion",
+                "dispatcher CPU us/completion (vs 1)",
                 "wake tokens/completion",
+                "rounds/completion",
+                "turn found taken/completion",
                 "violations/samples",
                 "backlogged",
             ],
@@ -311,6 +333,7 @@ def report(
         "lost claims <= 0.1 per completion": all(s["lost_per_completion"] <= 0.1 for s in three),
         "work split within +-15 %": all(s["split_dev_pct"] <= 15 for s in three),
         "commands/completion <= 1-dispatcher + 10 %": all(s["ratio"] <= 1.1 for s in three),
+        "dispatcher CPU/completion <= 1.3x 1-dispatcher": all(s["cpu_ratio"] <= 1.3 for s in three),
         "zero cap or protected-slot violations": all(s["violations"] == 0 for s in summary),
     }
     for check, ok in checks.items():

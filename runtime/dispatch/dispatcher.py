@@ -1,15 +1,16 @@
 """The dispatcher engine: one process of a fabric group, started by ``manage.py rundispatcher``.
 
-Each scheduling round (:mod:`runtime.dispatch.rounds`) observes every pool of the group in one
-pipeline (reading heads only of pools that could launch: :mod:`runtime.policy.reads`), decodes the
-peeked heads, asks the pure scheduler (:func:`runtime.policy.scheduler.decide`) which heads may
-launch, and claims exactly those with an atomic script (digest match, duplicates, producer liveness,
-hard caps, in-flight lease and its record). Each claimed request runs in its own task and frees its
-slot the moment its own call ends. Nothing is popped that cannot launch (a half-open breaker is
+Each scheduling round (:mod:`runtime.dispatch.rounds`) decodes the heads its last observation peeked
+(reading heads only of pools that could launch: :mod:`runtime.policy.reads`), asks the pure scheduler
+(:func:`runtime.policy.scheduler.decide`) which heads may launch, and claims exactly those with an
+atomic script (digest match, duplicates, producer liveness, hard caps, in-flight lease and its
+record), the next observation read in the same round trip. Each claimed request runs in its own task
+and frees its slot the moment its own call ends. Nothing is popped that cannot launch (a half-open breaker is
 offered only its probe slots), so refused work stays visibly queued.
 
 A fleet of dispatchers in one group behaves as one: a round runs only in the group's scheduling turn
-(:mod:`runtime.queue.turn`, taken in the observe pipeline and given back in the claim pipeline),
+(:mod:`runtime.queue.turn`, taken by the observation a decision is made from and given back by the
+first that allows none),
 each dispatcher keeps to its share of the group's slots, the claim checks the protected slots owed
 to the group's other pools, and idle dispatchers wait for wake tokens (:mod:`runtime.dispatch.wakeup`).
 
@@ -122,6 +123,7 @@ class Dispatcher(Rounds, Configuring):
         self.running: dict[str, Running] = {}  # by lease member
         self.finishing: dict[str, Running] = {}  # done, FINISH waiting for Valkey: no slot, lease renewed
         self._heads_seen: dict[str, tuple[bytes, ...]] = {}
+        self._head_token: tuple[str, bytes] | None = None  # the last wake token's request, by pool
         self._rejected_config: bytes | str | None = None
         self._policy: scheduler.GroupPolicy | None = None
         self._state = scheduler.SchedulerState()
@@ -227,8 +229,11 @@ class Dispatcher(Rounds, Configuring):
         while not self._stopping.is_set():
             self._wake.clear()
             try:
+                if len(self.running) >= self.settings.concurrency:
+                    # No free slot: a round could launch nothing, and the slot freed next wakes us.
+                    progressed = False
                 # The idle poll is shared by the fleet: one dispatcher's poll is enough for the group.
-                if poll and not await self.queue.take_poll(self.settings.idle_poll_s):
+                elif poll and not await self.queue.take_poll(self.settings.idle_poll_s):
                     progressed = False
                 else:
                     progressed = await self.schedule_round()
@@ -258,7 +263,8 @@ class Dispatcher(Rounds, Configuring):
         if len(self.running) < self._slots:
             self._idle.set()
         try:
-            await asyncio.wait_for(self._wake.wait(), self.settings.idle_poll_s)
+            async with asyncio.timeout(self.settings.idle_poll_s):  # no task per wait, unlike wait_for
+                await self._wake.wait()
             return True
         except TimeoutError:
             return False
@@ -266,8 +272,12 @@ class Dispatcher(Rounds, Configuring):
             self._waiting = False
             self._idle.clear()
 
-    def _woken(self) -> None:
+    def _woken(self, wake_list: bytes, token: bytes) -> None:
         self._idle.clear()  # one token per wait: the next is for another dispatcher
+        if token != b"1" and self.config is not None:  # a push's request, maybe claimable at once
+            pools = (p.pool_id for p in self.config.enabled_pools)
+            pool_id = next((p for p in pools if self.keys.wake_list(p).encode() == wake_list), None)
+            self._head_token = (pool_id, token) if pool_id is not None else None
         self._wake.set()
 
     def _internal_error(self, what: str) -> None:

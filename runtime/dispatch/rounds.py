@@ -1,11 +1,13 @@
-"""The dispatcher's scheduling round: observe every pool, decide with the pure scheduler, claim.
+"""The dispatcher's scheduling round: decide with the pure scheduler, claim, and read what is next.
 
-One round is two round trips. It observes every pool of the group in one pipeline (reading heads
-only of pools that could launch: :mod:`runtime.policy.reads`), decodes and screens the peeked heads
-(dropping the unusable, burying durable requests requeued too often), asks
-:func:`runtime.policy.scheduler.decide` which heads may launch, and claims exactly those with an
-atomic script in one pipeline that also gives the group's scheduling turn back. Each claimed request
-is handed to the dispatcher's ``_start``.
+One round is one round trip (issue 23). It decides from the observation the previous round's claim
+pipeline brought back when that one took the group's turn (else from a fresh one:
+:mod:`runtime.dispatch.observing`): decodes and screens the peeked heads (dropping the unusable,
+burying durable requests requeued too often), asks :func:`runtime.policy.scheduler.decide` which
+heads may launch, and claims exactly those with an atomic script, ROUND behind them in the same
+pipeline reading the next decision's heads and counts (:mod:`runtime.queue.deciding`). A group with
+fair pools keeps two round trips: its observe pipeline, then the claims with the turn's release. Each
+claimed request is handed to the dispatcher's ``_start``.
 
 :class:`Rounds` is a part of :class:`~runtime.dispatch.dispatcher.Dispatcher`, kept in a module of
 its own; the attributes it reads are declared here and set by the dispatcher.
@@ -19,22 +21,17 @@ import time
 from collections.abc import Callable, Mapping
 
 from runtime.backends.breaker import BLOCKED_REASON
-from runtime.backends.fleet import BackendFleet
 from runtime.backends.gate import SKIP_BACKEND_CAP, SKIP_BACKEND_RETRY_AFTER, SKIP_BACKEND_SATURATED
-from runtime.config import DispatcherSettings
 from runtime.dispatch import redelivery, tenant_round
-from runtime.dispatch.drops import DropRecorder
-from runtime.dispatch.execution import Executor, Running
-from runtime.dispatch.peek import PeekCache, PeekedItem, usable_heads
-from runtime.dispatch.stats import DROP_DUPLICATE, DROP_PRODUCER_GONE, DispatcherStats
+from runtime.dispatch.observing import Observing
+from runtime.dispatch.peek import PeekedItem, usable_heads
+from runtime.dispatch.stats import DROP_DUPLICATE, DROP_PRODUCER_GONE
 from runtime.errors import DispatchError
 from runtime.policy import scheduler
-from runtime.policy.reads import plan_reads, unread_skip
+from runtime.policy.reads import unread_skip
 from runtime.queue import scripts
-from runtime.queue.dispatching import ClaimRequest, QueueOps, QueueView, TurnEnd, lease_member
+from runtime.queue.dispatching import ClaimRequest, QueueView, TurnEnd, lease_member
 from runtime.queue.leases import LeaseRecord
-from runtime.telemetry.spans import Identity
-from runtime.wire.groupconfig import GroupConfig
 
 __all__ = ["BACKEND_REFUSALS", "CLAIM_DROPS", "DEAD_LETTER", "Rounds"]
 
@@ -50,50 +47,33 @@ LEFT_THE_QUEUE = frozenset({scripts.CLAIMED, *CLAIM_DROPS})
 Drop = tuple[str, PeekedItem, str]  # (the pool whose list holds it, the item, the drop reason)
 
 
-class Rounds:
-    """The round's half of the dispatcher (see the module doc)."""
+class Rounds(Observing):
+    """The round's half of the dispatcher (see the module doc); its observations are :class:`Observing`'s."""
 
-    settings: DispatcherSettings
-    config: GroupConfig | None
-    queue: QueueOps
-    fleet: BackendFleet
-    stats: DispatcherStats
-    drops: DropRecorder
-    redeliveries: redelivery.Redeliveries
-    executor: Executor
-    identity: Identity
-    running: dict[str, Running]
-    group_in_flight: int
-    last_views: dict[str, QueueView]
     _policy: scheduler.GroupPolicy | None
     _state: scheduler.SchedulerState
-    _peek: PeekCache
-    _heads_seen: dict[str, tuple[bytes, ...]]
+    _head_token: tuple[str, bytes] | None  # the last wake token's request (pool id, bytes), if any
     _slots: int
     _stopping: asyncio.Event
     _start: Callable[..., None]  # runs a claimed request (the dispatcher's execution half)
     _internal_error: Callable[[str], None]  # counts and logs a failure of the round
 
     async def schedule_round(self) -> bool:
-        """One observe → decide → claim round; True if the round left work a round of its own should take.
+        """One decide → claim round; True if the round left work a round of its own should take.
 
-        That is: a request left a queue without running (dropped), or requests were claimed and this
-        round may have left launchable work behind. The round runs only in the group's scheduling
-        turn; every path that took the turn gives it back in a claim pipeline (a round that fails
-        midway leaves it to lapse after :data:`runtime.queue.turn.TURN_LEASE_MS`).
+        That is: a request left a queue without running (dropped), or requests were claimed and
+        launchable work is left (the claim pipeline's ROUND saw it, and took the turn for it). The
+        round decides from the observation its previous claim pipeline read when that one took the
+        turn, else from a fresh one. It runs only in the group's scheduling turn; every path that took
+        the turn gives it back in a claim pipeline (a round that fails midway leaves it to lapse after
+        :data:`runtime.queue.turn.TURN_LEASE_MS`).
         """
         assert self._policy is not None and self.config is not None
         self.stats.rounds += 1
         policy = self._policy
         planned_free = max(0, self._slots - len(self.running))
         await self.fleet.refresh()
-        plan = plan_reads(
-            policy,
-            peek_depth=self.settings.peek_depth,
-            local_free=planned_free,
-            allowances={p.pool_id: self._room(p.pool_id) for p in policy.pools},
-            heads_cached=frozenset(pool_id for pool_id, heads in self._heads_seen.items() if heads),
-        )
+        plan = self._plan(policy, planned_free)
         # A pool whose backend has no room is refused for the backend's own reason (breaker open,
         # saturated, at its max in flight).
         refusals = {
@@ -102,23 +82,23 @@ class Rounds:
         }
         holder = self.identity.dispatcher_id if policy.pools else ""
         fair = tenant_round.fair_pools(self.config, self.queue)
-        seen = await self.queue.observe(
-            plan.reads, policy.total_concurrency, take_turn=holder, local_slots=self.settings.concurrency,
-            backend_ids=sorted(self.fleet.backends), fair=fair,
-        )  # fmt: skip
-        if seen.fair:  # a fair pool's heads, in its tenants' order (issue 22)
-            tenant_round.plan_fair(self.queue, self._peek, self.config, seen, self.settings.peek_depth)
-        self.group_in_flight, self.last_views = seen.group_in_flight, seen.views
-        if seen.lost:  # reaped by this observe, whether or not the turn is ours: counted here or nowhere
-            await self._lost(seen.lost)
-        if seen.requeued:  # likewise for durable requests the reap put back
-            self.redeliveries.requeued(seen.requeued)
-        for pool_id, view in seen.views.items():
-            self._remember_heads(pool_id, view)
-        if holder and not self.queue.has_turn:
-            self.stats.turn_busy += 1
-            return False  # another dispatcher is deciding; the note we left makes it run once more
+        ahead = not fair and bool(holder)  # one round trip per decision (runtime.queue.deciding)
+        seen = self.queue.ahead if self.queue.has_turn else None
+        self.queue.ahead = None
+        token, self._head_token = self._head_token, None
+        hinted = seen is None and ahead and token is not None and self._hinted(policy, plan, token)
+        if hinted:
+            assert token is not None
+            seen = self._hinted_view(policy, token)
+            self.group_in_flight = seen.group_in_flight
+        if seen is None:
+            seen = await self._observe(policy, plan, planned_free, holder, fair)
+            if seen is None:
+                self.stats.turn_busy += 1
+                return False  # another dispatcher is deciding; the note we left makes it run once more
         observations, peeked, drops = self._screen(policy, seen.views, refusals, time.time())
+        if ahead and not hinted and not self.queue.has_turn:
+            return False  # ROUND saw nothing this dispatcher could launch, and gave the turn back
         dropped = await self._drop(drops) if drops else False
         # Keep to our share of the group's slots, so the fleet splits the work evenly.
         own = self.settings.concurrency
@@ -127,7 +107,7 @@ class Rounds:
         local_free = min(planned_free, max(0, self._slots - len(self.running)))
         group_room = self.group_in_flight < policy.total_concurrency
         end_turn = None
-        if holder:
+        if holder and not hinted:  # a claim from a wake token is made without the turn
             # Work left because our own slots are full: the turn's release wakes another dispatcher.
             cut = local_free == 0 and any(v.backlog > 0 for v in seen.views.values())
             end_turn = TurnEnd(holder=holder, left_work=group_room and cut, wake_pool=policy.pools[0].pool_id)
@@ -153,22 +133,31 @@ class Rounds:
             for p in policy.pools
             if p.min_concurrent > 0 and not p.paused and not observations[p.pool_id].blocked
         )
-        claimed, claim_dropped = await self._claim(policy, decision.launches, peeked, protected, end_turn)
+        free = local_free if ahead else None
+        stale = self.stats.claim_lost + self.stats.stale_tokens
+        claimed, claim_dropped = await self._claim(
+            policy, decision.launches, peeked, protected, end_turn, free, hinted=hinted
+        )
+        after = self.queue.ahead
+        if after is not None:  # the claims' own ROUND read the next observation
+            await self._absorb(after)
+            if not self.queue.has_turn:
+                return dropped  # it allows nothing now: pushes and finishes bring the next round
+            # Claims of heads taken meanwhile (a stale wake token's, mostly): the observation that came
+            # back with them is fresh, and shows work to launch.
+            if claimed or claim_dropped or self.stats.claim_lost + self.stats.stale_tokens > stale:
+                return True
+            # Nothing came of the claims: give the turn back rather than claim the same heads again.
+            self.queue.ahead = None
+            release = TurnEnd(holder=holder, left_work=False, wake_pool=policy.pools[0].pool_id)
+            await self.queue.claim([], self.settings.lease_s, end_turn=end_turn or release)
+            return dropped
         # Run again at once only if this round may have left launchable work behind (e.g. more
         # backlog than peeked). With the group full, FINISH tokens bring the next round; with our own
         # slots full, the turn's release woke another dispatcher. Rounds of our own beyond that would
         # take every freed slot for the finisher, and the work would not spread over the fleet.
         room = self.group_in_flight + claimed < policy.total_concurrency and local_free > claimed
         return dropped or claim_dropped or (claimed > 0 and room and self._backlog_may_remain(seen.views))
-
-    async def _lost(self, records: tuple[LeaseRecord, ...]) -> None:
-        """Expired leases nobody requeued: calls lost in flight, and durable streams interrupted after
-        their first chunk (answered ``stream_interrupted``)."""
-        # A call of ours whose lease expired while Valkey was away is counted by its own FINISH.
-        self.drops.lost(r for r in records if not r.streamed and not self.executor.settles(r))
-        streamed = [r for r in records if r.streamed]
-        if streamed:
-            await self.redeliveries.interrupted(streamed, self.executor.relay.answer)
 
     def _backlog_may_remain(self, views: dict[str, QueueView]) -> bool:
         """False when every pool's list was empty as of this round: its observation, or, for a pool
@@ -190,12 +179,6 @@ class Rounds:
         assert self.config is not None
         route = self.config.route(pool_id)
         return self.fleet.refusal(route.backend_id, route.endpoint)
-
-    def _room(self, pool_id: str) -> int | None:
-        """Most heads offered for the pool: nothing is claimed that its backend would refuse."""
-        assert self.config is not None
-        route = self.config.route(pool_id)
-        return self.fleet.room(route.backend_id, route.endpoint)
 
     def _screen(
         self,
@@ -242,13 +225,6 @@ class Rounds:
                 return heads[:i]
         return heads
 
-    def _remember_heads(self, pool_id: str, view: QueueView) -> None:
-        """Heads last read per pool, for the snapshot's oldest-pending age while a pool sits at its cap."""
-        if view.heads_read or view.backlog == 0:
-            self._heads_seen[pool_id] = view.heads
-        elif view.display_head is not None:
-            self._heads_seen[pool_id] = (view.display_head,)
-
     async def _drop(self, drops: list[Drop]) -> bool:
         """Removes unusable heads from the lists they were read from; True if any was removed."""
         removed = False
@@ -277,9 +253,14 @@ class Rounds:
         peeked: dict[str, list[PeekedItem]],
         protected: tuple[tuple[str, int], ...],
         end_turn: TurnEnd | None,
+        ahead_free: int | None = None,
+        *,
+        hinted: bool = False,
     ) -> tuple[int, bool]:
         """Claims the decided launches; caps and the other pools' protected slots are checked in the
-        claim, and the same pipeline gives the scheduling turn back.
+        claim, and the same pipeline gives the scheduling turn back. With ``ahead_free`` (the local
+        free slots this decision had, in a group of plain pools) ROUND follows the claims instead, reading
+        the next decision's observation into ``queue.ahead``.
 
         Returns how many were claimed, and whether the claim dropped any (duplicate, producer gone).
         """
@@ -327,10 +308,12 @@ class Rounds:
             chosen.append((launch, item, request, endpoint))
         if not chosen and end_turn is None:
             return 0, False
+        then = self._then(policy, ahead_free, len(chosen)) if chosen else None
         try:
             results = await self.queue.claim(
-                [request for _, _, request, _ in chosen], self.settings.lease_s, end_turn=end_turn
-            )
+                [request for _, _, request, _ in chosen], self.settings.lease_s, end_turn=end_turn, then=then,
+                backend_ids=sorted(self.fleet.backends),
+            )  # fmt: skip
         except BaseException:
             for _, _, request, endpoint in chosen:
                 await self.fleet.release(request.backend_id, endpoint)
@@ -342,7 +325,7 @@ class Rounds:
             if code != scripts.CLAIMED:  # the call will not happen: its breaker slot goes back
                 await self.fleet.release(request.backend_id, endpoint)
             try:
-                self._after_claim(launch, item, request, code, token)
+                self._after_claim(launch, item, request, code, token, hinted=hinted)
             except Exception:  # the other claimed requests of this round still start
                 self._internal_error(f"handling the claim of an item of pool {launch.pool_id} failed")
                 if code == scripts.CLAIMED and request.lease_member not in self.running:
@@ -352,7 +335,14 @@ class Rounds:
         return claimed, dropped
 
     def _after_claim(
-        self, launch: scheduler.Launch, item: PeekedItem, request: ClaimRequest, code: str, token: str = ""
+        self,
+        launch: scheduler.Launch,
+        item: PeekedItem,
+        request: ClaimRequest,
+        code: str,
+        token: str = "",
+        *,
+        hinted: bool = False,
     ) -> None:
         envelope = item.envelope
         assert envelope is not None and self.config is not None
@@ -368,6 +358,9 @@ class Rounds:
             self.stats.skips[(launch.pool_id, code)] += 1
         elif code == scripts.CLAIM_BACKEND_CAP:
             self.stats.skips[(launch.pool_id, self.fleet.skip_reason(request.backend_id))] += 1
+        elif hinted:  # the token's request was taken since (by this dispatcher's own round, mostly)
+            self._peek.forget(item.raw)
+            self.stats.stale_tokens += 1
         else:
             self._peek.forget(item.raw)
             self.stats.claim_lost += 1

@@ -39,6 +39,7 @@ class DispatcherStats:
     valkey_outages: int = 0
     claim_lost: int = 0  # peeked item taken by someone else before our claim
     turn_busy: int = 0  # rounds skipped because another dispatcher of the group was deciding
+    stale_tokens: int = 0  # a wake token's request was no longer its list's head (taken meanwhile)
     retried: int = 0  # failed attempts put in the delayed set for another attempt
     requeued: int = 0  # durable requests put back at the head of their list after a lease expired
     dead_lettered: int = 0  # requests moved to their pool's dead-letter list

@@ -15,7 +15,9 @@ costs a round somewhere and two near-simultaneous rounds race for the same head:
 * the FINISH script (a slot freed) wakes one only while some pool of the group has backlog.
 
 A list holds at most :data:`~runtime.queue.keys.WAKE_TOKEN_CAP` tokens, so nobody waiting costs
-nothing but one short key.
+nothing but one short key. A push's token is the request itself when it is small
+(:data:`~runtime.queue.keys.WAKE_HEAD_MAX_BYTES`): a dispatcher alone in its group then claims it in
+the round trip that would otherwise only have read it (the claim checks it is still the head).
 A dispatcher that gets no token still polls every ``idle_poll_s`` (deadlines, expired leases and
 breakers wake nobody).
 
@@ -39,7 +41,7 @@ WAKE_BLOCK_S = 0.5
 
 
 class WakeWaiter:
-    """Blocks on the group's wake lists while the dispatcher is idle; calls ``on_wake`` per token.
+    """Blocks on the group's wake lists while the dispatcher is idle; ``on_wake(list, token)`` per token.
 
     ``idle`` is set by the dispatcher while it waits with free slots. Only then does the waiter
     block, so a token goes to a dispatcher that can use it. Exits on its own once ``finished`` is set
@@ -54,7 +56,7 @@ class WakeWaiter:
         keys: Callable[[], Sequence[str]],
         idle: asyncio.Event,
         finished: asyncio.Event,
-        on_wake: Callable[[], None],
+        on_wake: Callable[[bytes, bytes], None],
         on_error: Callable[[BaseException], None],
         backoff_s: tuple[float, float] = (0.5, 5.0),
     ) -> None:
@@ -80,8 +82,11 @@ class WakeWaiter:
 
     async def _loop(self, own: Any) -> None:
         while not self.finished.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.idle.wait(), WAKE_BLOCK_S)
+            if not self.idle.is_set():
+                # asyncio.timeout, not wait_for: no task per wait, and this wait runs once per call.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(WAKE_BLOCK_S):
+                        await self.idle.wait()
             keys = self.keys()
             if not self.idle.is_set() or not keys:
                 continue
@@ -97,4 +102,4 @@ class WakeWaiter:
             self.backoff.reset()
             if token is not None:
                 self.tokens += 1
-                self.on_wake()
+                self.on_wake(*token)

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 
 from runtime.policy.reads import PoolRead
 from runtime.queue import scripts, turn
+from runtime.queue.deciding import TURN_OURS, NextRound, parse_round, round_args
 from runtime.queue.dispatch_requests import (
     ClaimRequest,
     Observation,
@@ -26,7 +27,6 @@ from runtime.queue.dispatch_requests import (
     bury_args,
     promote_args,
     reap_args,
-    reaped,
 )
 from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
 from runtime.queue.leases import LeaseRecord, item_digest, lease_member
@@ -34,15 +34,14 @@ from runtime.queue.registry import script
 from runtime.queue.tenant_dispatch import (
     FairPick,
     FairView,
-    bury_fair_args,
     claim_keys,
     finish_fair_args,
     forget_call,
     leftover_backlog,
     observe_call,
     parse_view,
-    promote_call,
 )
+from runtime.queue.upkeep import Upkeep
 from runtime.valkey.batch import ScriptBatcher
 from runtime.valkey.lua import run_pipeline
 
@@ -69,7 +68,7 @@ REAP_INTERVAL_S = 0.25
 HEADS_FOR_DISPLAY = 2  # OBSERVE read only the first item, to show its age
 
 
-class QueueOps:
+class QueueOps(Upkeep):
     """The dispatcher's view of Valkey for one fabric group."""
 
     def __init__(self, client: aioredis.Redis, keys: KeySpace, group_id: str) -> None:
@@ -83,6 +82,10 @@ class QueueOps:
         self._finishes = ScriptBatcher(client, script("finish"))
         self._renew = script("renew")
         self._reap = script("reap")
+        self._round = script("round")
+        self.turn = 0  # the last ROUND's turn code (runtime.queue.deciding)
+        # The observation the last claim pipeline's ROUND read, for the next decision (None: not sent).
+        self.ahead: Observation | None = None
         self._acquire = script("turn_acquire")
         self._release = script("turn_release")
         self._turn = keys.schedule_turn(group_id)
@@ -92,6 +95,7 @@ class QueueOps:
         self.fleet_slots: tuple[int, ...] = ()  # local slots of each dispatcher of the group, as last seen
         self._reaped_at = float("-inf")
         self.has_turn = False  # whether the last observe took the group's scheduling turn
+        self.trips = 0  # round trips of the scheduling rounds (observe, ROUND, claim pipelines)
         self._durable = keys.durable_leases(group_id)
         self._tokens = keys.lease_tokens(group_id)
         self._fence = keys.fencing_counter(group_id)
@@ -137,13 +141,7 @@ class QueueOps:
         ``Observation.fair`` holds their tenants for the round's plan.
         """
         self.fair_pools = frozenset(fair)
-        reap = time.monotonic() - self._reaped_at >= REAP_INTERVAL_S
-        if reap:
-            self._reaped_at = time.monotonic()
-
-        # Pools read first come, first served whose tenants' lists may still hold work: a dispatcher
-        # started after the pool's fairness was switched off never saw it fair (issue 22).
-        unfair = [r.pool_id for r in reads if r.pool_id not in self.fair_pools and reap]
+        reap = self._reap_due()
 
         def build(pipe: Any) -> None:
             if take_turn:
@@ -153,11 +151,7 @@ class QueueOps:
                     [take_turn, turn.TURN_LEASE_MS, turn.FLEET_MEMBER_S, f"{take_turn} {local_slots}"],
                 )
             if reap:
-                pool_ids = [r.pool_id for r in reads]
-                self._reap.queue(
-                    pipe, *reap_args(self.keys, self.group_id, pool_ids, backend_ids, self.fair_pools)
-                )
-                self._queue_forgets(pipe, unfair)
+                self._queue_reap(pipe, reads, backend_ids)
             for read in reads:
                 if read.pool_id in self.fair_pools:
                     self._tenant_observe.queue(
@@ -174,20 +168,14 @@ class QueueOps:
             pipe.zcard(self._group_inflight)
 
         scripts_used = [self._acquire, self._reap, self._tenant_forget, self._observe, self._tenant_observe]
+        self.trips += 1
         results = await run_pipeline(self.client, scripts_used, build)
         if take_turn:
             got, fleet = results[0]
             self.has_turn = bool(int(got))
             self.fleet_slots = tuple(int(member.rsplit(b" ", 1)[-1]) for member in fleet)
             results = results[1:]
-        lost: tuple[LeaseRecord, ...] = ()
-        requeued: tuple[bytes, ...] = ()
-        left: dict[str, int] = {}
-        if reap:
-            lost, requeued = reaped(results[0])
-            done = 1 + len(self.fair_pools)  # the reap, the idle cleanups' counts
-            left = leftover_backlog(unfair, results[done : done + len(unfair)])
-            results = results[done + len(unfair) :]
+        lost, requeued, left, results = self._reaped(reads, results) if reap else ((), (), {}, results)
         views: dict[str, QueueView] = {}
         fair_views: dict[str, FairView] = {}
         for read, (backlog, in_flight, heads_read, heads, *horizon) in zip(reads, results[:-1], strict=True):
@@ -201,21 +189,81 @@ class QueueOps:
         self.fair_backlog = {pool_id: views[pool_id].backlog for pool_id in fair_views} | left
         return Observation(views, int(results[-1]), lost, requeued, fair_views)
 
-    async def take_poll(self, interval_s: float) -> bool:
-        """True when this dispatcher's idle poll is the group's next one (one SET NX per attempt)."""
-        return bool(await self.client.set(self._poll, b"1", nx=True, px=max(1, int(interval_s * 1000))))
+    def _reap_due(self) -> bool:
+        if time.monotonic() - self._reaped_at < REAP_INTERVAL_S:
+            return False
+        self._reaped_at = time.monotonic()
+        return True
+
+    def _unfair(self, reads: Sequence[PoolRead]) -> list[str]:
+        """Pools read first come, first served whose tenants' lists may still hold work: a dispatcher
+        started after the pool's fairness was switched off never saw it fair (issue 22)."""
+        return [r.pool_id for r in reads if r.pool_id not in self.fair_pools]
+
+    def _queue_reap(self, pipe: Any, reads: Sequence[PoolRead], backend_ids: Sequence[str]) -> None:
+        pool_ids = [r.pool_id for r in reads]
+        self._reap.queue(pipe, *reap_args(self.keys, self.group_id, pool_ids, backend_ids, self.fair_pools))
+        self._queue_forgets(pipe, self._unfair(reads))
+
+    def _reaped(
+        self, reads: Sequence[PoolRead], results: list[Any]
+    ) -> tuple[tuple[LeaseRecord, ...], tuple[bytes, ...], dict[str, int], list[Any]]:
+        """What the reap at the front of ``results`` found (lost records, requeued envelopes), the
+        leftover tenant backlog of pools read first come, first served, and the rest of ``results``."""
+        lost_raw, requeued_raw = results[0]
+        records = (LeaseRecord.decode(raw) for raw in lost_raw)
+        lost = tuple(r for r in records if r is not None)
+        done = 1 + len(self.fair_pools)  # past the idle cleanups
+        unfair = self._unfair(reads)
+        left = leftover_backlog(unfair, results[done : done + len(unfair)])
+        return lost, tuple(requeued_raw), left, results[done + len(unfair) :]
+
+    def _queue_round(self, pipe: Any, nxt: NextRound, backend_ids: Sequence[str], reap: bool) -> None:
+        if reap:
+            self._queue_reap(pipe, nxt.reads, backend_ids)
+        self._round.queue(pipe, *round_args(self.keys, self.group_id, nxt))
+
+    def _round_seen(self, nxt: NextRound, results: list[Any], reap: bool) -> Observation:
+        lost, requeued, left, results = self._reaped(nxt.reads, results) if reap else ((), (), {}, results)
+        if reap:
+            self.fair_backlog = left
+        seen = parse_round(nxt.reads, results[-1])
+        self.turn, self.has_turn = seen.turn, seen.turn == TURN_OURS
+        if seen.fleet_slots:
+            self.fleet_slots = seen.fleet_slots
+        return Observation(seen.views, seen.group_in_flight, lost, requeued)
+
+    async def round(self, nxt: NextRound, backend_ids: Sequence[str] = ()) -> Observation:
+        """ROUND on its own (``lua/round.lua``, :mod:`runtime.queue.deciding`): the observation for a
+        decision, and the turn for it in ``turn``/``has_turn``; a group of plain pools only."""
+        self.fair_pools = frozenset()
+        reap = self._reap_due()
+        self.trips += 1
+        results = await run_pipeline(
+            self.client, [self._reap, self._round], lambda p: self._queue_round(p, nxt, backend_ids, reap)
+        )
+        return self._round_seen(nxt, results, reap)
 
     async def claim(
-        self, requests: Sequence[ClaimRequest], lease_s: float, *, end_turn: TurnEnd | None = None
+        self,
+        requests: Sequence[ClaimRequest],
+        lease_s: float,
+        *,
+        end_turn: TurnEnd | None = None,
+        then: NextRound | None = None,
+        backend_ids: Sequence[str] = (),
     ) -> list[tuple[str, int, str]]:
         """Runs the claim script for each request in order, in one pipeline: (code, in flight, fencing
         token; "" when unfenced).
 
         With ``end_turn`` the same pipeline then gives the scheduling turn back (waking another
-        dispatcher if one asked for a round meanwhile or work was left).
+        dispatcher if one asked for a round meanwhile or work was left). With ``then`` (a group of
+        plain pools) ROUND follows the claims instead, and its observation is left in ``ahead``.
         """
-        if not requests and end_turn is None:
+        self.ahead = None
+        if not requests and end_turn is None and then is None:
             return []
+        reap = then is not None and self._reap_due()
 
         def build(pipe: Any) -> None:
             for req in requests:
@@ -253,15 +301,22 @@ class QueueOps:
                 keys[0], tenant_keys = claim_keys(self.keys, req.pool_id, pick)
                 charge = repr(pick.charge) if req.mode == "launch" else "0"
                 self._tenant_claim.queue(pipe, [*keys, *tenant_keys], [*args, pick.tenant, charge])
-            if end_turn is not None:
+            if then is not None:
+                self._queue_round(pipe, then, backend_ids, reap)
+            elif end_turn is not None:
                 self._release.queue(
                     pipe,
                     [self._turn, self._again, self.keys.wake_list(end_turn.wake_pool)],
                     [end_turn.holder, "1" if end_turn.left_work else "0", WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
                 )
 
-        results = await run_pipeline(self.client, [self._claim, self._tenant_claim, self._release], build)
-        if end_turn is not None:
+        used = [self._claim, self._tenant_claim, self._release, self._reap, self._round]
+        self.trips += 1
+        results = await run_pipeline(self.client, used, build)
+        if then is not None:
+            self.ahead = self._round_seen(then, results[len(requests) :], reap)
+            results = results[: len(requests)]
+        elif end_turn is not None:
             results.pop()  # whether someone asked for a round: the release already woke one
             self.has_turn = False
         for req, (code, *_) in zip(requests, results, strict=True):
@@ -326,6 +381,8 @@ class QueueOps:
                 self.keys.dead_letters(pool_id),
                 self.keys.backend_inflight(backend_id),
                 self.keys.requests(pool_id),
+                self._turn,
+                self._again,
                 *map(self._backlog_key, group_pools),
             ],
             [
@@ -359,56 +416,3 @@ class QueueOps:
         """The pick of one of this dispatcher's running fair-pool calls (None: not a fair pool's)."""
         charged = self.charges.get(member)
         return charged[1] if charged is not None else None
-
-    async def promote(self, pool_ids: Sequence[str]) -> int:
-        """Moves due retries of ``pool_ids`` back to the head of their lists; how many moved."""
-        if not pool_ids:
-            return 0
-
-        def build(pipe: Any) -> None:
-            for pool_id in pool_ids:
-                if pool_id in self.fair_pools:  # back onto each retry's tenant's list
-                    self._tenant_promote.queue(pipe, *promote_call(self.keys, pool_id))
-                    continue
-                self._promote.queue(pipe, *promote_args(self.keys, pool_id))
-
-        scripts_used = [self._promote, self._tenant_promote]
-        return sum(int(n) for n in await run_pipeline(self.client, scripts_used, build))
-
-    async def bury(
-        self, raw: bytes, *, pool_id: str, producer_id: str, letter: bytes, reply: bytes, reply_ttl_s: float
-    ) -> bool:
-        """Dead-letters the head ``raw`` of a pool as ``letter`` and answers its producer with ``reply``
-        if it is alive; False if the head moved."""
-
-        script_keys, args = bury_args(
-            self.keys, raw, pool_id=pool_id, producer_id=producer_id, letter=letter, reply=reply,
-            reply_ttl_s=reply_ttl_s,
-        )  # fmt: skip
-        pick = self.fair_picks.get(pool_id, {}).get(raw)
-        bury = self._bury
-        if pick is not None:  # a fair pool's head: taken from its tenant's list (issue 22)
-            script_keys, args = bury_fair_args(self.keys, pool_id, pick, script_keys, args)
-            bury = self._tenant_bury
-
-        def build(pipe: Any) -> None:
-            bury.queue(pipe, script_keys, args)
-
-        [buried] = await run_pipeline(self.client, [bury], build)
-        return bool(int(buried))
-
-    async def renew(self, leases: Sequence[tuple[str, str, str]], lease_s: float) -> None:
-        """Extends the leases (pool id, member, backend id) this dispatcher still holds."""
-        if not leases:
-            return
-
-        def build(pipe: Any) -> None:
-            for pool_id, member, backend_id in leases:
-                zsets = [
-                    self._group_inflight,
-                    self.keys.pool_inflight(pool_id),
-                    self.keys.backend_inflight(backend_id),
-                ]
-                self._renew.queue(pipe, zsets, [lease_s, member])
-
-        await run_pipeline(self.client, [self._renew], build)

@@ -224,6 +224,11 @@ DEFAULT_KEYS = KeySpace()
 WAKE_TOKEN_CAP = 1
 # A token nobody takes (no dispatcher running) lapses instead of lingering.
 WAKE_TOKEN_TTL_MS = 5_000
+# A push that makes its pool's list non-empty wakes a dispatcher with the request itself as the token
+# (up to this size; a bigger one wakes with "1"), so that the dispatcher claims it in its first round
+# trip instead of reading the head first (runtime.dispatch.wakeup). The claim still checks the list's
+# real head by digest. One token per pool at most: this bounds the copy.
+WAKE_HEAD_MAX_BYTES = 65_536
 # A pool's drain hash outlives the ring's window by far: a stalled pool's last drain must still be known.
 DRAIN_TTL_S = 3600
 # The open-requests set of an ingress key nobody uses any more goes away after this (its members

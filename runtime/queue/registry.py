@@ -22,7 +22,8 @@ from importlib import resources
 from string import Template
 
 from runtime.policy.admission import DRAIN_WINDOW_S, REASON_KEY_IN_FLIGHT, REASON_KEY_QUEUED
-from runtime.queue.keys import DRAIN_TTL_S, KEY_SET_TTL_S
+from runtime.queue.keys import DRAIN_TTL_S, KEY_SET_TTL_S, WAKE_HEAD_MAX_BYTES
+from runtime.queue.turn import TURN_LEASE_MS
 from runtime.valkey.lua import LuaScript
 
 __all__ = ["CONSTANTS", "DRAIN_RING", "script", "source"]
@@ -36,6 +37,8 @@ CONSTANTS: dict[str, object] = {
     "KEY_SET_TTL_S": KEY_SET_TTL_S,
     "REASON_KEY_IN_FLIGHT": REASON_KEY_IN_FLIGHT,
     "REASON_KEY_QUEUED": REASON_KEY_QUEUED,
+    "TURN_LEASE_MS": TURN_LEASE_MS,
+    "WAKE_HEAD_MAX_BYTES": WAKE_HEAD_MAX_BYTES,
 }
 
 _INCLUDE = re.compile(r"^--! (\w+)((?: \w+=\S+)*)$", re.MULTILINE)

@@ -2,9 +2,11 @@
 
 Dispatchers that run rounds at the same moment peek the same heads and race to claim them; the
 losers refund their credit and run again (about one lost claim per completion with three
-dispatchers). A short turn lease serialises the *decisions* only -- a round is two round trips --
-while calls run in every process in parallel. The lease is taken in the observe pipeline and given
-back in the claim pipeline, so it costs no round trip of its own.
+dispatchers). A short turn lease serialises the *decisions* only, while calls run in every process in
+parallel. ROUND (``lua/round.lua``, :mod:`runtime.queue.deciding`), sent behind each decision's
+claims, takes it for the next decision when its observation allows a launch and gives it back when
+it allows none, so it costs no round trip of its own; a dispatcher that finds it taken reads nothing.
+Groups with fair pools take it in their observe pipeline and give it back in the claim pipeline.
 
 Each round also reads the fleet (dispatchers that ran a round lately, with their local slots), so
 that a dispatcher keeps to its share of the group's slots (:func:`runtime.policy.scheduler.fleet_share`,
@@ -16,8 +18,9 @@ the note becomes a wake token, so whatever woke the other one gets a round. A ho
 own free slots wakes an idle dispatcher for the rest the same way. Correctness never depends on the turn (the
 claim script checks everything atomically); a holder that dies only delays others by the lease.
 
-The steps are ``lua/turn_acquire.lua`` (in the observe pipeline) and ``lua/turn_release.lua`` (in the
-claim pipeline), run by :class:`runtime.queue.dispatching.QueueOps`.
+The steps are ``lua/round.lua``, and for fair groups ``lua/turn_acquire.lua`` (in the observe
+pipeline) and ``lua/turn_release.lua`` (in the claim pipeline), run by
+:class:`runtime.queue.dispatching.QueueOps`.
 """
 
 from __future__ import annotations

@@ -35,6 +35,10 @@ class Commands:
     def get(self, key: str) -> None:
         self.calls.append(("GET", key))
 
+    def set_nx(self, key: str, value: bytes, px: int) -> None:
+        """SET ``key`` ``value`` NX PX ``px``: answers OK when set, None when the key existed."""
+        self.calls.append(("SET", key, value, "NX", "PX", px))
+
 
 class LuaScript:
     """One script's source and SHA-1; ``queue`` adds an EVALSHA of it to the commands."""

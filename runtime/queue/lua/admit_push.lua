@@ -11,11 +11,11 @@
 local depth = redis.call('LLEN', KEYS[1])
 --! admit leased=KEYS[6]
 -- The push itself, as PUSH does it: RPUSH, and a wake token for one idle dispatcher when the request
--- made the list non-empty; then the backlog starts now (`since`). The key's lease is taken with the
--- push: no request of the key is queued uncounted.
+-- made the list non-empty (the request itself when small); then the backlog starts now (`since`).
+-- The key's lease is taken with the push: no request of the key is queued uncounted.
 local n = redis.call('RPUSH', KEYS[1], ARGV[1])
 if n == 1 then
---! wake key=KEYS[2] cap=ARGV[2] ttl=ARGV[3]
+--! wake_head key=KEYS[2] cap=ARGV[2] ttl=ARGV[3] head=ARGV[1]
   local st = redis.call('TIME')
   redis.call('HSET', KEYS[3], 'since', tonumber(st[1]) + tonumber(st[2]) / 1000000)
   redis.call('EXPIRE', KEYS[3], $DRAIN_TTL_S)

@@ -1,8 +1,9 @@
 -- FINISH: settles an attempt (reply, retry, dead letter or requeue) and releases its leases.
 -- KEYS: producer alive key, replies list, group lease zset, pool lease zset, lease records hash,
 --       pool wake list, fencing tokens hash, durable envelopes hash, delayed zset, dead-letter list,
---       backend lease zset, the pool's requests list, then the requests list of every pool of the group
---       (a fair pool's: its backlogged tenants zset; either exists only while the pool has backlog)
+--       backend lease zset, the pool's requests list, the group's turn key and turn-again key, then the
+--       requests list of every pool of the group (a fair pool's: its backlogged tenants zset; either
+--       exists only while the pool has backlog)
 -- ARGV: reply bytes (empty: release only), reply list TTL ms, lease member, wake token cap, token TTL ms,
 --       fencing token ('' unfenced: lists mode), settlement (SETTLE_*), the retry's next envelope or the
 --       dead letter, the retry's due time, then only for a fair pool (tenant_fairness on): its tenant
@@ -14,7 +15,9 @@
 -- FINISH_REQUEUED (a durable call its dispatcher could not finish before shutting down went back to
 -- the head of its pool's list, as an expired lease's would, without waiting for the lease to expire).
 -- While the group has backlog, the freed slot wakes one idle dispatcher of the group (the one
--- waiting longest), not necessarily the finisher, so the work spreads over the fleet.
+-- waiting longest), not necessarily the finisher, so the work spreads over the fleet. While another
+-- dispatcher holds the group's turn, a token would only wake one into a round that finds it taken: the
+-- note is left instead, and the turn's release turns it into the token.
 if ARGV[6] ~= '' and redis.call('HGET', KEYS[7], ARGV[3]) ~= ARGV[6] then return -1 end
 redis.call('ZREM', KEYS[3], ARGV[3])
 redis.call('ZREM', KEYS[4], ARGV[3])
@@ -32,9 +35,13 @@ if ARGV[7] == 'requeue' then
     redis.call('LPUSH', KEYS[12], ARGV[8])
   end
 end
-for i = 12, #KEYS do
+for i = 15, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 1 then
+    if redis.call('EXISTS', KEYS[13]) == 1 then
+      redis.call('SET', KEYS[14], '1', 'PX', $TURN_LEASE_MS)
+    else
 --! wake key=KEYS[6] cap=ARGV[4] ttl=ARGV[5]
+    end
     break
   end
 end

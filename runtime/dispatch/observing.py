@@ -1,0 +1,155 @@
+"""The dispatcher's observations: what each round decides from, and what else they say.
+
+A round decides from the observation its previous claim pipeline brought back (ROUND behind the
+claims, :mod:`runtime.queue.deciding`) when that one took the turn; else from a fresh ROUND (or, in a
+group with fair pools, the observe pipeline); or, for a dispatcher alone in its group woken by a push,
+from the wake token's own request (:mod:`runtime.dispatch.wakeup`). Every observation also brings
+the group's counts, the heads to show, and the leases its reap found expired.
+
+:class:`Observing` is a part of :class:`~runtime.dispatch.dispatcher.Dispatcher` (through
+:class:`~runtime.dispatch.rounds.Rounds`); the attributes it reads are declared here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from runtime.backends.fleet import BackendFleet
+from runtime.config import DispatcherSettings
+from runtime.dispatch import redelivery, tenant_round
+from runtime.dispatch.drops import DropRecorder
+from runtime.dispatch.execution import Executor, Running
+from runtime.dispatch.peek import PeekCache
+from runtime.dispatch.stats import DispatcherStats
+from runtime.policy import scheduler
+from runtime.policy.reads import PoolRead, ReadPlan, plan_reads
+from runtime.queue.deciding import TURN_ELSEWHERE, NextRound
+from runtime.queue.dispatching import Observation, QueueOps, QueueView
+from runtime.queue.leases import LeaseRecord
+from runtime.telemetry.spans import Identity
+from runtime.wire.groupconfig import GroupConfig
+
+__all__ = ["Observing"]
+
+
+class Observing:
+    """The observation half of a round (see the module doc)."""
+
+    settings: DispatcherSettings
+    config: GroupConfig | None
+    queue: QueueOps
+    fleet: BackendFleet
+    stats: DispatcherStats
+    drops: DropRecorder
+    redeliveries: redelivery.Redeliveries
+    executor: Executor
+    identity: Identity
+    running: dict[str, Running]
+    group_in_flight: int
+    last_views: dict[str, QueueView]
+    _peek: PeekCache
+    _heads_seen: dict[str, tuple[bytes, ...]]
+
+    def _hinted(self, policy: scheduler.GroupPolicy, plan: ReadPlan, token: tuple[str, bytes]) -> bool:
+        """Whether to claim a wake token's request at once, without reading the heads first: only a
+        dispatcher alone in its group (as last seen), its pool not refused and every other pool empty
+        as last seen, so that no decision but this launch was possible (nothing to be fair about)."""
+        pool_id = token[0]
+        if len(self.queue.fleet_slots) > 1 or pool_id in plan.refusals:
+            return False
+        if not any(p.pool_id == pool_id for p in policy.pools):
+            return False
+        return not any(v.backlog for p, v in self.last_views.items() if p != pool_id)
+
+    def _hinted_view(self, policy: scheduler.GroupPolicy, token: tuple[str, bytes]) -> Observation:
+        """The observation a wake token stands for: its request at the head of an otherwise empty group,
+        this lone dispatcher's own calls in flight (the claim checks the real counts)."""
+        pool_id, raw = token
+        in_flight = Counter(r.pool_id for r in self.running.values())
+        views = {
+            p.pool_id: QueueView(1, (raw,), in_flight[p.pool_id])
+            if p.pool_id == pool_id
+            else QueueView(0, (), in_flight[p.pool_id])
+            for p in policy.pools
+        }
+        return Observation(views, len(self.running), ())
+
+    def _plan(self, policy: scheduler.GroupPolicy, local_free: int) -> ReadPlan:
+        return plan_reads(
+            policy,
+            peek_depth=self.settings.peek_depth,
+            local_free=local_free,
+            allowances={p.pool_id: self._room(p.pool_id) for p in policy.pools},
+            heads_cached=frozenset(pool_id for pool_id, heads in self._heads_seen.items() if heads),
+        )
+
+    def _then(self, policy: scheduler.GroupPolicy, free: int | None, claims: int) -> NextRound | None:
+        """ROUND after ``claims`` claims, when deciding from the previous observation (``free`` given)."""
+        if free is None:
+            return None
+        free -= claims
+        return self._next_round(policy, self._plan(policy, free).reads, free)
+
+    def _next_round(self, policy: scheduler.GroupPolicy, reads: tuple[PoolRead, ...], free: int) -> NextRound:
+        return NextRound(
+            holder=self.identity.dispatcher_id,
+            reads=reads,
+            local_slots=self.settings.concurrency,
+            free=free,
+            group_limit=policy.total_concurrency,
+            wake_pool=policy.pools[0].pool_id,
+        )
+
+    async def _observe(
+        self, policy: scheduler.GroupPolicy, plan: ReadPlan, free: int, holder: str, fair: frozenset[str]
+    ) -> Observation | None:
+        """A fresh observation, and the turn for its decision; None when another dispatcher holds it."""
+        assert self.config is not None
+        backend_ids = sorted(self.fleet.backends)
+        if fair or not holder:
+            seen = await self.queue.observe(
+                plan.reads, policy.total_concurrency, take_turn=holder, local_slots=self.settings.concurrency,
+                backend_ids=backend_ids, fair=fair,
+            )  # fmt: skip
+            if seen.fair:  # a fair pool's heads, in its tenants' order (issue 22)
+                tenant_round.plan_fair(self.queue, self._peek, self.config, seen, self.settings.peek_depth)
+            await self._absorb(seen)
+            return None if holder and not self.queue.has_turn else seen
+        seen = await self.queue.round(self._next_round(policy, plan.reads, free), backend_ids)
+        await self._absorb(seen)
+        return None if self.queue.turn == TURN_ELSEWHERE else seen
+
+    async def _absorb(self, seen: Observation) -> None:
+        """Takes in what an observation says beyond the decision: the group's counts, the heads to
+        show, and the leases its reap found expired."""
+        if seen.lost:  # reaped by this observe, whether or not the turn is ours: counted here or nowhere
+            await self._lost(seen.lost)
+        if seen.requeued:  # likewise for durable requests the reap put back
+            self.redeliveries.requeued(seen.requeued)
+        if not seen.views:  # ROUND found the turn taken and read nothing
+            return
+        self.group_in_flight, self.last_views = seen.group_in_flight, seen.views
+        for pool_id, view in seen.views.items():
+            self._remember_heads(pool_id, view)
+
+    async def _lost(self, records: tuple[LeaseRecord, ...]) -> None:
+        """Expired leases nobody requeued: calls lost in flight, and durable streams interrupted after
+        their first chunk (answered ``stream_interrupted``)."""
+        # A call of ours whose lease expired while Valkey was away is counted by its own FINISH.
+        self.drops.lost(r for r in records if not r.streamed and not self.executor.settles(r))
+        streamed = [r for r in records if r.streamed]
+        if streamed:
+            await self.redeliveries.interrupted(streamed, self.executor.relay.answer)
+
+    def _room(self, pool_id: str) -> int | None:
+        """Most heads offered for the pool: nothing is claimed that its backend would refuse."""
+        assert self.config is not None
+        route = self.config.route(pool_id)
+        return self.fleet.room(route.backend_id, route.endpoint)
+
+    def _remember_heads(self, pool_id: str, view: QueueView) -> None:
+        """Heads last read per pool, for the snapshot's oldest-pending age while a pool sits at its cap."""
+        if view.heads_read or view.backlog == 0:
+            self._heads_seen[pool_id] = view.heads
+        elif view.display_head is not None:
+            self._heads_seen[pool_id] = (view.display_head,)

@@ -1,0 +1,95 @@
+"""One round trip per decision: ROUND (``lua/round.lua``) reads what the next decision needs.
+
+The dispatcher decides from the observation its previous round trip brought back, and sends the
+claims of that decision with ROUND behind them in one pipeline: the claims re-check every hard
+condition (the digest of the peeked head, liveness, caps, protected slots), and ROUND reads the heads
+and counts the next decision needs, taking the group's scheduling turn for it only when that
+observation lets this dispatcher launch something. A dispatcher that finds the turn taken reads
+nothing (it leaves a note, and the holder's release wakes one of the fleet), so a fleet spends no
+reads on rounds that decide nothing.
+
+Plain data and the script's KEYS/ARGV, no I/O: :class:`runtime.queue.dispatching.QueueOps` runs it.
+Fair pools (tenant fairness on) are read by TENANT_OBSERVE instead; a group with any keeps the
+observe-then-claim round (see :mod:`runtime.queue.tenant_dispatch`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.policy.reads import PoolRead
+from runtime.queue import turn
+from runtime.queue.dispatch_requests import QueueView, ScriptArgs
+from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
+
+__all__ = ["TURN_ELSEWHERE", "TURN_NONE", "TURN_OURS", "NextRound", "RoundSeen", "parse_round", "round_args"]
+
+TURN_OURS = 1  # the observation allows a launch: this dispatcher decides next, nobody else meanwhile
+TURN_NONE = 0  # it allows none: the turn was given back
+TURN_ELSEWHERE = -1  # another dispatcher holds the turn: nothing was read
+
+
+@dataclass(frozen=True, slots=True)
+class NextRound:
+    """What ROUND reads for the next decision, and who asks."""
+
+    holder: str  # the dispatcher id
+    reads: tuple[PoolRead, ...]
+    local_slots: int  # this dispatcher's slots, registered in the fleet
+    free: int  # its free slots once the claims sent before ROUND succeed
+    group_limit: int
+    wake_pool: str  # a pool of the group, whose wake list gets a token for another dispatcher
+    left_work: bool = False  # the decision before left work for other dispatchers' slots
+
+
+@dataclass(frozen=True, slots=True)
+class RoundSeen:
+    """ROUND's answer."""
+
+    turn: int  # TURN_OURS, TURN_NONE or TURN_ELSEWHERE
+    fleet_slots: tuple[int, ...]  # local slots of each dispatcher of the group
+    group_in_flight: int
+    views: dict[str, QueueView]  # empty with TURN_ELSEWHERE
+
+
+def round_args(keys: KeySpace, group_id: str, nxt: NextRound) -> ScriptArgs:
+    """KEYS and ARGV of ``lua/round.lua`` (which declares them)."""
+    script_keys = [
+        keys.schedule_turn(group_id),
+        keys.schedule_again(group_id),
+        keys.group_fleet(group_id),
+        keys.group_inflight(group_id),
+        keys.wake_list(nxt.wake_pool),
+    ]
+    args: list[Any] = [
+        nxt.holder,
+        turn.TURN_LEASE_MS,
+        turn.FLEET_MEMBER_S,
+        f"{nxt.holder} {nxt.local_slots}",
+        max(0, nxt.free),
+        nxt.group_limit,
+        "1" if nxt.left_work else "0",
+        WAKE_TOKEN_CAP,
+        WAKE_TOKEN_TTL_MS,
+    ]
+    for read in nxt.reads:
+        script_keys += [keys.requests(read.pool_id), keys.pool_inflight(read.pool_id)]
+        args += [read.depth, read.pool_max, int(read.display_head)]
+    return script_keys, args
+
+
+def parse_round(reads: Sequence[PoolRead], answer: Sequence[Any]) -> RoundSeen:
+    """ROUND's answer for the ``reads`` it was sent."""
+    code, fleet, in_group, *pools = answer
+    fleet_slots = tuple(int(member.rsplit(b" ", 1)[-1]) for member in fleet)
+    views: dict[str, QueueView] = {}
+    if int(code) == TURN_ELSEWHERE:
+        return RoundSeen(TURN_ELSEWHERE, fleet_slots, 0, views)
+    for read, (backlog, in_flight, heads_read, heads) in zip(reads, pools, strict=True):
+        if heads_read == 2:  # the first item, read only to show its age
+            views[read.pool_id] = QueueView(int(backlog), (), int(in_flight), False, heads[0])
+        else:
+            views[read.pool_id] = QueueView(int(backlog), tuple(heads), int(in_flight), bool(heads_read))
+    return RoundSeen(int(code), fleet_slots, int(in_group), views)
