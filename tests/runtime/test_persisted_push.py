@@ -172,7 +172,8 @@ async def test_pushes_answered_without_waitaof_are_counted_in_the_groups_counter
                 asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=30)) for _ in range(3)
             ]
             await wait_until(lambda: producer.persistence.outcomes.total() == 3, what="3 pushes answered")
-            assert producer.stats.unpersisted_pushes == 3
+            # The pusher counts a batch's outcome before the submits awaiting it resume and count theirs.
+            await wait_until(lambda: producer.stats.unpersisted_pushes == 3, what="3 unpersisted counted")
             for task in waiting:
                 task.cancel()
             await asyncio.gather(*waiting, return_exceptions=True)
