@@ -8,7 +8,8 @@
 3. Saves the change, runs the demo again under the same load (the load generator's lanes are seeded),
    and compares the prediction with the new measured waits (target: within 25 %).
 4. Speed: an hour of demo-like traffic (~40,000 requests, synthetic) through both replays in this
-   process, with the peak memory the replay allocates (``tracemalloc``).
+   process, with the peak memory the replay allocates (``tracemalloc``); for a same-run ratio against
+   another revision, ``bench/bench_whatif_speed.py --before main``.
 
 Waits below ``--floor-ms`` (default 50 ms) are compared in absolute terms instead (both below it
 counts as a match): a few milliseconds of dispatcher latency are not a queue.
