@@ -16,4 +16,4 @@ fi
 .venv/bin/mypy
 # Two workers: half the suite's time is processes starting and scenarios waiting, which overlap well
 # on two cores. `-n 0` (after the command) runs it in one process.
-exec .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
+exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"

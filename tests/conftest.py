@@ -4,17 +4,16 @@ With ``VALKEY_URL`` set the suite uses that server (e.g. the machine's Redis 7);
 a private embedded Valkey for the session. Each test gets its own key prefix, so tests never see
 each other's queues even on a shared server.
 
-``bash scripts/test.sh`` runs the suite on two pytest-xdist workers (``--dist loadgroup``): each worker
-has its own embedded Valkey, Django test database and temporary directories. The tests of a module
-whose fixtures are module-scoped (a whole stack of processes) go to one worker together, so the stack
-starts once, as it does in a serial run.
+``bash scripts/test.sh`` runs the suite on two pytest-xdist workers (``--dist loadfile``): each worker
+has its own embedded Valkey, Django test database and temporary directories, and runs a module's tests
+in their order in the file, so a module-scoped stack starts once, as in one process.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,26 +25,19 @@ from runtime.valkey import embedded
 from runtime.valkey.client import connect
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keeps a module's tests on one xdist worker when they share a module-scoped fixture, and marks
-    ``stores`` the tests that talk to the suite's Valkey (``VALKEY_URL``) or the Django database.
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks ``stores`` the tests that talk to the suite's Valkey (``VALKEY_URL``) or the Django database.
 
-    Runs before xdist reads the ``xdist_group`` marks (``--dist loadgroup``); they do nothing without
-    xdist. ``.ci/run`` runs the fast ``stores`` tests again against Redis 7.0 and PostgreSQL: the others
-    (pure logic, private servers) would only repeat what the first pass proved.
+    ``.ci/run`` runs the fast ``stores`` tests again against Redis 7.0 and PostgreSQL: the others (pure
+    logic, private servers) would only repeat what the first pass proved.
     """
     for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None:
-            continue
-        if any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
-        if "valkey_url" in info.names_closure or _uses_database(item, info.names_closure):
+        fixtures = getattr(item, "fixturenames", ())
+        if "valkey_url" in fixtures or _uses_database(item, fixtures):
             item.add_marker(pytest.mark.stores)
 
 
-def _uses_database(item: pytest.Item, fixtures: list[str]) -> bool:
+def _uses_database(item: pytest.Item, fixtures: Iterable[str]) -> bool:
     marked = item.get_closest_marker("django_db") is not None
     return marked or bool({"db", "transactional_db"} & set(fixtures))
 
