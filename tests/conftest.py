@@ -3,13 +3,17 @@
 With ``VALKEY_URL`` set the suite uses that server (e.g. the machine's Redis 7); otherwise it starts
 a private embedded Valkey for the session. Each test gets its own key prefix, so tests never see
 each other's queues even on a shared server.
+
+``bash scripts/test.sh`` runs the suite on two pytest-xdist workers (``--dist loadfile``): each worker
+has its own embedded Valkey, Django test database and temporary directories, and runs a module's tests
+in their order in the file, so a module-scoped stack starts once, as in one process.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +23,23 @@ import redis.asyncio as aioredis
 from runtime.queue.keys import KeySpace
 from runtime.valkey import embedded
 from runtime.valkey.client import connect
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks ``stores`` the tests that talk to the suite's Valkey (``VALKEY_URL``) or the Django database.
+
+    ``.ci/run`` runs the fast ``stores`` tests again against Redis 7.0 and PostgreSQL: the others (pure
+    logic, private servers) would only repeat what the first pass proved.
+    """
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if "valkey_url" in fixtures or _uses_database(item, fixtures):
+            item.add_marker(pytest.mark.stores)
+
+
+def _uses_database(item: pytest.Item, fixtures: Iterable[str]) -> bool:
+    marked = item.get_closest_marker("django_db") is not None
+    return marked or bool({"db", "transactional_db"} & set(fixtures))
 
 
 @pytest.fixture(scope="session")
