@@ -14,6 +14,6 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 .venv/bin/ruff check .
 .venv/bin/mypy
-# Two workers: half the suite's time is processes starting and scenarios waiting, which overlap well
-# on two cores. `-n 0` (after the command) runs it in one process.
-exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
+# One process by default: on two xdist workers (`-n 2 --dist loadfile`) the suite is faster, but three
+# real-time scenario tests failed in the one full rehearsal so far (see bench/RESULTS.md).
+exec .venv/bin/python -m pytest "$@"

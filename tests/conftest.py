@@ -4,9 +4,9 @@ With ``VALKEY_URL`` set the suite uses that server (e.g. the machine's Redis 7);
 a private embedded Valkey for the session. Each test gets its own key prefix, so tests never see
 each other's queues even on a shared server.
 
-``bash scripts/test.sh`` runs the suite on two pytest-xdist workers (``--dist loadfile``): each worker
-has its own embedded Valkey, Django test database and temporary directories, and runs a module's tests
-in their order in the file, so a module-scoped stack starts once, as in one process.
+On pytest-xdist workers (``-n 2 --dist loadfile``, as the Redis/PostgreSQL pass of ``.ci/run`` runs)
+each worker has its own embedded Valkey, Django test database and temporary directories, and runs a
+module's tests in their order in the file, so a module-scoped stack starts once, as in one process.
 """
 
 from __future__ import annotations
