@@ -1,9 +1,11 @@
 """The producer client: submit a chat completion to a pool and get the completion back.
 
-Its parts live beside it: the pool registry (:mod:`~runtime.producer.pools`), the reply pump
-(:mod:`~runtime.producer.pump`), the direct path (:mod:`~runtime.producer.direct`), streamed calls
-(:mod:`~runtime.producer.streams`) and the blocking client (:mod:`~runtime.producer.sync`). It speaks
-to the queue only through :mod:`runtime.queue`, never through the dispatcher's modules.
+Its parts live beside it: the pool registry (:mod:`~runtime.producer.pools`), the push
+(:mod:`~runtime.producer.enqueue`), the wait for a queued reply (:mod:`~runtime.producer.queued`), the
+reply pump (:mod:`~runtime.producer.pump`), the liveness heartbeat (:mod:`~runtime.producer.liveness`),
+the direct path (:mod:`~runtime.producer.direct`), streamed calls (:mod:`~runtime.producer.streams`)
+and the blocking client (:mod:`~runtime.producer.sync`). It speaks to the queue only through
+:mod:`runtime.queue`, never through the dispatcher's modules.
 
 One :class:`Producer` owns one ``producer_id``. While it can receive replies it keeps
 ``key:llm:producer:{producer_id}:alive`` fresh; a single reply pump drains
@@ -34,25 +36,23 @@ from runtime.errors import (
     DispatchError,
     ProducerClosed,
     QueueFull,
-    RequestTimeout,
 )
 from runtime.policy.admission import KeyLimits
 from runtime.producer.direct import DirectPath
 from runtime.producer.enqueue import Enqueuer
+from runtime.producer.liveness import Liveness
 from runtime.producer.outcomes import (
     CompletionResult,
     ProducerStats,
     fail_span,
     refused_span,
-    reply_error,
     submit_span,
-    withdrawn_span,
 )
 from runtime.producer.pools import PoolRegistry
-from runtime.producer.pump import WAKE_SENTINEL, ReplyPump, Waiter
+from runtime.producer.pump import WAKE_SENTINEL, ReplyPump
+from runtime.producer.queued import submit_queued
 from runtime.producer.streams import ChatStream, stream_call
 from runtime.producer.tenancy import UNTAGGED_TAG, TenantTag, tag_span, withdraw_member
-from runtime.queue.admission import KeyLease
 from runtime.queue.keys import DEFAULT_KEYS, KeySpace
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire.contract import (
@@ -110,8 +110,6 @@ class Producer:
         )
         self._started = False
         self._closed = False
-        self._closing = asyncio.Event()
-        self._alive_key = keys.producer_alive(self.producer_id)
         self._reply_key = keys.replies(self.producer_id)
         self._enqueue = Enqueuer(
             client,
@@ -124,6 +122,7 @@ class Producer:
         self._queue = self._enqueue.queue
         self._key_leases = self._enqueue.key_leases
         self.persistence = self._enqueue.persistence
+        self._liveness = Liveness(client, keys, self.producer_id, self.settings, self._enqueue)
 
     def __repr__(self) -> str:
         mode = "direct" if self.direct_backend else "queued"
@@ -146,9 +145,9 @@ class Producer:
         self._started = True
         if self.direct_backend is not None:
             return
-        await self._mark_alive()
+        await self._liveness.mark_alive()
         self._tasks = [
-            asyncio.create_task(self._keep_alive(), name=f"alive:{self.producer_id}"),
+            asyncio.create_task(self._liveness.run(), name=f"alive:{self.producer_id}"),
             asyncio.create_task(self._replies.run(), name=f"pump:{self.producer_id}"),
         ]
 
@@ -157,6 +156,7 @@ class Producer:
         if self._closed:
             return
         self._closed = self._replies.closed = True
+        self._liveness.stop()
         await self._stop_tasks()
         closed_reply = Reply(
             "", "error", error_type=ProducerClosed.error_type, error_message="producer closed"
@@ -171,11 +171,7 @@ class Producer:
             with contextlib.suppress(*REDIS_ERRORS):
                 await self._enqueue.flush_unpersisted()
             with contextlib.suppress(*REDIS_ERRORS):
-                await self.client.delete(
-                    self._alive_key,
-                    self.keys.replies_taken(self.producer_id),
-                    self.keys.replies_acked(self.producer_id),
-                )
+                await self._liveness.forget()
         await self._direct.aclose()
         await self.persistence.aclose()
 
@@ -184,7 +180,6 @@ class Producer:
         # with a sentinel and left to return by itself; cancellation is only the fallback.
         if not self._tasks:
             return
-        self._closing.set()
         with contextlib.suppress(*REDIS_ERRORS):
             await self.client.rpush(self._reply_key, WAKE_SENTINEL)
         _, stuck = await asyncio.wait(self._tasks, timeout=2.0)
@@ -240,8 +235,8 @@ class Producer:
                     result = await self._direct.complete(backend, chat, request_id, pool_id, timeout_s)
             else:
                 lease = self._enqueue.lease(key, pool_id, request_id, timeout_s)
-                result = await self._submit_queued(
-                    chat, request_id, pool_id, metadata, timeout_s, span, lease, tag
+                result = await submit_queued(
+                    self, chat, request_id, pool_id, metadata, timeout_s, span, lease, tag
                 )
         except QueueFull as exc:
             self.stats.rejected += 1
@@ -269,53 +264,6 @@ class Producer:
         """Streams a legacy completion (``text_completion`` chunks); ``stream``'s kwargs."""
         completion, include_usage = stream_call(call, kwargs.pop("include_usage", None), CompletionsCall)
         return self.stream(completion, include_usage=include_usage, **kwargs)
-
-    async def _submit_queued(
-        self,
-        chat: Call,
-        request_id: str,
-        pool_id: str,
-        metadata: Metadata,
-        timeout_s: float,
-        span: trace.Span,
-        lease: KeyLease | None = None,
-        tag: TenantTag = UNTAGGED_TAG,
-    ) -> CompletionResult:
-        loop = asyncio.get_running_loop()
-        # Counted from before the envelope's deadline is set, not from the end of the push: the caller
-        # gives up no later than the deadline the dispatcher bounds the call by, so a dispatcher that runs
-        # into it answers after this timer (a late reply), never first (it did by the push's duration).
-        expires_at = loop.time() + timeout_s
-        raw = self._enqueue.envelope(chat, request_id, pool_id, metadata, timeout_s, span, tenant=tag.tenant)
-        future: asyncio.Future[Reply] = loop.create_future()
-        self._waiters[request_id] = Waiter(future, pool_id)
-        # A timer on the reply's own future rather than asyncio.wait_for, which adds a second future,
-        # done callbacks and its own timer to every submit.
-        timer = loop.call_at(expires_at, _expire, future)
-        try:
-            await self._enqueue.push(pool_id, request_id, raw, lease, timeout_s, tag)
-            try:
-                reply = await future
-            except TimeoutError:
-                self.stats.timed_out += 1
-                raise RequestTimeout(
-                    f"request {request_id} to pool {pool_id!r} got no reply within {timeout_s:g}s"
-                ) from None
-        except asyncio.CancelledError:
-            # Cancelled while the push was on its way too: the push was written, so the withdrawal that
-            # follows it on the connection finds the request queued (it was left behind before).
-            if await self.withdraw(pool_id, request_id, raw, tag):
-                withdrawn_span(span)
-            raise
-        finally:
-            timer.cancel()
-            self._waiters.pop(request_id, None)
-            if lease is not None:
-                await self._key_leases.release(lease)
-        if not reply.ok:
-            raise reply_error(reply)
-        assert reply.completion is not None
-        return CompletionResult(request_id, pool_id, reply.completion, reply.timing)
 
     def stream(
         self,
@@ -407,26 +355,3 @@ class Producer:
     def configuration(self) -> str:
         """Which configuration submits are checked against: published, last_known or none."""
         return self._pools.view.source
-
-    async def _mark_alive(self) -> None:
-        ttl_ms = int(self.settings.alive_ttl_s * 1000)
-        await self.client.set(self._alive_key, b"1", px=ttl_ms)
-
-    async def _keep_alive(self) -> None:
-        while not self._closed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), self.settings.alive_refresh_s)
-            if self._closed:
-                return
-            try:
-                await self._mark_alive()
-                await self._key_leases.renew()
-                await self._enqueue.flush_unpersisted()
-            except REDIS_ERRORS as exc:
-                log.warning("producer %s could not refresh liveness: %s", self.producer_id, exc)
-
-
-def _expire(future: asyncio.Future[Reply]) -> None:
-    """A submit's timer: its reply did not come in time (a reply arriving later is counted late)."""
-    if not future.done():
-        future.set_exception(TimeoutError())
