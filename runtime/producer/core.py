@@ -122,7 +122,7 @@ class Producer:
         self._queue = self._enqueue.queue
         self._key_leases = self._enqueue.key_leases
         self.persistence = self._enqueue.persistence
-        self._liveness = Liveness(client, keys, self.producer_id, self.settings, self._enqueue)
+        self._liveness = Liveness(self._enqueue)
 
     def __repr__(self) -> str:
         mode = "direct" if self.direct_backend else "queued"

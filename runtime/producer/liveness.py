@@ -11,11 +11,7 @@ import asyncio
 import contextlib
 import logging
 
-import redis.asyncio as aioredis
-
-from runtime.config import ProducerSettings
 from runtime.producer.enqueue import Enqueuer
-from runtime.queue.keys import KeySpace
 from runtime.valkey.client import REDIS_ERRORS
 
 __all__ = ["Liveness"]
@@ -26,20 +22,14 @@ log = logging.getLogger(__name__)
 class Liveness:
     """Marks one producer alive, refreshes the mark every ``alive_refresh_s`` and deletes it on close."""
 
-    def __init__(
-        self,
-        client: aioredis.Redis,
-        keys: KeySpace,
-        producer_id: str,
-        settings: ProducerSettings,
-        enqueue: Enqueuer,
-    ) -> None:
-        self.client = client
-        self.keys = keys
-        self.producer_id = producer_id
-        self.settings = settings
+    def __init__(self, enqueue: Enqueuer) -> None:
+        """Speaks for ``enqueue``'s producer, over its connection and with its settings."""
+        self.client = enqueue.client
+        self.keys = enqueue.keys
+        self.producer_id = enqueue.producer_id
+        self.settings = enqueue.settings
         self._enqueue = enqueue
-        self.alive_key = keys.producer_alive(producer_id)
+        self.alive_key = self.keys.producer_alive(self.producer_id)
         self._closing = asyncio.Event()
 
     def __repr__(self) -> str:
