@@ -11,8 +11,9 @@ It answers:
 * ``GET /metrics``: Prometheus text with vLLM's (or SGLang's, llama.cpp's, TGI's) running / waiting /
   KV-cache gauges and ``sim_*`` counters (see :mod:`simulator.metrics`); kind ``openai`` has none (404).
 
-Behaviour comes from a frozen :class:`~simulator.config.SimulatorConfig`; calls run through a
-vLLM-like :class:`~simulator.engine.Engine`. A request body may carry a ``"sim"`` object that
+Behaviour comes from a frozen :class:`~simulator.config.SimulatorConfig`; this module routes each
+request and keeps the server's lifecycle and observable state, :mod:`simulator.handlers` answers the
+calls through a vLLM-like :class:`~simulator.engine.Engine`. A request body may carry a ``"sim"`` object that
 overrides behaviour for that one request (see :data:`~simulator.openai_format.SIM_KEYS`).
 
 With zero latency and zero token time a completion never awaits, so the server is usable as the
@@ -27,39 +28,30 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any
 
 import orjson
 from aiohttp import web
 
-from simulator import endpoints_format as endpoints
-from simulator import openai_format as fmt
 from simulator.behaviour import Behaviour
 from simulator.config import SimulatorConfig
-from simulator.engine import Engine, Job, Timing
+from simulator.engine import Engine
+from simulator.handlers import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    EMBEDDINGS_PATH,
+    CallHandlers,
+    error_response,
+    json_response,
+)
 from simulator.metrics import CONTENT_TYPE, Counters, SimulatorCollector, exposition, registry_for
 
 __all__ = ["SimulatorConfig", "SimulatorServer", "serve"]
 
-CHAT_PATH = "/v1/chat/completions"
-COMPLETIONS_PATH = "/v1/completions"
-EMBEDDINGS_PATH = "/v1/embeddings"
 KNOWN_PATHS = (CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH, "/v1/models", "/health", "/metrics")
 OTHER_PATH = "other"
-JSON = "application/json"
-GARBAGE = b"<html>simulated garbage, not a chat completion</html>"
 # A stopping server gives in-flight calls this long before cancelling them: a simulator drains nothing.
 SHUTDOWN_TIMEOUT_S = 0.25
-
-
-def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=body, content_type=JSON, headers=headers)
-
-
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return _json(status, fmt.error_body(status, message), headers)
 
 
 class SimulatorServer:
@@ -72,7 +64,6 @@ class SimulatorServer:
         self.port: int | None = None
         self._runner: web.AppRunner | None = None
         self._behaviour = Behaviour(self.config, random.Random(self.config.seed))
-        self._retry_after = {"Retry-After": str(self.config.retry_after_s)}
         self._counters = Counters(requests_by_path=dict.fromkeys((*KNOWN_PATHS, OTHER_PATH), 0))
         self.engine = Engine(
             max_running=self.config.max_running,
@@ -83,12 +74,7 @@ class SimulatorServer:
             kind=self.config.kind, model=self.config.model, engine=self, counters=self._counters
         )
         self._registry = registry_for(collector)
-        # Calls in progress per model, their peaks, and calls per OpenAI ``user`` field: tests give
-        # each request a unique ``user`` to prove nothing ran twice, and a model per pool for caps.
-        self._active_by_model: Counter[str] = Counter()
-        self.peak_active_by_model: Counter[str] = Counter()
-        self.peak_active = 0
-        self.calls_by_user: Counter[str] = Counter()
+        self._calls = CallHandlers(self.config, self._behaviour, self.engine, self._counters)
         self._stop_event: asyncio.Event | None = None
         self._models_body = orjson.dumps(
             {
@@ -97,9 +83,9 @@ class SimulatorServer:
             }
         )
         self._routes = {
-            CHAT_PATH: ("POST", self._chat),
-            COMPLETIONS_PATH: ("POST", self._completions),
-            EMBEDDINGS_PATH: ("POST", self._embeddings),
+            CHAT_PATH: ("POST", self._calls.chat),
+            COMPLETIONS_PATH: ("POST", self._calls.completions),
+            EMBEDDINGS_PATH: ("POST", self._calls.embeddings),
             "/v1/models": ("GET", self._models),
             "/health": ("GET", self._health),
             "/metrics": ("GET", self._metrics),
@@ -180,6 +166,22 @@ class SimulatorServer:
         return self.engine.kv_usage()
 
     @property
+    def calls_by_user(self) -> Counter[str]:
+        """Calls received per OpenAI ``user`` field: tests give each request a unique ``user`` to prove
+        nothing ran twice."""
+        return self._calls.calls_by_user
+
+    @property
+    def peak_active_by_model(self) -> Counter[str]:
+        """The most calls in progress (running or waiting) at once per model: a model per pool tests caps."""
+        return self._calls.peak_active_by_model
+
+    @property
+    def peak_active(self) -> int:
+        """The most calls in progress at once, over every model."""
+        return self._calls.peak_active
+
+    @property
     def requests_total(self) -> int:
         """Every HTTP request received, whatever its path or outcome."""
         return sum(self._counters.requests_by_path.values())
@@ -240,191 +242,24 @@ class SimulatorServer:
         method, path = request.method, request.path
         route = self._routes.get(path)
         if route is None:
-            return _error(HTTPStatus.NOT_FOUND, f"no route for {method} {path}")
+            return error_response(HTTPStatus.NOT_FOUND, f"no route for {method} {path}")
         allowed, handler = route
         if method != allowed:
-            return _error(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} not allowed on {path}; use {allowed}")
+            return error_response(
+                HTTPStatus.METHOD_NOT_ALLOWED, f"{method} not allowed on {path}; use {allowed}"
+            )
         return await handler(request)
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
-        return _json(HTTPStatus.OK, self._models_body)
+        return json_response(HTTPStatus.OK, self._models_body)
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
-        return _json(HTTPStatus.OK, b'{"status":"ok"}')
+        return json_response(HTTPStatus.OK, b'{"status":"ok"}')
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         if self.config.kind == "openai":  # as Ollama or a hosted API: no Prometheus endpoint
-            return _error(HTTPStatus.NOT_FOUND, "this server exports no metrics")
+            return error_response(HTTPStatus.NOT_FOUND, "this server exports no metrics")
         return web.Response(body=exposition(self._registry), headers={"Content-Type": CONTENT_TYPE})
-
-    # -- chat completions ----------------------------------------------------------------------------
-
-    async def _read_chat(
-        self, request: web.Request, check: Callable[[Any], str] = fmt.check_request
-    ) -> dict[str, Any] | web.Response:
-        """The parsed request, or the refusal to send (``check`` says what the endpoint refuses)."""
-        refusal = None
-        limit = self.config.max_body_bytes
-        if "chunked" in request.headers.get("Transfer-Encoding", "").lower():
-            refusal = _error(
-                HTTPStatus.LENGTH_REQUIRED, "chunked request bodies are not supported; send Content-Length"
-            )
-        elif (request.content_length or 0) > limit:
-            refusal = _error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body over {limit} bytes")
-        if refusal is not None:
-            refusal.force_close()  # the unread body would otherwise be taken for the next request
-            return refusal
-        try:
-            body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError:
-            return _error(HTTPStatus.BAD_REQUEST, "request body is not valid JSON")
-        problem = check(body)
-        if problem:
-            return _error(HTTPStatus.BAD_REQUEST, problem)
-        return body
-
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, legacy=False)
-
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, legacy=True)
-
-    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
-        body = await self._read_chat(request, endpoints.check_embeddings)
-        if isinstance(body, web.Response):
-            return body
-        sim: dict[str, Any] = body.get("sim") or {}
-        plan = self._behaviour.plan(body, sim)
-        answer, tokens = endpoints.embeddings_body(body, self.config.model)
-        # An embedding is one forward pass: it holds its prompt for its latency and generates nothing.
-        job = Job(tokens, Timing(plan.latency_s, 0.0, 0))
-        await self.engine.start(job)
-        try:
-            await self._sleep_until(job, plan.latency_s)
-            if plan.status:
-                return _error(plan.status, plan.message, self._error_headers(plan.status, sim))
-            self._counters.prompt_tokens_total += tokens
-            return _json(HTTPStatus.OK, answer)
-        finally:
-            self.engine.finish(job)
-
-    async def _generate(self, request: web.Request, *, legacy: bool) -> web.StreamResponse:
-        """A chat completion, or a legacy text completion: the same engine, another shape."""
-        body = await self._read_chat(request, endpoints.check_completions if legacy else fmt.check_request)
-        if isinstance(body, web.Response):
-            return body
-        model = body.get("model")
-        model = model if isinstance(model, str) else ""
-        user = body.get("user")
-        if isinstance(user, str):
-            self.calls_by_user[user] += 1
-        if self._behaviour.rate_limited():
-            return _error(
-                HTTPStatus.TOO_MANY_REQUESTS,
-                f"simulated rate limit (rate_limit_rate={self.config.rate_limit_rate})",
-                self._retry_after,
-            )
-        self._enter(model)
-        try:
-            return await self._run_chat(request, body, legacy)
-        finally:
-            self._active_by_model[model] -= 1
-
-    def _error_headers(self, status: int, sim: dict[str, Any]) -> dict[str, str] | None:
-        """``Retry-After``: the hook's ``retry_after`` on any injected error (a 503 may carry one too),
-        else the configured one on a 429."""
-        if "retry_after" in sim:
-            return {"Retry-After": str(sim["retry_after"])}
-        return self._retry_after if status == HTTPStatus.TOO_MANY_REQUESTS else None
-
-    async def _run_chat(self, request: web.Request, body: dict[str, Any], legacy: bool) -> web.StreamResponse:
-        sim: dict[str, Any] = body.get("sim") or {}
-        plan = self._behaviour.plan(body, sim)
-        prompt_tokens, last_text = (
-            endpoints.prompt_of(body) if legacy else fmt.estimate_prompt(body["messages"])
-        )
-        job = Job(prompt_tokens, plan.timing)
-        if not self.engine.fits(job):
-            return _error(
-                HTTPStatus.BAD_REQUEST,
-                f"the request needs {job.reserved_tokens} tokens of KV cache (prompt {prompt_tokens} + "
-                f"completion {plan.completion_tokens}); the cache holds {self.config.kv_cache_tokens}",
-            )
-        await self.engine.start(job)
-        try:
-            if plan.hang:
-                await asyncio.get_running_loop().create_future()  # until the client disconnects
-            if plan.status:
-                await self._sleep_until(job, plan.latency_s)
-                return _error(plan.status, plan.message, self._error_headers(plan.status, sim))
-            reply = fmt.Reply(
-                model=model_of(body, self.config.model),
-                completion_id=f"{'cmpl' if legacy else 'chatcmpl'}-sim-{self.completions_requested}",
-                prompt_tokens=prompt_tokens,
-                tokens=fmt.reply_tokens(last_text, plan.completion_tokens),
-                finish=plan.finish,
-                legacy=legacy,
-            )
-            if body.get("stream"):
-                options = body.get("stream_options") or {}
-                return await self._stream(
-                    request, job, reply, include_usage=bool(options.get("include_usage"))
-                )
-            await self._sleep_until(job, job.timing.done_s)
-            if sim.get("invalid_body"):
-                return web.Response(body=GARBAGE, content_type="text/html")
-            self._count_completion(reply)
-            return _json(HTTPStatus.OK, reply.body())
-        finally:
-            self.engine.finish(job)
-
-    async def _stream(
-        self, request: web.Request, job: Job, reply: fmt.Reply, *, include_usage: bool
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await self._sleep_until(job, job.timing.first_token_s)
-        await response.prepare(request)
-        if not reply.legacy:  # a legacy stream has no role to announce
-            await response.write(reply.chunk({"role": "assistant", "content": ""}))
-        for k, token in enumerate(reply.tokens, start=1):
-            await self._sleep_until(job, job.timing.token_at(k))
-            await response.write(reply.chunk({"content": token}))
-        await response.write(reply.chunk({}, finish=reply.finish))
-        if include_usage:
-            await response.write(reply.usage_chunk())
-        await response.write(fmt.DONE_EVENT)
-        self._count_completion(reply)
-        await response.write_eof()
-        return response
-
-    async def _sleep_until(self, job: Job, offset_s: float) -> None:
-        """Sleeps until ``offset_s`` after the call started running; never awaits when that has passed."""
-        assert job.started_at is not None
-        delay = job.started_at + offset_s - self.engine.clock()
-        if delay > 0:
-            await asyncio.sleep(delay)
-
-    def _enter(self, model: str) -> None:
-        """Counts calls in progress (running or waiting) per model and keeps the peaks, for cap tests."""
-        active = self._active_by_model
-        active[model] += 1
-        if active[model] > self.peak_active_by_model[model]:
-            self.peak_active_by_model[model] = active[model]
-        self.peak_active = max(self.peak_active, sum(active.values()))
-
-    def _count_completion(self, reply: fmt.Reply) -> None:
-        counters = self._counters
-        counters.completions_total += 1
-        counters.prompt_tokens_total += reply.prompt_tokens
-        counters.completion_tokens_total += len(reply.tokens)
-
-
-def model_of(request: dict[str, Any], default: str) -> str:
-    """The model the reply names: the requested one, else the served one."""
-    model = request.get("model")
-    return model if isinstance(model, str) and model else default
 
 
 async def serve(server: SimulatorServer, *, install_signal_handlers: bool = True) -> None:
