@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from runtime.policy.tokens import MAX_TOKENS, TokenCount, estimate_input_tokens, estimate_output_tokens
 from runtime.wire.call import (
@@ -103,49 +103,47 @@ def _form(kind: type) -> str:
     return {str: "a string", int: "a token id", list: "a token-id list"}[kind]
 
 
-@dataclass(frozen=True, slots=True)
-class EmbeddingsCall:
-    """A normalized ``POST /v1/embeddings`` call. It costs its input: an embedding has no output tokens."""
+class _TextCall:
+    """What the two calls besides chat share: a model, one text field (``input`` or ``prompt``, in any of
+    OpenAI's four forms), the known parameters, and provider extras passed through untouched."""
 
-    endpoint: ClassVar[str] = EMBEDDINGS
-    streams: ClassVar[bool] = False
+    __slots__ = ()
 
+    endpoint: ClassVar[str]
+    text_field: ClassVar[str]  # the request body's field this call carries, and its attribute
     model: str
-    input: str | tuple[Any, ...]
-    parameters: Mapping[str, Any] = field(default_factory=dict)
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    _inputs: int = field(default=1, repr=False, compare=False)
+    parameters: Mapping[str, Any]
+    extra: Mapping[str, Any]
+    _count: int  # how many inputs or prompts the text holds
 
     @classmethod
-    def from_openai(cls, body: Any) -> EmbeddingsCall:
-        """Builds a call from an OpenAI embeddings request body; raises MalformedEnvelope."""
-        model = check_model(body)
-        raw = body.get("input")
-        inputs = _check_inputs(raw, "call.input", allow_empty_text=False)
-        parameters, extra = split_parameters(body, EMBEDDING_PARAMETERS, ("model", "input"))
-        dimensions = parameters.get("dimensions")
-        if dimensions is not None and not 1 <= dimensions <= MAX_DIMENSIONS:
-            raise _fail(f"call.dimensions must be between 1 and {MAX_DIMENSIONS}, got {dimensions}")
-        encoding = parameters.get("encoding_format")
-        if encoding is not None and encoding not in ENCODING_FORMATS:
-            raise _fail(f"call.encoding_format must be one of {list(ENCODING_FORMATS)}, got {encoding!r}")
-        return cls(
-            model=model,
-            input=raw if isinstance(raw, str) else tuple(raw),
-            parameters=parameters,
-            extra=extra,
-            _inputs=inputs,
-        )
+    def from_openai(cls, body: Any) -> Self:
+        raise NotImplementedError
 
     @classmethod
-    def of(cls, call: EmbeddingsCall | Mapping[str, Any]) -> EmbeddingsCall:
+    def of(cls, call: Self | Mapping[str, Any]) -> Self:
         """The call itself, or one built from its request body."""
-        return call if isinstance(call, EmbeddingsCall) else cls.from_openai(call)
+        return call if isinstance(call, cls) else cls.from_openai(call)
+
+    @classmethod
+    def _parse(
+        cls, body: Any, known: dict[str, tuple[type, ...]], *, allow_empty_text: bool, required: bool = False
+    ) -> tuple[str, str | tuple[Any, ...], Mapping[str, Any], Mapping[str, Any], int]:
+        """The checked model, text, parameters, extras and text count, in the order the fields stand."""
+        model = check_model(body)
+        name = cls.text_field
+        raw = body.get(name)
+        if required and raw is None:
+            raise _fail(f"call.{name} is required")
+        count = _check_inputs(raw, f"call.{name}", allow_empty_text=allow_empty_text)
+        parameters, extra = split_parameters(body, known, ("model", name))
+        return model, raw if isinstance(raw, str) else tuple(raw), parameters, extra, count
 
     def to_openai(self) -> dict[str, Any]:
+        text = getattr(self, self.text_field)
         body: dict[str, Any] = {
             "model": self.model,
-            "input": self.input if isinstance(self.input, str) else list(self.input),
+            self.text_field: text if isinstance(text, str) else list(text),
         }
         body.update(self.parameters)
         body.update(self.extra)
@@ -157,78 +155,67 @@ class EmbeddingsCall:
 
     @property
     def message_count(self) -> int:
-        """How many inputs the call embeds (history's message count)."""
-        return self._inputs
+        """How many inputs the call embeds, or prompts it completes (history's message count)."""
+        return self._count
 
     @property
     def image_parts(self) -> int:
         return 0
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingsCall(_TextCall):
+    """A normalized ``POST /v1/embeddings`` call. It costs its input: an embedding has no output tokens."""
+
+    endpoint: ClassVar[str] = EMBEDDINGS
+    streams: ClassVar[bool] = False
+    text_field: ClassVar[str] = "input"
+
+    model: str
+    input: str | tuple[Any, ...]
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    _count: int = field(default=1, repr=False, compare=False)
+
+    @classmethod
+    def from_openai(cls, body: Any) -> EmbeddingsCall:
+        """Builds a call from an OpenAI embeddings request body; raises MalformedEnvelope."""
+        call = cls(*cls._parse(body, EMBEDDING_PARAMETERS, allow_empty_text=False))
+        dimensions = call.parameters.get("dimensions")
+        if dimensions is not None and not 1 <= dimensions <= MAX_DIMENSIONS:
+            raise _fail(f"call.dimensions must be between 1 and {MAX_DIMENSIONS}, got {dimensions}")
+        encoding = call.parameters.get("encoding_format")
+        if encoding is not None and encoding not in ENCODING_FORMATS:
+            raise _fail(f"call.encoding_format must be one of {list(ENCODING_FORMATS)}, got {encoding!r}")
+        return call
 
     def tokens(self, default_output_tokens: int) -> TokenCount:
         return TokenCount(estimate_input_tokens(self.input), 0)
 
 
 @dataclass(frozen=True, slots=True)
-class CompletionsCall:
+class CompletionsCall(_TextCall):
     """A normalized legacy ``POST /v1/completions`` call (text in, text out; vLLM clients use it)."""
 
     endpoint: ClassVar[str] = COMPLETIONS
     streams: ClassVar[bool] = True
+    text_field: ClassVar[str] = "prompt"
 
     model: str
     prompt: str | tuple[Any, ...]
     parameters: Mapping[str, Any] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
-    _prompts: int = field(default=1, repr=False, compare=False)
+    _count: int = field(default=1, repr=False, compare=False)
 
     @classmethod
     def from_openai(cls, body: Any) -> CompletionsCall:
         """Builds a call from an OpenAI completions request body; raises MalformedEnvelope."""
-        model = check_model(body)
-        raw = body.get("prompt")
-        if raw is None:
-            raise _fail("call.prompt is required")
-        prompts = _check_inputs(raw, "call.prompt", allow_empty_text=True)
-        parameters, extra = split_parameters(body, COMPLETION_PARAMETERS, ("model", "prompt"))
-        return cls(
-            model=model,
-            prompt=raw if isinstance(raw, str) else tuple(raw),
-            parameters=parameters,
-            extra=extra,
-            _prompts=prompts,
-        )
-
-    @classmethod
-    def of(cls, call: CompletionsCall | Mapping[str, Any]) -> CompletionsCall:
-        """The call itself, or one built from its request body."""
-        return call if isinstance(call, CompletionsCall) else cls.from_openai(call)
-
-    def to_openai(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "model": self.model,
-            "prompt": self.prompt if isinstance(self.prompt, str) else list(self.prompt),
-        }
-        body.update(self.parameters)
-        body.update(self.extra)
-        return body
-
-    @property
-    def operation(self) -> str:
-        return OPERATIONS[self.endpoint]
-
-    @property
-    def message_count(self) -> int:
-        """How many prompts the call completes (history's message count)."""
-        return self._prompts
-
-    @property
-    def image_parts(self) -> int:
-        return 0
+        return cls(*cls._parse(body, COMPLETION_PARAMETERS, allow_empty_text=True, required=True))
 
     def tokens(self, default_output_tokens: int) -> TokenCount:
         """Every prompt gets its own ``n`` choices, so the output estimate counts each prompt."""
         output = estimate_output_tokens(self.parameters, default_output_tokens)
-        return TokenCount(estimate_input_tokens(self.prompt), min(MAX_TOKENS, output * self._prompts))
+        return TokenCount(estimate_input_tokens(self.prompt), min(MAX_TOKENS, output * self._count))
 
 
 Call = ChatCall | EmbeddingsCall | CompletionsCall
