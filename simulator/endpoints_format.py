@@ -28,27 +28,6 @@ MAX_DIMENSIONS = 3072
 MAX_INPUTS = 2048
 
 
-def _check_stream(request: dict[str, Any]) -> str:
-    stream = request.get("stream", False)
-    if not isinstance(stream, bool):
-        return "'stream' must be true or false"
-    options = request.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        return "'stream_options' must be an object"
-    if options is not None and not stream:
-        return "'stream_options' is only allowed when 'stream' is true"
-    return ""
-
-
-def _check_sim(request: dict[str, Any]) -> str:
-    sim = request.get("sim")
-    if sim is None:
-        return ""
-    if not isinstance(sim, dict):
-        return "'sim' must be an object"
-    return fmt._check_sim(sim)
-
-
 def _inputs(value: Any, name: str) -> tuple[list[Any], str]:
     """The request's inputs as a list (a string is one), or why they are refused."""
     if isinstance(value, str):
@@ -86,7 +65,7 @@ def check_embeddings(request: Any) -> str:
         return "'encoding_format' must be 'float' or 'base64'"
     if "stream" in request:
         return "embeddings do not stream"
-    return _check_sim(request)
+    return fmt.check_sim_field(request)
 
 
 def check_completions(request: Any) -> str:
@@ -96,7 +75,7 @@ def check_completions(request: Any) -> str:
     if "prompt" not in request:
         return "'prompt' is required"
     _, problem = _inputs(request.get("prompt"), "prompt")
-    return problem or _check_stream(request) or _check_sim(request)
+    return problem or fmt.check_stream_fields(request) or fmt.check_sim_field(request)
 
 
 def input_tokens(item: Any) -> int:

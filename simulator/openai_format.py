@@ -60,6 +60,11 @@ def check_request(request: Any) -> str:
     messages = request.get("messages")
     if not isinstance(messages, list) or not messages:
         return "'messages' must be a non-empty list"
+    return check_stream_fields(request) or check_sim_field(request)
+
+
+def check_stream_fields(request: dict[str, Any]) -> str:
+    """Why a request's ``stream`` / ``stream_options`` are refused, or ''."""
     stream = request.get("stream", False)
     if not isinstance(stream, bool):
         return "'stream' must be true or false"
@@ -68,6 +73,11 @@ def check_request(request: Any) -> str:
         return "'stream_options' must be an object"
     if options is not None and not stream:
         return "'stream_options' is only allowed when 'stream' is true"  # as vLLM and OpenAI refuse it
+    return ""
+
+
+def check_sim_field(request: dict[str, Any]) -> str:
+    """Why a request's ``sim`` object (the per-request behaviour hook) is refused, or ''."""
     sim = request.get("sim")
     if sim is None:
         return ""
