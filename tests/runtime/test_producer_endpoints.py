@@ -1,6 +1,7 @@
 """Embeddings and legacy completions through the producer: a real dispatcher over a real Valkey and the
-simulator over HTTP (and the direct path); the answers validate as the openai SDK's own types, and the
-dispatcher's spans name the operation (OpenTelemetry GenAI ``gen_ai.operation.name``)."""
+simulator over HTTP (and the direct path: conftest's ``producer`` runs on both); the answers validate
+as the openai SDK's own types, and the dispatcher's spans name the operation (OpenTelemetry GenAI
+``gen_ai.operation.name``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import base64
 import struct
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -31,23 +31,6 @@ from tests.support.waiting import port_open, wait_until_sync
 
 EMBED = {"model": "sim-embed", "input": ["first document", "second document"], "dimensions": 12}
 TEXT = {"model": "sim-model", "prompt": "Once upon a time", "max_tokens": 6}
-
-
-@pytest.fixture(params=["queued", "direct"])
-async def producer(
-    request: pytest.FixtureRequest, aredis: aioredis.Redis, keys: KeySpace, sim: SimulatorServer
-) -> AsyncIterator[Producer]:
-    if request.param == "queued":
-        async with (
-            running_dispatcher(aredis, keys, one_pool_group(sim.url)),
-            Producer(aredis, keys=keys) as p,
-        ):
-            yield p
-        return
-    backend = OpenAIBackend(sim.url)
-    async with Producer(None, direct_backend=backend) as p:  # type: ignore[arg-type]
-        yield p
-    await backend.aclose()
 
 
 async def test_embed_returns_what_the_sdk_validates(producer: Producer, sim: SimulatorServer) -> None:

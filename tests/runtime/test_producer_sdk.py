@@ -3,16 +3,14 @@
 Requests are written as the SDK's ``CompletionCreateParams`` TypedDicts (every message kind, content
 parts, tools) and handed to ``Producer.submit`` / ``stream`` as they are; the replies, through a real
 dispatcher and the simulator over HTTP (and on the direct path), must validate as ``ChatCompletion`` and
-``ChatCompletionChunk``.
+``ChatCompletionChunk``. (The ``producer`` fixture, on both paths, is tests/runtime/conftest.py's.)
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 from openai.types.chat import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -24,12 +22,8 @@ from openai.types.chat.completion_create_params import (
     CompletionCreateParamsStreaming,
 )
 
-from runtime.backends.adapter import OpenAIBackend
 from runtime.producer import Producer
-from runtime.queue.keys import KeySpace
 from runtime.wire.contract import ChatCall
-from simulator.server import SimulatorServer
-from tests.support.dispatching import one_pool_group, running_dispatcher
 
 TOOLS: list[ChatCompletionToolParam] = [
     {
@@ -116,24 +110,6 @@ def alone(message: ChatCompletionMessageParam) -> CompletionCreateParamsNonStrea
 def test_sdk_params_become_a_call_and_the_same_body_unchanged(params: dict[str, Any]) -> None:
     call = ChatCall.from_openai(params)
     assert call.to_openai() == {k: v for k, v in params.items() if k != "stream"}
-
-
-@pytest.fixture(params=["queued", "direct"])
-async def producer(
-    request: pytest.FixtureRequest, aredis: aioredis.Redis, keys: KeySpace, sim: SimulatorServer
-) -> AsyncIterator[Producer]:
-    """A producer whose calls go through the queue and a real dispatcher, or straight to the backend."""
-    if request.param == "queued":
-        async with (
-            running_dispatcher(aredis, keys, one_pool_group(sim.url)),
-            Producer(aredis, keys=keys) as p,
-        ):
-            yield p
-        return
-    backend = OpenAIBackend(sim.url)
-    async with Producer(None, direct_backend=backend) as p:  # type: ignore[arg-type]
-        yield p
-    await backend.aclose()
 
 
 async def test_submit_takes_sdk_params_and_returns_a_chat_completion(producer: Producer) -> None:
