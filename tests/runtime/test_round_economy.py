@@ -10,34 +10,21 @@ from __future__ import annotations
 
 import asyncio
 
-from runtime.producer import Producer
-from simulator.server import SimulatorConfig, SimulatorServer
-from tests.support.dispatching import CALL, one_pool_group, running_dispatcher
-
-NO_POLL = {"idle_poll_s": 60.0}
+from tests.support.dispatching import CALL, NO_POLL, one_pool_stack, submit_one_at_a_time
 
 
 async def test_one_round_per_call_when_the_queue_empties(aredis, keys) -> None:
-    async with (
-        SimulatorServer(SimulatorConfig()) as sim,
-        running_dispatcher(aredis, keys, one_pool_group(sim.url), **NO_POLL) as dispatcher,
-        Producer(aredis, keys=keys) as producer,
-    ):
+    async with one_pool_stack(aredis, keys, **NO_POLL) as (dispatcher, producer):
         await producer.submit(CALL, pool_id="default", timeout=10)
         rounds = dispatcher.stats.rounds
-        for _ in range(20):
-            await producer.submit(CALL, pool_id="default", timeout=10)
+        await submit_one_at_a_time(producer, 20)
         assert dispatcher.stats.rounds - rounds == 20
 
 
 async def test_calls_pushed_while_a_round_runs_are_not_stranded(aredis, keys) -> None:
     """Eight callers back to back race their pushes against the rounds that claim and empty the list."""
     calls, callers = 400, 8
-    async with (
-        SimulatorServer(SimulatorConfig()) as sim,
-        running_dispatcher(aredis, keys, one_pool_group(sim.url), **NO_POLL),
-        Producer(aredis, keys=keys) as producer,
-    ):
+    async with one_pool_stack(aredis, keys, **NO_POLL) as (_, producer):
         left = calls
 
         async def caller() -> None:

@@ -14,9 +14,16 @@ from runtime.queue.deciding import TURN_ELSEWHERE, TURN_NONE, TURN_OURS, NextRou
 from runtime.queue.dispatching import QueueOps
 from runtime.queue.keys import WAKE_HEAD_MAX_BYTES, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.support.dispatching import CALL, one_pool_group, running_dispatcher, slow_call, wait_until
-
-NO_POLL = {"idle_poll_s": 60.0}
+from tests.support.dispatching import (
+    CALL,
+    NO_POLL,
+    one_pool_group,
+    one_pool_stack,
+    running_dispatcher,
+    slow_call,
+    submit_one_at_a_time,
+    wait_until,
+)
 
 
 def next_round(holder: str, *, free: int = 4, depth: int = 4, pool_max: int = 8) -> NextRound:
@@ -101,17 +108,12 @@ async def test_a_push_that_fills_an_empty_list_wakes_with_the_request_itself(are
 
 
 async def test_a_lone_dispatcher_takes_one_round_trip_per_call_at_concurrency_one(aredis, keys) -> None:
-    async with (
-        SimulatorServer(SimulatorConfig()) as sim,
-        running_dispatcher(aredis, keys, one_pool_group(sim.url), **NO_POLL) as dispatcher,
-        Producer(aredis, keys=keys) as producer,
-    ):
+    async with one_pool_stack(aredis, keys, **NO_POLL) as (dispatcher, producer):
         await producer.submit(CALL, pool_id="default", timeout=10)
         # (The first use of a script after a SCRIPT FLUSH may run ROUND before the claim it follows,
         # whose NOSCRIPT retry comes after: the warm-up call takes that, a claim lost at worst.)
         trips, rounds, lost = dispatcher.queue.trips, dispatcher.stats.rounds, dispatcher.stats.claim_lost
-        for _ in range(20):
-            await producer.submit(CALL, pool_id="default", timeout=10)
+        await submit_one_at_a_time(producer, 20)
         assert dispatcher.stats.rounds - rounds == 20
         assert dispatcher.queue.trips - trips == 20  # the claim and ROUND in one pipeline, nothing else
         assert dispatcher.stats.claim_lost == lost, dispatcher.stats
@@ -139,13 +141,7 @@ async def test_rounds_after_a_claim_decide_from_the_observation_the_claim_brough
 
 async def test_a_dispatcher_without_a_free_slot_runs_no_round(aredis, keys) -> None:
     """Its one slot is busy for 600 ms while requests wait and the idle poll is due every 10 ms."""
-    async with (
-        SimulatorServer(SimulatorConfig()) as sim,
-        running_dispatcher(
-            aredis, keys, one_pool_group(sim.url), concurrency=1, idle_poll_s=0.01
-        ) as dispatcher,
-        Producer(aredis, keys=keys) as producer,
-    ):
+    async with one_pool_stack(aredis, keys, concurrency=1, idle_poll_s=0.01) as (dispatcher, producer):
         first = asyncio.create_task(producer.submit(slow_call(600), pool_id="default", timeout=20))
         await wait_until(lambda: len(dispatcher.running) == 1, what="the slow call running")
         rounds = dispatcher.stats.rounds

@@ -17,11 +17,25 @@ from runtime.producer import Producer
 from runtime.queue import groups
 from runtime.queue.keys import KeySpace
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
+from simulator.server import SimulatorConfig, SimulatorServer
 from tests.support.waiting import wait_until
 
-__all__ = ["CALL", "fail_calls", "one_pool_group", "running_dispatcher", "slow_call", "wait_until"]
+__all__ = [
+    "CALL",
+    "NO_POLL",
+    "fail_calls",
+    "one_pool_group",
+    "one_pool_stack",
+    "running_dispatcher",
+    "slow_call",
+    "submit_one_at_a_time",
+    "wait_until",
+]
 
 CALL = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}
+# Dispatcher settings with an idle poll of a minute: a request left without a wake-up would visibly
+# stall its test instead of being picked up by the poll.
+NO_POLL = {"idle_poll_s": 60.0}
 
 
 def one_pool_group(
@@ -82,3 +96,22 @@ async def running_dispatcher(
     finally:
         dispatcher.request_stop()
         await asyncio.wait_for(task, 30)
+
+
+@contextlib.asynccontextmanager
+async def one_pool_stack(
+    client: aioredis.Redis, keys: KeySpace, **overrides: Any
+) -> AsyncIterator[tuple[Dispatcher, Producer]]:
+    """A simulator, a dispatcher of its one-pool group (``overrides`` are its settings) and a producer."""
+    async with (
+        SimulatorServer(SimulatorConfig()) as sim,
+        running_dispatcher(client, keys, one_pool_group(sim.url), **overrides) as dispatcher,
+        Producer(client, keys=keys) as producer,
+    ):
+        yield dispatcher, producer
+
+
+async def submit_one_at_a_time(producer: Producer, count: int, *, timeout: float = 10) -> None:
+    """``count`` calls to the pool ``default``, each sent once the one before it is answered."""
+    for _ in range(count):
+        await producer.submit(CALL, pool_id="default", timeout=timeout)
