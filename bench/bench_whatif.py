@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -39,12 +38,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import machine, scratch, table
+from bench._whatif_demo import demo_arrivals, demo_configs
 from runtime.valkey import embedded
-from runtime.whatif.changes import apply_changes
 from runtime.whatif.compare import what_if
-from runtime.whatif.trace import Arrival, Trace
-from runtime.wire.backendconfig import BackendConfig
-from runtime.wire.groupconfig import GroupConfig, PoolConfig
+from runtime.whatif.trace import Trace
 
 ROOT = Path(__file__).resolve().parent.parent
 POOLS = ("interactive", "document-extract", "backfill")
@@ -147,27 +144,8 @@ def _ms(value: float | None) -> str:
 
 def speed() -> str:
     """Both replays of an hour of demo-like traffic (Poisson arrivals at the demo's rates)."""
-    rng = random.Random(1)
-    arrivals = []
-    for pool, rate, mean_s in (
-        ("interactive", 4.0, 0.7),
-        ("document-extract", 3.0, 0.9),
-        ("backfill", 4.2, 0.7),
-    ):
-        t = 0.0
-        while t < 3600:
-            t += rng.expovariate(rate)
-            arrivals.append(Arrival(t, pool, rng.choice((1, 2, 4)), rng.uniform(0.5, 1.5) * mean_s, 0.0))
-    pools = (
-        PoolConfig("interactive", quantum=4, min_concurrent=4, max_concurrent=12, max_burst_per_visit=4),
-        PoolConfig("document-extract", quantum=2, max_concurrent=8, max_burst_per_visit=2),
-        PoolConfig("backfill", quantum=1, max_concurrent=8, max_queued=200),
-        PoolConfig("default"),
-    )
-    backend = BackendConfig("sim", "http://127.0.0.1:8100/v1", max_in_flight=64)
-    current = GroupConfig("demo", total_concurrency=16, pools=pools, backend_id="sim", backends=(backend,))
-    proposed = apply_changes(current, ["backfill.weight=4"])
-    trace = Trace.build(arrivals)
+    current, proposed = demo_configs()
+    trace = Trace.build(demo_arrivals())
     started, cpu = time.perf_counter(), time.process_time()
     result = what_if(trace, current, proposed)
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
