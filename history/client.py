@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -63,11 +63,13 @@ class HistoryClient:
                     self._client = self._connect()
                 return getattr(self._client, method)(*args, **kwargs)
             except Exception as exc:
-                if not self.embedded:
-                    self._drop()
-                reason = f"{type(exc).__name__}: {_first_line(exc)}"
-                where = redact_url(self.url)
-                raise HistoryUnavailable(f"ClickHouse at {where} is unavailable: {reason}") from exc
+                raise self._unavailable(exc) from exc
+
+    def _unavailable(self, exc: Exception) -> HistoryUnavailable:
+        if not self.embedded:
+            self._drop()
+        reason = f"{type(exc).__name__}: {_first_line(exc)}"
+        return HistoryUnavailable(f"ClickHouse at {redact_url(self.url)} is unavailable: {reason}")
 
     def _drop(self) -> None:
         client, self._client = self._client, None
@@ -84,6 +86,33 @@ class HistoryClient:
         result = self._call("query", sql, parameters=parameters)
         names = result.column_names
         return [dict(zip(names, row, strict=True)) for row in result.result_rows]
+
+    def column_blocks(
+        self, sql: str, parameters: dict[str, Any] | None = None, *, block_rows: int = 16384
+    ) -> Iterator[dict[str, Sequence[Any]]]:
+        """The result of ``sql`` block by block, each as columns (name -> values), at most ``block_rows``
+        rows a block: a large result is streamed, never held in Python whole. Holds the client until the
+        iteration ends; close it (``contextlib.closing``) when leaving early."""
+        with self._lock:
+            try:
+                if self._client is None:
+                    self._client = self._connect()
+                stream = self._client.query_column_block_stream(
+                    sql, parameters=parameters, settings={"max_block_size": block_rows}
+                )
+            except Exception as exc:
+                raise self._unavailable(exc) from exc
+            with stream:
+                names = stream.source.column_names
+                blocks = iter(stream)
+                while True:
+                    try:
+                        block = next(blocks)
+                    except StopIteration:
+                        return
+                    except Exception as exc:
+                        raise self._unavailable(exc) from exc
+                    yield dict(zip(names, block, strict=True))
 
     def insert(
         self,

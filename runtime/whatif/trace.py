@@ -11,6 +11,7 @@ Rows are kept sorted by enqueue time (ties in insertion order): the replay walks
 
 from __future__ import annotations
 
+import itertools
 import math
 from array import array
 from collections.abc import Iterable, Sequence
@@ -81,19 +82,50 @@ class Trace:
 
     def append(self, a: Arrival) -> None:
         """Adds the next request; requests come in enqueue order (a reader streams them in)."""
-        if self.enqueued_at and a.enqueued_at < self.enqueued_at[-1]:
+        self.extend(
+            enqueued_at=(a.enqueued_at,),
+            pool_ids=(a.pool_id,),
+            tenants=(a.tenant,),
+            cost=(a.cost,),
+            execution_s=(a.execution_s,),
+            queue_wait_s=(a.queue_wait_s,),
+            input_tokens=(a.input_tokens,),
+            output_tokens=(a.output_tokens,),
+            refused=(a.refused,),
+        )
+
+    def extend(
+        self,
+        *,
+        enqueued_at: Sequence[float],
+        pool_ids: Sequence[str],
+        tenants: Sequence[str],
+        cost: Sequence[int],
+        execution_s: Sequence[float | None],
+        queue_wait_s: Sequence[float | None],
+        input_tokens: Sequence[int],
+        output_tokens: Sequence[int],
+        refused: Sequence[bool],
+    ) -> None:
+        """Adds the next requests, given as columns (what a column-oriented read returns; the fields of
+        :class:`Arrival`, ``None`` for a time not recorded), in enqueue order."""
+        n = len(enqueued_at)
+        if not n:
+            return
+        last = self.enqueued_at[-1] if self.enqueued_at else -math.inf
+        if enqueued_at[0] < last or any(b < a for a, b in itertools.pairwise(enqueued_at)):
             raise ValueError("arrivals must be appended in enqueue order")
-        if len(self.enqueued_at) >= MAX_REQUESTS:
+        if len(self.enqueued_at) + n > MAX_REQUESTS:
             raise TraceTooLarge(f"the window holds more requests than a replay takes ({MAX_REQUESTS})")
-        self.enqueued_at.append(a.enqueued_at)
-        self.pool.append(_intern(a.pool_id, self._pool_ix, self.pools))
-        self.tenant.append(_intern(a.tenant, self._tenant_ix, self.tenants))
-        self.cost.append(max(0, int(a.cost)))
-        self.execution_s.append(NAN if a.execution_s is None else max(0.0, a.execution_s))
-        self.queue_wait_s.append(NAN if a.queue_wait_s is None else max(0.0, a.queue_wait_s))
-        self.input_tokens.append(max(0, a.input_tokens))
-        self.output_tokens.append(max(0, a.output_tokens))
-        self.refused.append(1 if a.refused else 0)
+        self.enqueued_at.extend(enqueued_at)
+        self.pool.extend(_interned(pool_ids, self._pool_ix, self.pools))
+        self.tenant.extend(_interned(tenants, self._tenant_ix, self.tenants))
+        self.cost.extend([c if c > 0 else 0 for c in map(int, cost)])
+        self.execution_s.extend([NAN if v is None else max(0.0, v) for v in execution_s])
+        self.queue_wait_s.extend([NAN if v is None else max(0.0, v) for v in queue_wait_s])
+        self.input_tokens.extend([t if t > 0 else 0 for t in input_tokens])
+        self.output_tokens.extend([t if t > 0 else 0 for t in output_tokens])
+        self.refused.extend([1 if r else 0 for r in refused])
 
     def close(self, *, start: float | None = None, end: float | None = None) -> Trace:
         """Sets the window: by default from the first to the last arrival; it always holds every
@@ -109,12 +141,16 @@ class Trace:
         return not math.isnan(self.execution_s[i])
 
 
-def _intern(value: str, index: dict[str, int], values: list[str]) -> int:
-    found = index.get(value)
-    if found is None:
-        found = index[value] = len(values)
-        values.append(value)
-    return found
+def _interned(values: Iterable[str], index: dict[str, int], names: list[str]) -> list[int]:
+    """Each value's index in ``names``, new values appended (pools and tenants are few, rows many)."""
+    out = []
+    for value in values:
+        found = index.get(value)
+        if found is None:
+            found = index[value] = len(names)
+            names.append(value)
+        out.append(found)
+    return out
 
 
 def percentile(sorted_values: Sequence[float], level: float) -> float | None:

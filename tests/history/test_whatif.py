@@ -76,6 +76,38 @@ def test_the_groups_arrivals_are_read_with_cost_tokens_waits_and_refusals(histor
     assert only_runs.end == pytest.approx((now - 29 * 10**9) / 1e9)
 
 
+def test_a_window_read_in_many_blocks_is_the_same_trace(history: HistoryClient, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import history.whatif as reader
+
+    now = time.time_ns()
+    backlogged_history(history, now)
+    store(history, [rejected("backfill", now - 60 * 10**9 + 1)])
+    until = datetime.fromtimestamp(now / 1e9, tz=UTC)
+
+    def read() -> list[list[object]]:
+        since = until - timedelta(minutes=5)
+        t = whatif_trace(
+            client=history, group="g", pool_ids=["interactive", "backfill"], since=since, until=until
+        )
+        columns = (t.enqueued_at, t.pool, t.cost, t.execution_s, t.queue_wait_s, t.refused, t.output_tokens)
+        return [[t.start, t.end, t.pools, len(t)], *[[None if v != v else v for v in c] for c in columns]]
+
+    whole = read()
+    monkeypatch.setattr(reader, "BLOCK_ROWS", 7)  # 241 rows: 35 blocks
+    assert read() == whole and whole[0][3] == 241 and whole[4].count(None) == 1  # the refusal never ran
+
+
+def test_a_query_history_cannot_run_is_history_unavailable(history: HistoryClient) -> None:
+    from history.client import HistoryUnavailable
+
+    blocks = history.column_blocks("SELECT no_such_column FROM system.one")
+    with pytest.raises(HistoryUnavailable, match="is unavailable"):
+        next(blocks)
+    assert [
+        len(b["number"]) for b in history.column_blocks("SELECT number FROM numbers(10)", block_rows=4)
+    ] == [4, 4, 2]
+
+
 def backlogged_history(history: HistoryClient, now: int) -> None:
     """Two pools of equal traffic on 2 slots, a call a second each running 1.5 s: the queue grows."""
     docs = []
