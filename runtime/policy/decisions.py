@@ -185,9 +185,9 @@ class Budget:
     def launch(self, pool: PoolPolicy, obs: PoolObservation, index: int, cost: int) -> None:
         pid = pool.pool_id
         done = self.launched.get(pid, 0)
-        owed_before = owed(pool, obs, done)
         self.launched[pid] = done + 1
-        self.reserved += owed(pool, obs, done + 1) - owed_before
+        if pool.min_concurrent > 0:  # a pool without protected slots owes none (launches are hot)
+            self.reserved += owed(pool, obs, done + 1) - owed(pool, obs, done)
         self.group_used += 1
         self.local_free -= 1
         self.launches.append(Launch(pid, index, cost))

@@ -7,6 +7,7 @@ updating the caller's :class:`~runtime.policy.decisions.SchedulerState` in place
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cache
 
 from runtime.policy.decisions import (
     GLOBAL_REASONS,
@@ -34,10 +35,6 @@ def policy_index(policy: GroupPolicy, state: SchedulerState) -> PolicyIndex:
         index = PolicyIndex(policy, tuple(p for p in policy.pools if p.min_concurrent > 0))
         state.index = index
     return index
-
-
-def _backlogged(obs: PoolObservation | None) -> bool:
-    return obs is not None and obs.backlog > 0
 
 
 def walk(
@@ -89,20 +86,28 @@ def _pass(
     starved: _Starved,
 ) -> int | None:
     """Visit every ring position once from ``start``; return the position cut off by capacity, if any."""
-    n = len(pools)
-    for step in range(n):
-        pos = start + step
-        if pos >= n:
-            pos -= n
+    last = len(pools) - 1
+    get = observations.get
+    credited, deficits, max_cost, refunded = state.credited, state.deficits, state.max_cost, state.refunded
+    for pos in _ring_orders(last + 1)[start]:
         pool = pools[pos]
-        obs = observations.get(pool.pool_id)
+        pid = pool.pool_id
+        obs = get(pid)
         if obs is None or obs.backlog <= 0:
-            state.forget(pool.pool_id)  # idle: leaves the rotation with no credit
+            # Idle: leaves the rotation with no credit (looking first is cheaper: most idle pools have none).
+            if pid in credited or pid in deficits or pid in max_cost or pid in refunded:
+                state.forget(pid)
         elif obs.heads and _visit(pos, pool, obs, state, call, starved) in _CUT:
             return pos
-        if pos == n - 1:
+        if pos == last:
             _end_pass(state, observations)
     return None
+
+
+@cache
+def _ring_orders(n: int) -> tuple[tuple[int, ...], ...]:
+    """For each start, the ring positions of a pass from it (a pass runs on every decision)."""
+    return tuple((*range(start, n), *range(start)) for start in range(n))
 
 
 def _visit(
@@ -122,7 +127,10 @@ def _visit(
     index = call.launched.get(pid, 0)
     if index >= len(obs.heads):
         return None  # duplicated pool id: nothing more peeked for it in this call
-    seen = max(state.max_cost.get(pid, 0), obs.heads[index].cost)
+    seen = obs.heads[index].cost
+    known = state.max_cost.get(pid, 0)
+    if known > seen:
+        seen = known
     state.max_cost[pid] = seen
     deficit = state.deficits.get(pid, 0)
     if state.credited.get(pid) != state.round:
@@ -195,9 +203,11 @@ def _spend_refund(state: SchedulerState, pool_id: str, spent: int) -> None:
 
 def _end_pass(state: SchedulerState, observations: Mapping[str, PoolObservation]) -> None:
     """The walk wrapped the ring: drop stale credit and start a new round unless credit is carried."""
-    stale = [pid for pid in state.deficits if not _backlogged(observations.get(pid))]
-    for pid in stale:
-        state.forget(pid)
+    if state.deficits:
+        get = observations.get
+        stale = [pid for pid in state.deficits if (obs := get(pid)) is None or obs.backlog <= 0]
+        for pid in stale:
+            state.forget(pid)
     if not state.carry:
         state.round += 1
     state.carry = False

@@ -162,6 +162,7 @@ class _Sim:
         self.by_index: list[_Pool | None] = [self.pools.get(pid) for pid in self.trace.pools]
         # Arrivals of pools this configuration does not have (removed, disabled): refused at submit.
         self.unknown = {pid: 0 for pid, ok in zip(self.trace.pools, self.by_index, strict=True) if not ok}
+        self.pool_items = list(self.pools.items())
         self.backend_pools: list[list[_Pool]] = [[] for _ in self.backend_names]
         for pool in self.pools.values():
             self.backend_pools[pool.backend].append(pool)
@@ -254,7 +255,7 @@ class _Sim:
         if pool.limits.bounded and admission.decide(depth, pool.limits, pool.drain_rate(now)) is not None:
             pool.refused += 1
             return
-        if queue.refuses(i):
+        if pool.fair and queue.refuses(i):  # per-tenant admission: a first-come pool has none
             pool.refused += 1
             return
         queue.append(i)
@@ -286,7 +287,7 @@ class _Sim:
 
     def _observe(self) -> dict[str, PoolObservation]:
         observations = self.observations
-        for pid, pool in self.pools.items():
+        for pid, pool in self.pool_items:
             if pool.stale:
                 observations[pid] = seen = self._observation(pid, pool)
                 pool.stale = False
@@ -319,19 +320,18 @@ class _Sim:
                     other.stale = True
 
     def _peek(self, pool: _Pool) -> tuple[HeadItem, ...]:
-        heads_of = self.heads_of
-        heads = tuple(heads_of[i] for i in pool.queue.first(self.depth))
-        pool.heads = heads
+        heads = pool.heads = tuple(map(self.heads_of.__getitem__, pool.queue.first(self.depth)))
         return heads
 
     def _rounds(self, now: float) -> None:
-        total = self.policy.total_concurrency
+        policy, state, pools, claim = self.policy, self.state, self.pools, self._claim
+        total = policy.total_concurrency
         while self.group_in_flight < total and self.queued:
             observations = self._observe()
             self.decisions += 1
             decision = decide(
-                self.policy,
-                self.state,
+                policy,
+                state,
                 observations,
                 group_in_flight=self.group_in_flight,
                 local_free_slots=total - self.group_in_flight,
@@ -340,11 +340,12 @@ class _Sim:
                 self.stalled = True
                 return
             for launch in decision.launches:
-                self._claim(self.pools[launch.pool_id], launch, now)
+                claim(pools[launch.pool_id], launch, now)
 
     def _claim(self, pool: _Pool, launch: Launch, now: float) -> None:
         backend = pool.backend
-        if self.backend_in_flight[backend] >= self.backend_caps[backend]:
+        in_flight = self.backend_in_flight[backend] + 1
+        if in_flight > self.backend_caps[backend]:
             refund(self.state, launch)
             return
         i = pool.queue.popleft()
@@ -355,11 +356,11 @@ class _Sim:
         pool.in_flight += 1
         if pool.in_flight > pool.peak_in_flight:
             pool.peak_in_flight = pool.in_flight
-        self.backend_in_flight[backend] += 1
+        self.backend_in_flight[backend] = in_flight
         self._changed(pool, True)
         self.group_in_flight += 1
-        if self.backend_in_flight[backend] > self.backend_peak[backend]:
-            self.backend_peak[backend] = self.backend_in_flight[backend]
+        if in_flight > self.backend_peak[backend]:
+            self.backend_peak[backend] = in_flight
         if self.group_in_flight > self.peak_in_flight:
             self.peak_in_flight = self.group_in_flight
         self.launched_at[i] = now
