@@ -76,6 +76,7 @@ class _Pool:
         "drain",
         "fair",
         "heads",
+        "idle",
         "in_flight",
         "limits",
         "peak",
@@ -99,6 +100,7 @@ class _Pool:
         self.stale = True  # its observation must be made again before the next decision
         self.readable = False  # the last observation decided on showed heads (the pool could launch)
         self.in_flight = 0
+        self.idle: dict[int, PoolObservation] = {}  # in-flight count -> its observation with no backlog
         self.peak = 0
         self.refused = 0
         self.depth = [0] * DEPTH_BUCKETS
@@ -189,6 +191,7 @@ class _Sim:
         trace, n = self.trace, len(self.trace)
         times = trace.enqueued_at
         completions = self.completions
+        pop, finish, arrive = heapq.heappop, self._finish, self._arrive
         total = self.policy.total_concurrency
         gaps = self.workload.turnaround.gaps or (0.0,)
         taken = 0  # rounds asked for so far: each waits the next recorded gap
@@ -210,10 +213,10 @@ class _Sim:
                 self._advance_buckets(now)
             if events:
                 while completions and completions[0][0] <= now:
-                    end, request = heapq.heappop(completions)
-                    self._finish(request, end)
+                    end, request = pop(completions)
+                    finish(request, end)
                 while i < n and times[i] <= now:
-                    self._arrive(i, now)
+                    arrive(i, now)
                     i += 1
                 if round_at < math.inf or not self.queued or self.group_in_flight >= total or self.stalled:
                     continue
@@ -231,9 +234,10 @@ class _Sim:
         """Calls launched at this instant run as long as the load of the instant makes them (every
         call that started with them counts, as in :func:`runtime.whatif.service.in_flight_at_start`)."""
         service_time, in_flight, ended_at = self.workload.service_time, self.backend_in_flight, self.ended_at
+        push, completions = heapq.heappush, self.completions
         for i, backend in self.started:
             end = ended_at[i] = now + service_time(i, in_flight[backend])
-            heapq.heappush(self.completions, (end, i))
+            push(completions, (end, i))
         self.started.clear()
 
     def _advance_buckets(self, now: float) -> None:
@@ -289,15 +293,21 @@ class _Sim:
         observations = self.observations
         for pid, pool in self.pool_items:
             if pool.stale:
-                observations[pid] = seen = self._observation(pid, pool)
                 pool.stale = False
-                pool.readable = bool(seen.heads)
+                if len(pool.queue):
+                    observations[pid] = seen = self._observation(pid, pool)
+                    pool.readable = bool(seen.heads)
+                else:  # idle: the same few observations again and again, one per in-flight count
+                    idle = pool.idle.get(pool.in_flight)
+                    if idle is None:
+                        idle = pool.idle[pool.in_flight] = PoolObservation(pid, 0, (), pool.in_flight)
+                    observations[pid] = idle
+                    pool.readable = False
         return observations
 
     def _observation(self, pid: str, pool: _Pool) -> PoolObservation:
+        """What the dispatcher reads of a pool with backlog."""
         backlog = len(pool.queue)
-        if backlog == 0:
-            return PoolObservation(pid, 0, (), pool.in_flight)
         room = self.backend_caps[pool.backend] - self.backend_in_flight[pool.backend]
         blocked = SKIP_BACKEND_CAP if room <= 0 else None
         policy = pool.policy
