@@ -60,6 +60,11 @@ def dispatcher(
     return proc
 
 
+def control(pid: int, action: str) -> None:
+    """``callgrind_control``: zero the counters, or dump them, of the dispatcher under callgrind."""
+    subprocess.run(["callgrind_control", action, str(pid)], check=True, capture_output=True)
+
+
 def callgrind_total(path: Path) -> int:
     """The instructions of a callgrind dump (its ``summary:`` / ``totals:`` line)."""
     for line in path.read_text().splitlines():
@@ -89,12 +94,12 @@ async def run(args: argparse.Namespace) -> None:
                 async with Producer(conn, keys=keys) as producer:
                     await closed_loop(producer, "default", args.level, args.warmup)
                     if args.callgrind:
-                        subprocess.run(["callgrind_control", "--zero", str(proc.pid)], check=True, capture_output=True)
+                        control(proc.pid, "--zero")
                     before = cpu_seconds(proc.pid)
                     _, wall = await closed_loop(producer, "default", args.level, args.calls)
                     cpu_ms = (cpu_seconds(proc.pid) - before) * 1000 / args.calls
                     if args.callgrind:
-                        subprocess.run(["callgrind_control", "--dump", str(proc.pid)], check=True, capture_output=True)
+                        control(proc.pid, "--dump")
             finally:
                 stop_proc(proc, timeout=120)
         line = f"level {args.level}: {args.calls} calls in {wall:.1f} s, dispatcher CPU {cpu_ms:.3f} ms/call"
