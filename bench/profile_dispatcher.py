@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -106,6 +107,8 @@ async def run(args: argparse.Namespace) -> None:
         if args.callgrind:
             dumps = sorted(tmp.glob("callgrind.out.*.1"))
             total = callgrind_total(dumps[0])
+            if args.keep:
+                shutil.copy(dumps[0], args.keep)
             line += f", {total / args.calls / 1e6:.3f} M instructions/call ({total} over the measured calls)"
         print(line, flush=True)
 
@@ -118,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--root", help="the checkout whose dispatcher runs (default: this one)")
     parser.add_argument("--profile", help="write a cProfile (CPU time) of the dispatcher's run here")
     parser.add_argument("--callgrind", action="store_true", help="count the dispatcher's instructions")
+    parser.add_argument("--keep", help="with --callgrind: keep the dump here")
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run(args))
