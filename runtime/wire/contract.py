@@ -110,7 +110,7 @@ class Metadata:
             ):
                 if labels:
                     _check_str_values(labels, "metadata.labels")
-                return cls(image_count=image_count, page_count=page_count, cost_units=cost_units, labels=labels)
+                return cls(image_count, page_count, cost_units, labels)
         _expect(raw, dict, "metadata")
         image_count = _expect(raw.get("image_count", 0), int, "metadata.image_count")
         page_count = _expect(raw.get("page_count", 0), int, "metadata.page_count")
