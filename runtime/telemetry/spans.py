@@ -151,7 +151,7 @@ def record_span(
         attributes[f"{semconv.LABEL_PREFIX}{label}"] = value
     # The optional attributes, set only when they say something (no empty strings, no None), in one
     # pass over a fixed tuple rather than an intermediate dict per span.
-    for key, value in (
+    for key, said in (
         (semconv.ERROR_TYPE, outcome.error_type),
         (semconv.ERROR_MESSAGE, outcome.error_message),
         (semconv.DROP_REASON, outcome.drop_reason),
@@ -162,8 +162,8 @@ def record_span(
         (semconv.CHUNK_COUNT, outcome.chunk_count),
         (semconv.TENANT, subject.tenant),
     ):
-        if value is not None and value != "":
-            attributes[key] = value
+        if said is not None and said != "":
+            attributes[key] = said
     if content:
         attributes.update(content)
     span = tracer.start_span(
