@@ -55,6 +55,11 @@ def _int_or_none(value: Any) -> int | None:
 def parse_usage(body: Mapping[str, Any]) -> Usage | None:
     """``usage.prompt_tokens/completion_tokens/total_tokens`` (or ``input_/output_tokens``), if any."""
     usage = body.get("usage")
+    if type(usage) is dict:  # OpenAI's own shape, every count an int: read once, no fallbacks
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        total = usage.get("total_tokens")
+        if type(prompt) is int and type(completion) is int and type(total) is int:
+            return Usage(input_tokens=prompt, output_tokens=completion, total_tokens=total)
     if not isinstance(usage, Mapping):
         return None
     prompt = _int_or_none(usage.get("prompt_tokens", usage.get("input_tokens")))

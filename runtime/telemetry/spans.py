@@ -14,12 +14,14 @@ from urllib.parse import urlsplit
 
 import orjson
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from runtime.telemetry import semconv
 from runtime.wire.contract import ChatCall, CompletionsCall, Envelope
 
 _propagator = TraceContextTextMapPropagator()
+_NO_PARENT = Context()  # what the propagator extracts from a request without trace context
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +118,8 @@ def record_span(
 ) -> None:
     """Emits one CLIENT span for a dispatched (or dropped) request."""
     subject = request if isinstance(request, Subject) else Subject.of(request)
-    parent = _propagator.extract(dict(subject.trace))
+    # Most requests carry no trace context: extracting from an empty carrier gives an empty context.
+    parent = _propagator.extract(dict(subject.trace)) if subject.trace else _NO_PARENT
     queue_wait = max(0.0, outcome.started_at - subject.enqueued_at)
     attributes: dict[str, Any] = {
         semconv.GEN_AI_OPERATION_NAME: subject.operation,
@@ -144,20 +147,23 @@ def record_span(
             attributes[semconv.SERVER_ADDRESS] = host
         if port:
             attributes[semconv.SERVER_PORT] = port
-    optional = {
-        semconv.ERROR_TYPE: outcome.error_type,
-        semconv.ERROR_MESSAGE: outcome.error_message,
-        semconv.DROP_REASON: outcome.drop_reason,
-        semconv.GEN_AI_USAGE_INPUT_TOKENS: outcome.input_tokens,
-        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: outcome.output_tokens,
-        semconv.GEN_AI_RESPONSE_MODEL: outcome.response_model,
-        semconv.TIME_TO_FIRST_TOKEN_S: outcome.time_to_first_token_s,
-        semconv.CHUNK_COUNT: outcome.chunk_count,
-        semconv.TENANT: subject.tenant,
-    }
     for label, value in subject.labels.items():
         attributes[f"{semconv.LABEL_PREFIX}{label}"] = value
-    attributes.update({k: v for k, v in optional.items() if v not in (None, "")})
+    # The optional attributes, set only when they say something (no empty strings, no None), in one
+    # pass over a fixed tuple rather than an intermediate dict per span.
+    for key, said in (
+        (semconv.ERROR_TYPE, outcome.error_type),
+        (semconv.ERROR_MESSAGE, outcome.error_message),
+        (semconv.DROP_REASON, outcome.drop_reason),
+        (semconv.GEN_AI_USAGE_INPUT_TOKENS, outcome.input_tokens),
+        (semconv.GEN_AI_USAGE_OUTPUT_TOKENS, outcome.output_tokens),
+        (semconv.GEN_AI_RESPONSE_MODEL, outcome.response_model),
+        (semconv.TIME_TO_FIRST_TOKEN_S, outcome.time_to_first_token_s),
+        (semconv.CHUNK_COUNT, outcome.chunk_count),
+        (semconv.TENANT, subject.tenant),
+    ):
+        if said is not None and said != "":
+            attributes[key] = said
     if content:
         attributes.update(content)
     span = tracer.start_span(

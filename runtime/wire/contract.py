@@ -96,6 +96,21 @@ class Metadata:
     def from_json(cls, raw: Any) -> Metadata:
         if raw is None:
             return cls()
+        if type(raw) is dict:  # the common shape, accepted without a check call per field
+            image_count, page_count = raw.get("image_count", 0), raw.get("page_count", 0)
+            cost_units, labels = raw.get("cost_units"), raw.get("labels", {})
+            if (
+                type(image_count) is int
+                and type(page_count) is int
+                and (cost_units is None or type(cost_units) is int)
+                and type(labels) is dict
+                and image_count >= 0
+                and page_count >= 0
+                and (cost_units is None or cost_units >= 0)
+            ):
+                if labels:
+                    _check_str_values(labels, "metadata.labels")
+                return cls(image_count, page_count, cost_units, labels)
         _expect(raw, dict, "metadata")
         image_count = _expect(raw.get("image_count", 0), int, "metadata.image_count")
         page_count = _expect(raw.get("page_count", 0), int, "metadata.page_count")
@@ -182,8 +197,11 @@ class Envelope:
         deadline = data.get("deadline")
         if deadline is not None:
             deadline = _wall_clock(deadline, "envelope.deadline")
-        trace = _expect(data.get("trace", {}), dict, "envelope.trace")
-        _check_str_values(trace, "envelope.trace")
+        trace = data.get("trace", {})
+        if type(trace) is not dict:
+            _expect(trace, dict, "envelope.trace")
+        if trace:
+            _check_str_values(trace, "envelope.trace")
         attempt = data.get("attempt", 1)
         requeues = data.get("requeues", 0)
         tenant = data.get("tenant")

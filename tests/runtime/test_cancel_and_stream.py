@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
 
 from runtime.backends.adapter import OpenAIBackend
-from runtime.errors import Cancelled
+from runtime.errors import Cancelled, DispatchError
 from runtime.producer import Producer
 from runtime.queue.keys import KeySpace
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.support.dispatching import running_dispatcher
+from tests.support.waiting import wait_until
 
 CALL = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -55,3 +58,41 @@ async def test_the_direct_path_streams_too(sim: SimulatorServer) -> None:
     await backend.aclose()
     assert chunks[-1]["usage"]["completion_tokens"] == 4
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+async def test_a_call_withdrawn_while_it_runs_is_cut_off_and_the_dispatcher_goes_on(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
+    """The call runs in its execute task (no task of its own): the producer's cancel cuts it off as
+    ``cancelled``, the task stays usable (its FINISH and the next call run), and nothing is left
+    cancelling it."""
+    async with (
+        SimulatorServer(SimulatorConfig(latency_ms=20_000)) as slow,
+        running_dispatcher(aredis, keys, config(slow.url)) as dispatcher,
+        Producer(aredis, keys=keys) as producer,
+    ):
+        running = asyncio.create_task(producer.submit(CALL, pool_id="p", request_id="long", timeout=60))
+        await wait_until(lambda: "long" in dispatcher.executor._calls, timeout=10)
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        await wait_until(lambda: dispatcher.stats.failed["cancelled"] == 1, timeout=5)
+        assert not dispatcher.running and not dispatcher.executor._withdrawn
+        assert await aredis.zcard(keys.pool_inflight("p")) == 0
+        assert dispatcher.stats.completed == 0
+
+
+async def test_a_shutdown_cuts_a_running_call_as_a_shutdown_not_as_a_withdrawal(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
+    async with (
+        SimulatorServer(SimulatorConfig(latency_ms=20_000)) as slow,
+        Producer(aredis, keys=keys) as producer,
+    ):
+        async with running_dispatcher(aredis, keys, config(slow.url), shutdown_grace_s=0.2) as dispatcher:
+            running = asyncio.create_task(producer.submit(CALL, pool_id="p", request_id="long", timeout=60))
+            await wait_until(lambda: "long" in dispatcher.executor._calls, timeout=10)
+        with pytest.raises(DispatchError) as cut:
+            await running
+    assert not isinstance(cut.value, Cancelled)
+    assert dispatcher.stats.failed["cancelled"] == 0 and sum(dispatcher.stats.failed.values()) == 1

@@ -1,0 +1,131 @@
+"""Where one dispatcher process spends its CPU at a fixed workload: cProfile or callgrind.
+
+Run: ``python bench/profile_dispatcher.py --level 16 --calls 3500 [--root DIR] [--profile OUT.prof]``
+or ``... --callgrind`` (the dispatcher under ``valgrind --tool=callgrind``; its instruction count
+over the measured calls only, zeroed after the warm-up and dumped after the last call).
+
+One private Valkey, one zero-latency simulator, one dispatcher (64 slots, FIFO group), this process
+the producer (closed loop at ``--level``). ``--root`` runs another checkout's dispatcher (e.g. an
+export of ``main``). The instruction count does not move with the machine's load, unlike CPU time:
+it is the before/after figure of a hot-path change on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import (
+    ROOT,
+    client,
+    closed_loop,
+    cpu_seconds,
+    group,
+    new_keys,
+    private_valkey,
+    publish,
+    scratch,
+    simulator_proc,
+    stop_proc,
+)
+from runtime.producer import Producer
+from runtime.wire.groupconfig import PoolConfig
+
+SLOTS = 64
+
+
+def dispatcher(
+    url: str, prefix: str, group_id: str, root: Path, env: dict[str, str], wrapper: list[str]
+) -> subprocess.Popen[str]:
+    args = ["-m", "bench._dispatcher_proc", url, prefix, group_id, str(SLOTS), "d0"]
+    proc = subprocess.Popen(
+        [*wrapper, sys.executable, *args],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(root), **env},
+    )
+    assert proc.stdout is not None
+    if "ready" not in proc.stdout.readline():
+        raise RuntimeError("dispatcher did not start")
+    return proc
+
+
+def control(pid: int, action: str) -> None:
+    """``callgrind_control``: zero the counters, or dump them, of the dispatcher under callgrind."""
+    subprocess.run(["callgrind_control", action, str(pid)], check=True, capture_output=True)
+
+
+def callgrind_total(path: Path) -> int:
+    """The instructions of a callgrind dump (its ``summary:`` / ``totals:`` line)."""
+    for line in path.read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise RuntimeError(f"no totals in {path}")
+
+
+async def run(args: argparse.Namespace) -> None:
+    root = Path(args.root).resolve() if args.root else ROOT
+    with private_valkey() as url, simulator_proc() as sim_url, scratch() as tmp:
+        keys = new_keys()
+        config = group(sim_url, [PoolConfig("default", max_concurrent=SLOTS)], policy="fifo", total=SLOTS)
+        env: dict[str, str] = {}
+        wrapper: list[str] = []
+        if args.profile:
+            env["BENCH_PROFILE"] = str(Path(args.profile).resolve())
+        if args.callgrind:
+            out = tmp / "callgrind.out"
+            wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", "--dump-instr=no"]
+            # A dispatcher 50x slower under valgrind must not lose its leases.
+            env["BENCH_LEASE_S"] = "120"
+        async with client(url) as conn:
+            await publish(conn, keys, config)
+            proc = dispatcher(url, keys.prefix, config.group_id, root, env, wrapper)
+            try:
+                async with Producer(conn, keys=keys) as producer:
+                    await closed_loop(producer, "default", args.level, args.warmup)
+                    if args.callgrind:
+                        control(proc.pid, "--zero")
+                    before = cpu_seconds(proc.pid)
+                    _, wall = await closed_loop(producer, "default", args.level, args.calls)
+                    cpu_ms = (cpu_seconds(proc.pid) - before) * 1000 / args.calls
+                    if args.callgrind:
+                        control(proc.pid, "--dump")
+            finally:
+                stop_proc(proc, timeout=120)
+        line = f"level {args.level}: {args.calls} calls in {wall:.1f} s, dispatcher CPU {cpu_ms:.3f} ms/call"
+        if args.callgrind:
+            dumps = sorted(tmp.glob("callgrind.out.*.1"))
+            total = callgrind_total(dumps[0])
+            if args.keep:
+                shutil.copy(dumps[0], args.keep)
+            line += f", {total / args.calls / 1e6:.3f} M instructions/call ({total} over the measured calls)"
+        print(line, flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--level", type=int, default=16)
+    parser.add_argument("--calls", type=int, default=3500)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--root", help="the checkout whose dispatcher runs (default: this one)")
+    parser.add_argument("--profile", help="write a cProfile (CPU time) of the dispatcher's run here")
+    parser.add_argument("--callgrind", action="store_true", help="count the dispatcher's instructions")
+    parser.add_argument("--keep", help="with --callgrind: keep the dump here")
+    args = parser.parse_args(argv)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()
