@@ -129,14 +129,32 @@ async def token_share(weights: tuple[float, float], seconds: float) -> dict[str,
                     (time.monotonic(), tenant, usage["prompt_tokens"] + 4.0 * usage["completion_tokens"])
                 )
 
+        async def sampler() -> None:
+            # The bound holds for backlogged tenants only: every 10 ms, whether a tenant's list was empty
+            # (it then leaves, and re-enters at the floor), so a gap over the bound can be told apart.
+            lists = [producer.keys.tenant_requests(POOL, t) for t in ("a", "b")]
+            while time.monotonic() < stop - 1.0:
+                async with producer.client.pipeline(transaction=False) as pipe:
+                    for key in lists:
+                        pipe.llen(key)
+                    lengths = await pipe.execute()
+                empty["samples"] += 1
+                for tenant, length in zip(("a", "b"), lengths, strict=True):
+                    empty[tenant] += int(length) == 0
+                await asyncio.sleep(0.01)
+
         # 4 callers per slot each: both tenants keep a backlog behind the slots the whole run (with 2 per
         # slot B's short calls came back so fast that its list emptied now and then, and a tenant that
         # re-enters starts at the floor: not a backlogged tenant's service any more).
-        await asyncio.gather(*(worker(t, i) for t in ("a", "b") for i in range(4 * SHARE_SLOTS)))
+        await asyncio.gather(sampler(), *(worker(t, i) for t in ("a", "b") for i in range(4 * SHARE_SLOTS)))
         return served
 
+    empty = {"a": 0, "b": 0, "samples": 0}
+
     served = await _with_stack("tokens", SHARE_SLOTS, body)
-    return window_fairness(served, weights, SHARE_SLOTS)
+    result = window_fairness(served, weights, SHARE_SLOTS)
+    counts = {"empty_a": empty["a"], "empty_b": empty["b"], "samples": empty["samples"]}
+    return {**result, **{name: float(n) for name, n in counts.items()}}
 
 
 def window_fairness(

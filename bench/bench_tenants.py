@@ -272,11 +272,13 @@ def live(runs: int, parts: tuple[str, ...], fair_seconds: float, before: Path | 
                     name, f"{r['completions']:.0f}", f"{r['share'] * 100:.1f} %",
                     f"{r['wanted'] * 100:.1f} %", f"{r['windows']:.0f}", f"{r['worst_window_pct']:.2f} %",
                     f"{r['gap']:,.0f}", f"{r['bound']:,.0f}",
+                    f"{r['empty_a']:.0f} / {r['empty_b']:.0f} of {r['samples']:.0f}",
                 ]
             )  # fmt: skip
         headers = [
             "weights A:B", "completions", "A's share of tokens", "A's weighted share", "60 s windows",
             "worst window deviation", "largest weighted gap", "bound 2 x M x C",
+            "list empty A / B (10 ms samples)",
         ]  # fmt: skip
         print(table(headers, rows))
     if "cost" in parts:
