@@ -19,11 +19,14 @@ and a dispatcher process; the producer runs in the benchmark's own process.
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from bench._common import (
+    ROOT,
     client,
     cpu_seconds,
     dispatcher_procs,
@@ -33,6 +36,7 @@ from bench._common import (
     private_valkey_server,
     publish,
     simulator_proc,
+    spawn,
 )
 from runtime.producer import Producer
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
@@ -125,14 +129,32 @@ async def token_share(weights: tuple[float, float], seconds: float) -> dict[str,
                     (time.monotonic(), tenant, usage["prompt_tokens"] + 4.0 * usage["completion_tokens"])
                 )
 
+        async def sampler() -> None:
+            # The bound holds for backlogged tenants only: every 10 ms, whether a tenant's list was empty
+            # (it then leaves, and re-enters at the floor), so a gap over the bound can be told apart.
+            lists = [producer.keys.tenant_requests(POOL, t) for t in ("a", "b")]
+            while time.monotonic() < stop - 1.0:
+                async with producer.client.pipeline(transaction=False) as pipe:
+                    for key in lists:
+                        pipe.llen(key)
+                    lengths = await pipe.execute()
+                empty["samples"] += 1
+                for tenant, length in zip(("a", "b"), lengths, strict=True):
+                    empty[tenant] += int(length) == 0
+                await asyncio.sleep(0.01)
+
         # 4 callers per slot each: both tenants keep a backlog behind the slots the whole run (with 2 per
         # slot B's short calls came back so fast that its list emptied now and then, and a tenant that
         # re-enters starts at the floor: not a backlogged tenant's service any more).
-        await asyncio.gather(*(worker(t, i) for t in ("a", "b") for i in range(4 * SHARE_SLOTS)))
+        await asyncio.gather(sampler(), *(worker(t, i) for t in ("a", "b") for i in range(4 * SHARE_SLOTS)))
         return served
 
+    empty = {"a": 0, "b": 0, "samples": 0}
+
     served = await _with_stack("tokens", SHARE_SLOTS, body)
-    return window_fairness(served, weights, SHARE_SLOTS)
+    result = window_fairness(served, weights, SHARE_SLOTS)
+    counts = {"empty_a": empty["a"], "empty_b": empty["b"], "samples": empty["samples"]}
+    return {**result, **{name: float(n) for name, n in counts.items()}}
 
 
 def window_fairness(
@@ -203,10 +225,29 @@ async def throughput(fairness: str, tenants: int = 1_000, total: int = 4_000) ->
     return await _with_stack(fairness, 64, body)
 
 
+def throughput_of(root: Path, fairness: str) -> dict[str, float]:
+    """:func:`throughput` of the checkout at ``root`` (another revision: in a process importing it)."""
+    if root == ROOT:
+        return asyncio.run(throughput(fairness))
+    code = (
+        "import asyncio, json; from bench import _tenants_live as t; "
+        f"print(json.dumps(asyncio.run(t.throughput({fairness!r}))))"
+    )
+    proc = spawn(["-c", code], root=root)
+    out, _ = proc.communicate(timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the throughput run of {root} failed ({proc.returncode})")
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
 PARTS = ("noisy", "fairness", "cost")
 
 
-def run(runs: int, parts: tuple[str, ...] = PARTS, fair_seconds: float = 150.0) -> dict[str, Any]:
+def run(
+    runs: int, parts: tuple[str, ...] = PARTS, fair_seconds: float = 150.0, before: Path | None = None
+) -> dict[str, Any]:
+    """The parts' results; with ``before`` (another checkout) each throughput pair also holds that
+    checkout's ``tokens`` run, as ``before``, between this one's ``off`` and ``tokens``."""
     results: dict[str, Any] = {}
     if "noisy" in parts:
         for fairness in ("off", "tokens"):
@@ -218,9 +259,15 @@ def run(runs: int, parts: tuple[str, ...] = PARTS, fair_seconds: float = 150.0) 
     if "cost" in parts:
         pairs = []
         for _ in range(runs):  # alternated, so both sides meet the same moments of a shared machine
-            pairs.append({fairness: asyncio.run(throughput(fairness)) for fairness in ("off", "tokens")})
+            pair = {"off": throughput_of(ROOT, "off")}
+            if before is not None:
+                pair["before"] = throughput_of(before, "tokens")
+            pair["tokens"] = throughput_of(ROOT, "tokens")
+            pairs.append(pair)
         results["cost"] = pairs
     return results
 
 
-__all__ = ["PARTS", "noisy_neighbour", "run", "throughput", "token_share", "window_fairness"]
+__all__ = [
+    "PARTS", "noisy_neighbour", "run", "throughput", "throughput_of", "token_share", "window_fairness",
+]  # fmt: skip

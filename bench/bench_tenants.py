@@ -21,12 +21,14 @@ Without ``--pure``: the noisy-neighbour, token-fairness and throughput scenarios
 Valkey, a simulator process and a dispatcher process (``bench/_tenants_live.py`` says what each does);
 ``--part noisy|fairness|cost`` (repeatable) runs some of them, ``--runs`` is the number of runs of the
 noisy neighbour and of off/tokens pairs of the throughput, ``--fair-seconds`` the length of each live
-fairness run (the per-60 s-window check needs a few windows).
+fairness run (the per-60 s-window check needs a few windows). ``--before REF`` (with ``cost``) also runs
+git revision REF's ``tokens`` in each pair (exported to a scratch directory), for a same-run baseline.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import heapq
 import random
 import statistics
@@ -36,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import machine, table
+from bench._common import exported, machine, table
 from runtime.policy.tenants import TOKENS, TenantCost, TenantLedger, plan_picks
 
 TENANT_COUNTS = (10, 1_000, 10_000)
@@ -199,9 +201,13 @@ def main() -> None:
         help="live parts to run (default: all)",
     )
     parser.add_argument("--fair-seconds", type=float, default=150.0, help="length of each live fairness run")
+    parser.add_argument("--before", help="git revision whose tokens run joins each cost pair (git archive)")
     args = parser.parse_args()
     if not args.pure:
-        live(args.runs, tuple(args.part or ("noisy", "fairness", "cost")), args.fair_seconds)
+        parts = tuple(args.part or ("noisy", "fairness", "cost"))
+        with contextlib.ExitStack() as stack:
+            before = stack.enter_context(exported(args.before)) if args.before else None
+            live(args.runs, parts, args.fair_seconds, before)
         return
     rows = []
     for n in TENANT_COUNTS:
@@ -229,12 +235,12 @@ def _load() -> str:
     return "load average " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def live(runs: int, parts: tuple[str, ...], fair_seconds: float) -> None:
+def live(runs: int, parts: tuple[str, ...], fair_seconds: float, before: Path | None = None) -> None:
     from bench import _tenants_live
 
     print(machine())
     print(f"start: {_load()}")
-    results = _tenants_live.run(runs, parts, fair_seconds)
+    results = _tenants_live.run(runs, parts, fair_seconds, before)
     print(f"end: {_load()}")
     if "noisy" in parts:
         print()
@@ -266,39 +272,54 @@ def live(runs: int, parts: tuple[str, ...], fair_seconds: float) -> None:
                     name, f"{r['completions']:.0f}", f"{r['share'] * 100:.1f} %",
                     f"{r['wanted'] * 100:.1f} %", f"{r['windows']:.0f}", f"{r['worst_window_pct']:.2f} %",
                     f"{r['gap']:,.0f}", f"{r['bound']:,.0f}",
+                    f"{r['empty_a']:.0f} / {r['empty_b']:.0f} of {r['samples']:.0f}",
                 ]
             )  # fmt: skip
         headers = [
             "weights A:B", "completions", "A's share of tokens", "A's weighted share", "60 s windows",
             "worst window deviation", "largest weighted gap", "bound 2 x M x C",
+            "list empty A / B (10 ms samples)",
         ]  # fmt: skip
         print(table(headers, rows))
     if "cost" in parts:
         pairs = results["cost"]
+        sides = ["off", *(["before"] if "before" in pairs[0] else []), "tokens"]
         print()
         print(
             "Throughput: 4,000 zero-latency calls from 1,000 tenants, 256 in flight, 64 slots; "
-            f"off and tokens alternated, {runs} pairs; CPU µs per completion"
+            f"{' / '.join(sides)} alternated, {runs} runs each; CPU µs per completion"
+            + ("; before: the --before revision's tokens" if "before" in sides else "")
         )
         rows = []
         for i, pair in enumerate(pairs):
-            off, on = pair["off"], pair["tokens"]
-            rows.append(
-                [
-                    i + 1, f"{off['rate']:.0f}", f"{on['rate']:.0f}", f"{on['rate'] / off['rate']:.2f}",
-                    f"{off['dispatcher']:.0f} / {on['dispatcher']:.0f}",
-                    f"{off['valkey']:.0f} / {on['valkey']:.0f}",
-                    f"{off['producer']:.0f} / {on['producer']:.0f}",
-                ]
-            )  # fmt: skip
-        off_rate = statistics.median(p["off"]["rate"] for p in pairs)
-        on_rate = statistics.median(p["tokens"]["rate"] for p in pairs)
-        rows.append(["median", f"{off_rate:.0f}", f"{on_rate:.0f}", f"{on_rate / off_rate:.2f}", "", "", ""])
+            row: list[object] = [i + 1, *(f"{pair[side]['rate']:.0f}" for side in sides)]
+            row += [f"{pair[side]['rate'] / pair['off']['rate']:.2f}" for side in sides[1:]]
+            for process in ("dispatcher", "valkey", "producer"):
+                row.append(" / ".join(f"{pair[side][process]:.0f}" for side in sides))
+            row.append(" / ".join(f"{_total(pair[side]):.0f}" for side in sides))
+            row += [f"{_total(pair['off']) / _total(pair[side]):.2f}" for side in sides[1:]]
+            rows.append(row)
+        medians = {side: statistics.median(p[side]["rate"] for p in pairs) for side in sides}
+        cpu = {side: statistics.median(_total(p[side]) for p in pairs) for side in sides}
+        row = ["median", *(f"{medians[side]:.0f}" for side in sides)]
+        for side in sides[1:]:
+            row.append(f"{statistics.median(p[side]['rate'] / p['off']['rate'] for p in pairs):.2f}")
+        row += ["", "", "", " / ".join(f"{cpu[side]:.0f}" for side in sides)]
+        for side in sides[1:]:
+            row.append(f"{statistics.median(_total(p['off']) / _total(p[side]) for p in pairs):.2f}")
+        rows.append(row)
+        names = " / ".join(sides)
         headers = [
-            "pair", "off /s", "tokens /s", "ratio", "dispatcher off / tokens", "Valkey off / tokens",
-            "producer off / tokens",
+            "pair", *(f"{side} /s" for side in sides), *(f"{side} ratio" for side in sides[1:]),
+            f"dispatcher {names}", f"Valkey {names}", f"producer {names}", f"CPU total {names}",
+            *(f"{side} CPU ratio" for side in sides[1:]),
         ]  # fmt: skip
         print(table(headers, rows))
+
+
+def _total(side: dict[str, float]) -> float:
+    """CPU µs per completion of the three processes: on 2 cores the throughput's bound."""
+    return side["dispatcher"] + side["valkey"] + side["producer"]
 
 
 if __name__ == "__main__":

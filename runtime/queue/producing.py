@@ -13,7 +13,13 @@ from runtime.policy.admission import AdmissionLimits
 from runtime.queue import registry
 from runtime.queue.admission import KeyLease, admission_args, admit_and_push, queue_full
 from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
-from runtime.queue.tenants import TenantPush, tenant_push_args, tenant_queue_full
+from runtime.queue.tenants import (
+    TenantPush,
+    plain_push,
+    tenant_push_args,
+    tenant_push_plain_args,
+    tenant_queue_full,
+)
 from runtime.valkey.persisted import PersistedPusher
 from runtime.wire.contract import envelope_prefix
 
@@ -32,6 +38,7 @@ class ProducerOps:
         self._admit = registry.script("admit_push").bind(client)
         self._withdraw = registry.script("withdraw").bind(client)
         self._tenant_push = registry.script("tenant_push").bind(client)
+        self._tenant_push_plain = registry.script("tenant_push_plain").bind(client)
         self._tenant_withdraw = registry.script("tenant_withdraw").bind(client)
 
     def __repr__(self) -> str:
@@ -49,6 +56,9 @@ class ProducerOps:
         QueueFull (nothing queued) when the pool's limits, or those of the ingress key holding ``lease``,
         or ``tenant``'s cap in a fair pool (``tenant`` given only for one), refuse it."""
         if tenant is not None:
+            if plain_push(limits, tenant, lease):  # nothing to check: the fair pool's plain push
+                script_keys, args = tenant_push_plain_args(self.keys, pool_id, raw, tenant)
+                return int((await self._tenant_push_plain(keys=script_keys, args=args))[1])
             script_keys, args = tenant_push_args(self.keys, pool_id, raw, limits, tenant, lease)
             result = await self._tenant_push(keys=script_keys, args=args)
             if int(result[0]) != 1:
@@ -81,7 +91,10 @@ class ProducerOps:
         ``replicas``: :mod:`runtime.valkey.persisted`); returns the outcome. Raises QueueFull as
         :meth:`push` does."""
         admitted = limits.bounded or lease is not None or tenant is not None
-        if tenant is not None:
+        if tenant is not None and plain_push(limits, tenant, lease):
+            script = registry.script("tenant_push_plain")
+            script_keys, args = tenant_push_plain_args(self.keys, pool_id, raw, tenant)
+        elif tenant is not None:
             script = registry.script("tenant_push")
             script_keys, args = tenant_push_args(self.keys, pool_id, raw, limits, tenant, lease)
         elif admitted:

@@ -63,6 +63,7 @@ WITHDRAW = source("withdraw")
 TAKE_REPLIES = source("take_replies")
 # A fair pool's (tenant_fairness on, issue 22; see runtime.queue.tenants)
 TENANT_PUSH = source("tenant_push")
+TENANT_PUSH_PLAIN = source("tenant_push_plain")
 TENANT_WITHDRAW = source("tenant_withdraw")
 
 # --- operators and tools ---------------------------------------------------------------------------

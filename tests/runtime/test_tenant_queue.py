@@ -60,6 +60,40 @@ async def test_untagged_traffic_stays_on_the_seeds_list_as_tenant_star(
     assert await backlogged(aredis, keys) == [("*", 0.0)]
 
 
+async def _pool_state(client: aioredis.Redis, keys: KeySpace) -> tuple[object, ...]:
+    lists = {t: await client.lrange(keys.tenant_requests(POOL, t), 0, -1) for t in ("acme", "bolt", "*")}
+    return (
+        lists,
+        await backlogged(client, keys),
+        await counters(client, keys),
+        await client.hgetall(keys.tenant_weights(POOL)),
+        await client.get(keys.pool_queued(POOL)),
+        await client.llen(keys.wake_list(POOL)),
+        await client.hexists(keys.pool_drain(POOL), "since"),
+    )
+
+
+async def test_the_plain_fair_push_does_what_the_checked_one_does(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
+    """Without limits, lease or cap the push is ``lua/tenant_push_plain.lua``; a cap nobody reaches
+    takes ``lua/tenant_push.lua``: both leave the pool in the same state."""
+    other = KeySpace(prefix=keys.prefix + "checked:")
+    plain, checked = ProducerOps(aredis, keys), ProducerOps(aredis, other)
+    await aredis.hset(keys.tenant_counters(POOL), mapping={"bolt": 3.0, "*last": 2.0})
+    await aredis.hset(other.tenant_counters(POOL), mapping={"bolt": 3.0, "*last": 2.0})
+    for raw, tenant, weight in (
+        (b"a1", "acme", 2.0),
+        (b"b1", "bolt", 1.0),
+        (b"a2", "acme", 2.0),
+        (b"u", None, 1.0),
+    ):
+        await plain.push(POOL, raw, OPEN, tenant=TenantPush(tenant, weight))
+        await checked.push(POOL, raw, OPEN, tenant=TenantPush(tenant, weight, max_queued_per_tenant=100))
+    assert await _pool_state(aredis, keys) == await _pool_state(aredis, other)
+    assert (await _pool_state(aredis, keys))[4] == b"4"
+
+
 @pytest.mark.parametrize(
     ("stored", "waiting", "last", "expected"),
     [

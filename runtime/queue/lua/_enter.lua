@@ -4,6 +4,7 @@
 -- Params: zset (backlogged tenants), counters (hash), tenant.
 local low = redis.call('ZRANGE', $zset, 0, 0, 'WITHSCORES')
 local floor = tonumber(low[2]) or tonumber(redis.call('HGET', $counters, '*last')) or 0
-local counter = math.max(tonumber(redis.call('HGET', $counters, $tenant)) or floor, floor)
+local own = tonumber(redis.call('HGET', $counters, $tenant))
+local counter = math.max(own or floor, floor)
 redis.call('ZADD', $zset, counter, $tenant)
-redis.call('HSET', $counters, $tenant, counter)
+if counter ~= own then redis.call('HSET', $counters, $tenant, counter) end  -- lifted, or new

@@ -8,6 +8,7 @@
 -- ARGV: ADMIT_PUSH's 1-8, its key arguments 9-13 ('' without a lease), tenant, weight,
 --       max_queued_per_tenant or '', '1' with a key lease
 -- Returns as ADMIT_PUSH; a tenant at its cap is {0, 'max_queued_per_tenant', its queued, '0', '0'}.
+-- Without a lease, pool limits or a per-tenant cap the push is TENANT_PUSH_PLAIN (tenant_push_plain.lua).
 local depth = tonumber(redis.call('GET', KEYS[10])) or 0
 --! admit leased=ARGV[17]=='1'
 local cap = tonumber(ARGV[16])
@@ -18,19 +19,7 @@ if cap then
     return {0, 'max_queued_per_tenant', mine, '0', '0'}
   end
 end
-local n = redis.call('RPUSH', KEYS[1], ARGV[1])
-local total = redis.call('INCR', KEYS[10])
-redis.call('HSET', KEYS[9], ARGV[14], ARGV[15])
-if n == 1 then
---! enter zset=KEYS[7] counters=KEYS[8] tenant=ARGV[14]
-end
-if total == 1 then
-  -- As the seed's push: only the pool's first queued request wakes a dispatcher (not every tenant's).
---! wake key=KEYS[2] cap=ARGV[2] ttl=ARGV[3]
-  local st = redis.call('TIME')
-  redis.call('HSET', KEYS[3], 'since', tonumber(st[1]) + tonumber(st[2]) / 1000000)
-  redis.call('EXPIRE', KEYS[3], $DRAIN_TTL_S)
-end
+--! tenant_queue list=KEYS[1] envelope=ARGV[1] count=KEYS[10] weights=KEYS[9] tenant=ARGV[14] weight=ARGV[15] zset=KEYS[7] counters=KEYS[8] wake=KEYS[2] cap=ARGV[2] ttl=ARGV[3] drain=KEYS[3]
 if ARGV[17] == '1' then
   redis.call('ZADD', KEYS[6], now + tonumber(ARGV[12]), ARGV[11])
   redis.call('EXPIRE', KEYS[6], $KEY_SET_TTL_S)
