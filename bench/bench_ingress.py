@@ -14,7 +14,10 @@ dispatcher -> simulator -> back). Each run measures every path, interleaved (the
   direct;
 * streaming (concurrency 1, 20 tokens 5 ms apart from the simulator): time to first chunk, gaps
   between chunks, and the added delay per chunk ((added time to the last chunk - added time to the first)
-  / chunks).
+  / chunks);
+* complete calls after an idle pause (concurrency 1, ``IDLE_S`` of nothing before each call, about the
+  idle time a stream leaves): the like-for-like reference for the time to first chunk, which follows a
+  stream's idle gaps and so runs every process on the path cold (RESULTS.md, issue 23 session 6).
 The table shows the median over runs of each figure.
 """
 
@@ -67,6 +70,7 @@ STREAM_BODY = {
     "sim": {"itl_ms": ITL_MS, "completion_tokens": TOKENS},
 }
 SERVERS = ("daphne", "uvicorn")
+IDLE_S = 0.1
 # Issue 23's targets: added ms at concurrency 1 (at most), and one process against direct at 16 (at least).
 TARGETS_MS = {"complete_p50": 1.0, "ttft_p50": 1.5, "per_chunk": 0.5}
 TARGET_RATE_16 = 0.8
@@ -236,6 +240,14 @@ async def measure(quick: bool, runs: int, servers: tuple[str, ...]) -> dict[str,
                         for label, values in (("ttft", ttft), ("gap", gaps), ("last", last)):
                             note(f"{name}:{label}:p50", pct(values, 0.5))
                             note(f"{name}:{label}:p99", pct(values, 0.99))
+                    for name, (url, headers, _) in order:
+                        idle = []
+                        for _ in range(streams):
+                            await asyncio.sleep(IDLE_S)
+                            lat, _wall = await closed_loop(http, url, headers, 1, 1)
+                            idle.append(lat[0] * 1000)
+                        note(f"{name}:idle:p50", pct(idle, 0.5))
+                        note(f"{name}:idle:p99", pct(idle, 0.99))
     return out
 
 
@@ -256,6 +268,7 @@ FIGURES = (
     ("16", "complete, concurrency 16"),
     ("ttft", "stream: time to first chunk"),
     ("gap", "stream: gap between chunks"),
+    ("idle", f"complete after {IDLE_S * 1000:.0f} ms idle"),
 )
 
 
