@@ -36,9 +36,13 @@ class HistoryClient:
         self.database = path_db or DEFAULT_DATABASE
         self._lock = threading.RLock()
         self._client: Any = None
+        # Set by close(): a closed client never reconnects. A thread still holding it (an ingester that
+        # outlived its stop's join) would otherwise reopen its chDB engine behind the back of the next
+        # client, and chDB hosts one engine per process: every later history call would fail.
+        self._closed = False
 
     def __repr__(self) -> str:
-        state = "connected" if self._client is not None else "disconnected"
+        state = "closed" if self._closed else "connected" if self._client is not None else "disconnected"
         return f"<HistoryClient {redact_url(self.url)} db={self.database} {state}>"
 
     def _connect(self) -> Any:
@@ -58,6 +62,8 @@ class HistoryClient:
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
+            if self._closed:
+                raise HistoryUnavailable(f"the client of {redact_url(self.url)} is closed")
             try:
                 if self._client is None:
                     self._client = self._connect()
@@ -144,7 +150,9 @@ class HistoryClient:
         )
 
     def close(self) -> None:
+        """Closes the connection for good (:func:`client_for` makes a new client for the URL)."""
         with self._lock:
+            self._closed = True
             self._drop()
 
 

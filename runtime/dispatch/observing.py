@@ -23,7 +23,7 @@ from runtime.policy import scheduler
 from runtime.policy.reads import PoolRead, ReadPlan, plan_reads
 from runtime.queue.deciding import TURN_ELSEWHERE, NextRound
 from runtime.queue.dispatching import Observation, QueueOps, QueueView
-from runtime.queue.leases import LeaseRecord
+from runtime.queue.leases import LeaseRecord, lease_member
 from runtime.telemetry.spans import Identity
 from runtime.wire.groupconfig import GroupConfig
 
@@ -43,6 +43,7 @@ class Observing:
     executor: Executor
     identity: Identity
     running: dict[str, Running]
+    finishing: dict[str, Running]
     group_in_flight: int
     last_views: dict[str, QueueView]
     _peek: PeekCache
@@ -137,9 +138,24 @@ class Observing:
         their first chunk (answered ``stream_interrupted``)."""
         # A call of ours whose lease expired while Valkey was away is counted by its own FINISH.
         self.drops.lost(r for r in records if not r.streamed and not self.executor.settles(r))
+        # ... and, still running, it gets its lease back: should this dispatcher die before the call
+        # ends, whoever reaps the lease then counts the loss (before, nobody did: the record was gone).
+        await self.queue.relet(self._still_ours(records), self.settings.lease_s)
         streamed = [r for r in records if r.streamed]
         if streamed:
             await self.redeliveries.interrupted(streamed, self.executor.relay.answer)
+
+    def _still_ours(self, records: tuple[LeaseRecord, ...]) -> list[tuple[str, str, str, bytes]]:
+        """The reaped leases of calls this dispatcher still runs unfenced (lists mode), to give back."""
+        ours = []
+        for record in records:
+            if record.dispatcher_id != self.identity.dispatcher_id:
+                continue
+            member = lease_member(record.pool_id, record.request_id)
+            run = self.running.get(member) or self.finishing.get(member)
+            if run is not None and not run.token:
+                ours.append((run.pool_id, member, run.backend_id, record.encode()))
+        return ours
 
     def _room(self, pool_id: str) -> int | None:
         """Most heads offered for the pool: nothing is claimed that its backend would refuse."""

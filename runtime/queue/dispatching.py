@@ -83,6 +83,7 @@ class QueueOps(Upkeep):
         self._claim = script("claim")
         self._finishes = ScriptBatcher(client, script("finish"))
         self._renew = script("renew")
+        self._relet = script("relet")
         self._reap = script("reap")
         self._round = script("round")
         self.turn = 0  # the last ROUND's turn code (runtime.queue.deciding)

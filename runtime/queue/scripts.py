@@ -36,6 +36,7 @@ OBSERVE = source("observe")
 CLAIM = source("claim")
 FINISH = source("finish")
 RENEW = source("renew")
+RELET = source("relet")  # a lease its own (starved) dispatcher reaped, given back while the call runs
 REAP = source("reap")
 PROMOTE = source("promote")
 BURY = source("bury")

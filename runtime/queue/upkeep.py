@@ -1,5 +1,5 @@
-"""The dispatcher's queue upkeep beside its rounds: the idle poll, lease renewal, due retries promoted,
-dead letters.
+"""The dispatcher's queue upkeep beside its rounds: the idle poll, lease renewal (and leases given back
+after a reap of its own), due retries promoted, dead letters.
 
 :class:`Upkeep` is a part of :class:`~runtime.queue.dispatching.QueueOps`, kept in a module of its
 own; the attributes it reads are declared here and set by ``QueueOps``.
@@ -29,6 +29,8 @@ class Upkeep:
     _tenant_bury: LuaScript
     fair_picks: dict[str, dict[bytes, FairPick]]
     _renew: LuaScript
+    _relet: LuaScript
+    _lease_records: str
     _poll: str
 
     async def take_poll(self, interval_s: float) -> bool:
@@ -92,3 +94,20 @@ class Upkeep:
                 self._renew.queue(pipe, zsets, [lease_s, member])
 
         await run_pipeline(self.client, [self._renew], build)
+
+    async def relet(self, leases: Sequence[tuple[str, str, str, bytes]], lease_s: float) -> None:
+        """Gives back the leases (pool id, member, backend id, record) REAP took from this dispatcher
+        while it still runs their calls (lists mode; see ``lua/relet.lua``)."""
+        if not leases:
+            return
+
+        def build(pipe: Any) -> None:
+            for pool_id, member, backend_id, record in leases:
+                zsets = [
+                    self._group_inflight,
+                    self.keys.pool_inflight(pool_id),
+                    self.keys.backend_inflight(backend_id),
+                ]
+                self._relet.queue(pipe, [*zsets, self._lease_records], [lease_s, member, record])
+
+        await run_pipeline(self.client, [self._relet], build)

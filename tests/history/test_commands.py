@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from history import ingester as ingester_mod
 from history import schema
-from history.client import client_for, close_all
+from history.client import HistoryUnavailable, client_for, close_all
 from history.ingester import GROUP
 from runtime.queue.keys import KeySpace
 from tests.support.waiting import wait_until_sync
@@ -134,3 +134,21 @@ def test_start_in_background(  # type: ignore[no-untyped-def]
         close_all()
     settings.CLICKHOUSE_URL = "http://127.0.0.1:8123"
     assert ingester_mod.start_in_background() is None  # a ClickHouse server: run `runhistory` instead
+
+
+def test_a_closed_client_never_reopens_its_engine_behind_the_next_ones_back(tmp_path: Path) -> None:
+    """A background ingester that outlives its stop's join still holds the old client: were its next
+    call to reconnect, this process would host two chDB engines and every later history call fail."""
+    old = client_for(f"chdb://{tmp_path / 'old'}")
+    try:
+        assert old.command("SELECT 1") == 1
+        close_all()
+        with pytest.raises(HistoryUnavailable, match="closed"):
+            old.command("SELECT 1")
+        new = client_for(f"chdb://{tmp_path / 'new'}")
+        assert new is not old and new.command("SELECT 2") == 2
+        with pytest.raises(HistoryUnavailable, match="closed"):
+            old.command("SELECT 1")
+        assert "closed" in repr(old)
+    finally:
+        close_all()

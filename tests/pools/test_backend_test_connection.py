@@ -8,7 +8,6 @@ import contextlib
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 
@@ -22,6 +21,7 @@ from pools.models import Backend
 from runtime.valkey.embedded import free_port
 from runtime.wire.backendconfig import KINDS
 from simulator.config import KINDS as SIMULATOR_KINDS
+from tests.support.loop_thread import loop_thread
 from tests.support.waiting import port_open, wait_until_sync
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -117,23 +117,18 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @contextlib.contextmanager
 def hostile(models: Handler, metrics: Handler) -> Iterator[str]:
-    loop = asyncio.new_event_loop()
     app = web.Application()
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, handler_cancellation=True)
     port = free_port()
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
+    with loop_thread() as thread:
+        thread.run(runner.setup())
+        thread.run(web.TCPSite(runner, "127.0.0.1", port).start())
+        try:
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            thread.run(runner.cleanup(), 10)
 
 
 async def drip(request: web.Request) -> web.StreamResponse:

@@ -1,7 +1,8 @@
 """Backends gating real dispatcher processes against the real simulator over HTTP.
 
-The simulator runs in this test's event loop (so its engine can be sampled at any instant); the
-dispatchers are separate processes; producers push through Valkey.
+The simulator runs in this test's process (so its engine can be sampled at any instant), in this
+test's event loop or, where its /metrics drives the test, on a loop of its own; the dispatchers are
+separate processes; producers push through Valkey.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.support.dispatcher_process import start_dispatcher, stop
 from tests.support.dispatching import CALL
+from tests.support.loop_thread import simulator_thread
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -65,10 +67,11 @@ async def test_gating_keeps_the_backends_queue_at_its_threshold(
     aredis: aioredis.Redis, keys: KeySpace, valkey_url: str
 ) -> None:
     """max-running 4, group total 32: ungated, 28 calls would wait in the simulator's FIFO."""
-    async with SimulatorServer(SimulatorConfig(max_running=4, latency_ms=60)) as sim:
-        # Metrics stay usable for 3 s: on a loaded machine a scrape of this loop's simulator can be
-        # slow, and stale metrics would (rightly) fall back to max_in_flight alone.
-        backend = BackendConfig("sim", sim.url, max_in_flight=32, max_waiting=3, metrics_max_age_s=3.0)
+    # The simulator on a loop of its own: in this test's loop, its /metrics waited behind the flood's
+    # 160 submits and their replies, so on a loaded machine a scrape overran its 1 s budget, and the
+    # fleet (rightly) fell back to max_in_flight alone: 16 calls waited in the backend's queue.
+    with simulator_thread(SimulatorConfig(max_running=4, latency_ms=60)) as sim:
+        backend = BackendConfig("sim", sim.url, max_in_flight=32, max_waiting=3)
         await groups.publish(aredis, keys, two_pools(backend))
         procs = [start_dispatcher(valkey_url, keys.prefix, "g", f"d{i}", concurrency=32) for i in range(2)]
         done = asyncio.Event()

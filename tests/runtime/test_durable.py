@@ -217,3 +217,33 @@ async def test_a_400_and_a_callers_deadline_never_retry(aredis, keys, backend) -
     assert dispatcher.stats.retried == 0 and dispatcher.stats.dead_lettered == 0
     assert await aredis.zcard(keys.delayed("default")) == 0
     assert await aredis.llen(keys.dead_letters("default")) == 0
+
+
+async def test_a_dispatcher_that_reaped_its_own_lease_gets_it_back_while_the_call_runs(
+    aredis, sredis, keys, backend
+) -> None:
+    """A starved dispatcher (a loaded machine) misses its renewals and its own REAP takes its lease:
+    lists mode, nothing requeued. Before, the call then counted in no cap and, had the dispatcher died
+    before the call ended, nobody would have counted it lost: its record was gone."""
+    async with (
+        running_dispatcher(aredis, keys, group(backend.url, delivery=LISTS), lease_s=LEASE_S) as dispatcher,
+        Producer(aredis, keys=keys) as producer,
+    ):
+        call = asyncio.create_task(producer.submit(keyed("starved", latency_ms=6000), pool_id="default"))
+        await wait_until(lambda: dispatcher.running, what="the call running")
+        [member] = dispatcher.running
+
+        async def starved(leases, lease_s) -> None:  # the renewals a starved process misses
+            return None
+
+        dispatcher.queue.renew = starved  # type: ignore[method-assign]
+        first = await aredis.zscore(keys.group_inflight("g"), member)
+
+        async def given_back() -> bool:  # expired, reaped, and leased again: only RELET moves it on
+            score = await aredis.zscore(keys.group_inflight("g"), member)
+            return score is not None and score > first + 0.5
+
+        await wait_until(given_back, timeout=2 * LEASE_S, what="the reaped lease given back")
+        assert await aredis.hexists(keys.lease_records("g"), member)
+        assert (await call).completion
+    assert counted(sredis, keys, "dropped:lost_in_flight") == 0
