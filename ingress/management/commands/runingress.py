@@ -65,6 +65,9 @@ class Command(BaseCommand):
             # Django's LOGGING (DISPATCH_LOG_LEVEL) holds the root handler; uvicorn's loggers go there.
             log_config=None,
             server_header=False,
+            # The ingress reads neither the client's address nor the scheme: rewriting them from
+            # X-Forwarded-* headers is work per request for nothing.
+            proxy_headers=False,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
 
