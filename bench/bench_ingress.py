@@ -1,6 +1,6 @@
 """Added latency of the OpenAI-compatible ingress over calling the simulator directly, complete and streamed.
 
-Run: ``python bench/bench_ingress.py [--quick] [--runs N] [--server daphne|uvicorn|both]``.
+Run: ``python bench/bench_ingress.py [--quick] [--runs N] [--server daphne|uvicorn|both] [--before REF]``.
 
 Processes: the simulator (latency 0), one dispatcher (``bench._dispatcher_proc``) and the ingress
 servers asked for, each one process over the same SQLite and producer key: daphne serving
@@ -19,12 +19,17 @@ dispatcher -> simulator -> back). Each run measures every path, interleaved (the
   idle time a stream leaves): the like-for-like reference for the time to first chunk, which follows a
   stream's idle gaps and so runs every process on the path cold (RESULTS.md, issue 23 session 6).
 The table shows the median over runs of each figure.
+
+``--before REF`` adds a third ingress, ``before``: ``manage.py runingress`` of git revision ``REF``
+exported with ``git archive``, over the same SQLite, key, Valkey, dispatcher and simulator, measured
+in the same rotation; the report then gives uvicorn (this checkout) against it, run by run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import os
 import subprocess
@@ -45,6 +50,7 @@ from bench._common import (
     client,
     cpu_seconds,
     dispatcher_procs,
+    exported,
     group,
     machine,
     median,
@@ -70,6 +76,7 @@ STREAM_BODY = {
     "sim": {"itl_ms": ITL_MS, "completion_tokens": TOKENS},
 }
 SERVERS = ("daphne", "uvicorn")
+BEFORE = "before"  # uvicorn (runingress) of the --before revision
 IDLE_S = 0.1
 # Issue 23's targets: added ms at concurrency 1 (at most), and one process against direct at 16 (at least).
 TARGETS_MS = {"complete_p50": 1.0, "ttft_p50": 1.5, "per_chunk": 0.5}
@@ -89,9 +96,11 @@ def server_argv(server: str, port: int) -> list[str]:
 
 @contextmanager
 def ingress_procs(
-    valkey_url: str, prefix: str, servers: tuple[str, ...]
+    valkey_url: str, prefix: str, servers: tuple[str, ...], before_root: Path | None = None
 ) -> Iterator[dict[str, tuple[str, str, int]]]:
-    """The servers over one fresh SQLite with one producer key; {server: (url, key, pid)}."""
+    """The servers over one fresh SQLite with one producer key; {server: (url, key, pid)}.
+
+    ``before_root``: a server ``before`` too, ``runingress`` of that tree (another revision)."""
     with scratch() as data_dir:
         env = {
             "DJANGO_SETTINGS_MODULE": "dispatch_project.settings",
@@ -117,12 +126,15 @@ def ingress_procs(
         procs: list[subprocess.Popen[str]] = []
         found: dict[str, tuple[str, str, int]] = {}
         try:
-            for server in servers:
+            roots = [(server, server, ROOT) for server in servers]
+            if before_root is not None:
+                roots.append((BEFORE, "uvicorn", before_root))
+            for server, kind, root in roots:
                 port = free_port()
                 # Its access log goes nowhere: an unread pipe would fill up and stall the server.
                 proc = subprocess.Popen(
-                    server_argv(server, port), cwd=ROOT, env=run_env, stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+                    server_argv(kind, port), cwd=root, env={**run_env, "PYTHONPATH": str(root)},
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
                 )  # fmt: skip
                 procs.append(proc)
                 wait_up(port, proc, server)
@@ -190,7 +202,9 @@ def rotated(items: list[Any], run: int) -> list[Any]:
     return items[shift:] + items[:shift]
 
 
-async def measure(quick: bool, runs: int, servers: tuple[str, ...]) -> dict[str, list[float]]:
+async def measure(
+    quick: bool, runs: int, servers: tuple[str, ...], before_root: Path | None = None
+) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
 
     def note(name: str, value: float) -> None:
@@ -204,7 +218,7 @@ async def measure(quick: bool, runs: int, servers: tuple[str, ...]) -> dict[str,
             await publish(conn, keys, config)
         with (
             dispatcher_procs(valkey_url, keys.prefix, config.group_id, 1, SLOTS),
-            ingress_procs(valkey_url, keys.prefix, servers) as ingresses,
+            ingress_procs(valkey_url, keys.prefix, servers, before_root) as ingresses,
         ):
             paths = {"direct": (sim_url, {}, 0)} | {
                 name: (url, {"authorization": f"Bearer {key}"}, pid)
@@ -251,15 +265,16 @@ async def measure(quick: bool, runs: int, servers: tuple[str, ...]) -> dict[str,
     return out
 
 
-def added(out: dict[str, list[float]], server: str, figure: str) -> float:
-    """Median over runs of (server - direct) for one figure, each difference taken within its run."""
-    pairs = zip(out[f"{server}:{figure}"], out[f"direct:{figure}"], strict=True)
+def added(out: dict[str, list[float]], server: str, figure: str, base: str = "direct") -> float:
+    """Median over runs of (server - base) for one figure, each difference taken within its run."""
+    pairs = zip(out[f"{server}:{figure}"], out[f"{base}:{figure}"], strict=True)
     return median([i - d for i, d in pairs])
 
 
-def rate_ratio(out: dict[str, list[float]], server: str, level: int) -> float:
-    """Median over runs of the same-run ratio server / direct calls per second."""
-    pairs = zip(out[f"{server}:{level}:rate"], out[f"direct:{level}:rate"], strict=True)
+def rate_ratio(out: dict[str, list[float]], server: str, level: int | str, base: str = "direct") -> float:
+    """Median over runs of the same-run ratio server / base of one figure (calls per second)."""
+    figure = f"{level}:rate" if isinstance(level, int) else level
+    pairs = zip(out[f"{server}:{figure}"], out[f"{base}:{figure}"], strict=True)
     return median([i / d for i, d in pairs])
 
 
@@ -274,7 +289,7 @@ FIGURES = (
 
 def report(out: dict[str, list[float]], runs: int, quick: bool) -> dict[str, float]:
     m = {k: median(v) for k, v in out.items()}
-    servers = [s for s in SERVERS if f"{s}:1:p50" in out]
+    servers = [s for s in (*SERVERS, BEFORE) if f"{s}:1:p50" in out]
     mode = " (quick)" if quick else ""
     print(f"# ingress vs direct, zero-latency simulator, median of {runs} runs{mode}")
     print(f"# {machine()}")
@@ -320,7 +335,26 @@ def report(out: dict[str, list[float]], runs: int, quick: bool) -> dict[str, flo
               "met" if ratio >= TARGET_RATE_16 else "MISSED")  # fmt: skip
         summary |= {f"{server}:{name}": value for name, value in figures.items()}
         summary[f"{server}:rate16_ratio"] = ratio
+    if BEFORE in servers and "uvicorn" in servers:
+        summary |= against_before(out)
     return summary
+
+
+def against_before(out: dict[str, list[float]]) -> dict[str, float]:
+    """uvicorn (this checkout) against ``before`` (the --before revision), each figure within its run."""
+    lines = {
+        "complete c1 p50 ms": added(out, "uvicorn", "1:p50", BEFORE),
+        "first chunk p50 ms": added(out, "uvicorn", "ttft:p50", BEFORE),
+        "first chunk p99 ms": added(out, "uvicorn", "ttft:p99", BEFORE),
+        "complete after idle p50 ms": added(out, "uvicorn", "idle:p50", BEFORE),
+    }
+    for label, value in lines.items():
+        print(f"after - before: {label} {value:+.3f}")
+    ratios = {f"calls/s at {level}": rate_ratio(out, "uvicorn", level, BEFORE) for level in (16, SLOTS)}
+    ratios |= {f"CPU per call at {lv}": rate_ratio(out, "uvicorn", f"cpu_ms:{lv}", BEFORE) for lv in (1, 16)}
+    for label, value in ratios.items():
+        print(f"after / before: {label} {value:.3f}x")
+    return {f"after_vs_before:{label}": value for label, value in (lines | ratios).items()}
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -328,10 +362,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--quick", action="store_true", help="small smoke run")
     parser.add_argument("--runs", type=int, default=None, help="default: 1 with --quick, else 3")
     parser.add_argument("--server", choices=[*SERVERS, "both"], default="both", help="ingress server(s)")
+    parser.add_argument("--before", help="git revision whose runingress joins the run (git archive)")
     args = parser.parse_args(argv)
     runs = args.runs or (1 if args.quick else 3)
     servers = SERVERS if args.server == "both" else (args.server,)
-    return report(asyncio.run(measure(args.quick, runs, servers)), runs, args.quick)
+    with contextlib.ExitStack() as stack:
+        before_root = stack.enter_context(exported(args.before)) if args.before else None
+        out = asyncio.run(measure(args.quick, runs, servers, before_root))
+    return report(out, runs, args.quick)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ request's pool is its model alias's, else its pool header's, else its key's defa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -238,22 +237,37 @@ class Ingress:
 
 
 async def until_disconnect(receive: Receive, call: Awaitable[Any]) -> Any:
-    """Runs ``call`` until it finishes or the client disconnects (then cancelled, and None returned)."""
-    work = asyncio.ensure_future(call)
-    gone = asyncio.ensure_future(wait_for_disconnect(receive))
+    """Runs ``call`` until it finishes or the client disconnects (then cancelled, and None returned).
+
+    ``call`` runs in the request's own task, and one watcher task cancels that task if the client goes:
+    a second task for the call and an ``asyncio.wait`` over both cost more than the rest of the
+    ingress's own code per request (cProfile, bench/RESULTS.md, issue 23 session 7)."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone = asyncio.get_running_loop().create_task(_cancel_when_gone(receive, task))
     try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        work.cancel()
-        raise
+        return await call
+    except (asyncio.CancelledError, DispatchError):
+        # The watcher only finishes by cancelling this task: then the cancellation (and whatever the
+        # call raised while it withdrew) is ours, not the server's.
+        if not _cancelled_us(gone):
+            raise
+        if task.uncancel():  # the server cancelled it as well (shutdown): that one stands
+            raise asyncio.CancelledError from None
+        return None
     finally:
         gone.cancel()
-    if work.done():
-        return work.result()
-    work.cancel()
-    with contextlib.suppress(asyncio.CancelledError, DispatchError):
-        await work
-    return None
+
+
+async def _cancel_when_gone(receive: Receive, task: asyncio.Task[Any]) -> None:
+    await wait_for_disconnect(receive)
+    task.cancel()
+
+
+def _cancelled_us(watcher: asyncio.Task[None]) -> bool:
+    """Whether the watcher saw the client go and cancelled the request's task (its only way to end
+    without an exception)."""
+    return watcher.done() and not watcher.cancelled() and watcher.exception() is None
 
 
 def parse_timeout(raw: str | None, default_s: float) -> float:

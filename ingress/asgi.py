@@ -6,6 +6,7 @@ producer (``ingress-{host}-{pid}``) and its spans go to Valkey like the web proc
 
 from __future__ import annotations
 
+import gc
 import os
 
 import django
@@ -34,6 +35,12 @@ async def lifespan(receive: Receive, send: Send) -> None:
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
+            # What Django, the runtime and their imports made (~120,000 objects) lives as long as the
+            # process; frozen, a full collection no longer walks it: a pause of whatever requests are
+            # in flight, 220-370 ms at load 10-18 on the 2-core bench machine, <1 ms once frozen
+            # (bench/RESULTS.md, issue 23 session 7).
+            gc.collect()
+            gc.freeze()
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             await ingress.aclose()

@@ -40,6 +40,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         import uvicorn
 
+        from ingress.protocol import HeadWithBodyProtocol
+
         host, port, workers = options["host"], options["port"], options["workers"]
         if not 0 < port < 65536:
             raise CommandError(f"--port must be between 1 and 65535, got {port}")
@@ -55,13 +57,17 @@ class Command(BaseCommand):
             port=port,
             workers=workers,
             loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-            http="httptools",
+            # httptools', sending each response's head in one write with its first body bytes.
+            http=HeadWithBodyProtocol,
             ws="none",
             lifespan="on",
             access_log=False,
             # Django's LOGGING (DISPATCH_LOG_LEVEL) holds the root handler; uvicorn's loggers go there.
             log_config=None,
             server_header=False,
+            # The ingress reads neither the client's address nor the scheme: rewriting them from
+            # X-Forwarded-* headers is work per request for nothing.
+            proxy_headers=False,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
 
