@@ -342,6 +342,9 @@ def _cost_table(pairs: list[dict[str, dict[str, float]]], runs: int, title: str,
         *(f"{side} CPU ratio" for side in fair), *([f"backlogged {' / '.join(fair)}"] if sampled else []),
     ]  # fmt: skip
     print(table(headers, rows))
+    unanswered = [int(p[side].get("unanswered", 0)) for p in pairs for side in sides]
+    if any(unanswered):
+        print(f"calls not answered within the drain after the window, per run: {unanswered}")
 
 
 def _total(side: dict[str, float]) -> float:
