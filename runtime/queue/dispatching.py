@@ -223,28 +223,31 @@ class QueueOps(Upkeep):
         return lost, tuple(requeued_raw), left, results[done + len(unfair) :]
 
     def _queue_round(self, pipe: Any, nxt: NextRound, backend_ids: Sequence[str], reap: bool) -> None:
+        self.fair_pools = nxt.fair  # the reap's idle cleanups and the finishes follow ROUND's fair pools
         if reap:
             self._queue_reap(pipe, nxt.reads, backend_ids)
         self._round.queue(pipe, *round_args(self.keys, self.group_id, nxt))
 
     def _round_seen(self, nxt: NextRound, results: list[Any], reap: bool) -> Observation:
         lost, requeued, left, results = self._reaped(nxt.reads, results) if reap else ((), (), {}, results)
-        if reap:
-            self.fair_backlog = left
-        seen = parse_round(nxt.reads, results[-1])
+        seen = parse_round(nxt.reads, results[-1], nxt.fair)
+        if reap or seen.fair:  # as observe: each fair pool's queued count, and the leftovers reap found
+            self.fair_backlog = {pool_id: seen.views[pool_id].backlog for pool_id in seen.fair} | left
         self.turn, self.has_turn = seen.turn, seen.turn == TURN_OURS
         if seen.fleet_slots:
             self.fleet_slots = seen.fleet_slots
-        return Observation(seen.views, seen.group_in_flight, lost, requeued)
+        return Observation(seen.views, seen.group_in_flight, lost, requeued, seen.fair)
 
     async def round(self, nxt: NextRound, backend_ids: Sequence[str] = ()) -> Observation:
         """ROUND on its own (``lua/round.lua``, :mod:`runtime.queue.deciding`): the observation for a
-        decision, and the turn for it in ``turn``/``has_turn``; a group of plain pools only."""
-        self.fair_pools = frozenset()
+        decision, and the turn for it in ``turn``/``has_turn``; the pools in ``nxt.fair`` are read by
+        tenant (their views' heads stay empty and ``Observation.fair`` holds their tenants)."""
         reap = self._reap_due()
         self.trips += 1
         results = await run_pipeline(
-            self.client, [self._reap, self._round], lambda p: self._queue_round(p, nxt, backend_ids, reap)
+            self.client,
+            [self._reap, self._tenant_forget, self._round],
+            lambda p: self._queue_round(p, nxt, backend_ids, reap),
         )
         return self._round_seen(nxt, results, reap)
 
@@ -261,8 +264,8 @@ class QueueOps(Upkeep):
         token; "" when unfenced).
 
         With ``end_turn`` the same pipeline then gives the scheduling turn back (waking another
-        dispatcher if one asked for a round meanwhile or work was left). With ``then`` (a group of
-        plain pools) ROUND follows the claims instead, and its observation is left in ``ahead``.
+        dispatcher if one asked for a round meanwhile or work was left). With ``then`` ROUND follows
+        the claims instead, and its observation is left in ``ahead``.
         """
         self.ahead = None
         if not requests and end_turn is None and then is None:
@@ -314,7 +317,7 @@ class QueueOps(Upkeep):
                     [end_turn.holder, "1" if end_turn.left_work else "0", WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
                 )
 
-        used = [self._claim, self._tenant_claim, self._release, self._reap, self._round]
+        used = [self._claim, self._tenant_claim, self._release, self._reap, self._tenant_forget, self._round]
         self.trips += 1
         results = await run_pipeline(self.client, used, build)
         if then is not None:
