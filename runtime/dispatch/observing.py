@@ -114,9 +114,8 @@ class Observing:
         backend_ids = sorted(self.fleet.backends)
         if not holder:  # a group without pools: nothing to decide, nobody to take turns with
             seen = await self.queue.observe(
-                plan.reads, policy.total_concurrency, local_slots=self.settings.concurrency,
-                backend_ids=backend_ids, fair=fair,
-            )  # fmt: skip
+                plan.reads, policy.total_concurrency, backend_ids=backend_ids, fair=fair
+            )
             await self._absorb(seen)
             return seen
         seen = await self.queue.round(self._next_round(policy, plan.reads, free, fair), backend_ids)

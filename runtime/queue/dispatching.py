@@ -16,7 +16,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from runtime.policy.reads import PoolRead
-from runtime.queue import scripts, turn
+from runtime.queue import scripts
 from runtime.queue.deciding import TURN_OURS, NextRound, parse_round, round_args
 from runtime.queue.dispatch_requests import (
     ClaimRequest,
@@ -89,7 +89,6 @@ class QueueOps(Upkeep):
         self.turn = 0  # the last ROUND's turn code (runtime.queue.deciding)
         # The observation the last claim pipeline's ROUND read, for the next decision (None: not sent).
         self.ahead: Observation | None = None
-        self._acquire = script("turn_acquire")
         self._release = script("turn_release")
         self._turn = keys.schedule_turn(group_id)
         self._again = keys.schedule_again(group_id)
@@ -130,30 +129,18 @@ class QueueOps(Upkeep):
         reads: Sequence[PoolRead],
         group_limit: int,
         *,
-        take_turn: str = "",
-        local_slots: int = 0,
         backend_ids: Sequence[str] = (),
         fair: Collection[str] = (),
     ) -> Observation:
         """Backlog, global in-flight and (when the pool could launch) the first heads of each pool,
-        the group's in-flight, and the records of leases found expired.
-
-        With ``take_turn`` (a dispatcher id) the same round trip tries to take the group's scheduling
-        turn; ``has_turn`` tells whether it did. It also registers this dispatcher (with its
-        ``local_slots``) in the group's fleet and reads the fleet into ``fleet_slots``. The pools in
-        ``fair`` (tenant_fairness on) are read by tenant: their views' heads stay empty and
-        ``Observation.fair`` holds their tenants for the round's plan.
+        the group's in-flight, and the records of leases found expired, without the group's turn (a
+        round's observation is ROUND's, :meth:`round`). The pools in ``fair`` (tenant_fairness on) are
+        read by tenant: their views' heads stay empty and ``Observation.fair`` holds their tenants.
         """
         self.fair_pools = frozenset(fair)
         reap = self._reap_due()
 
         def build(pipe: Any) -> None:
-            if take_turn:
-                self._acquire.queue(
-                    pipe,
-                    [self._turn, self._again, self._fleet],
-                    [take_turn, turn.TURN_LEASE_MS, turn.FLEET_MEMBER_S, f"{take_turn} {local_slots}"],
-                )
             if reap:
                 self._queue_reap(pipe, reads, backend_ids)
             for read in reads:
@@ -171,14 +158,9 @@ class QueueOps(Upkeep):
                 self._observe.queue(pipe, [*keys, self._group_inflight], args)
             pipe.zcard(self._group_inflight)
 
-        scripts_used = [self._acquire, self._reap, self._tenant_forget, self._observe, self._tenant_observe]
+        scripts_used = [self._reap, self._tenant_forget, self._observe, self._tenant_observe]
         self.trips += 1
         results = await run_pipeline(self.client, scripts_used, build)
-        if take_turn:
-            got, fleet = results[0]
-            self.has_turn = bool(int(got))
-            self.fleet_slots = tuple(int(member.rsplit(b" ", 1)[-1]) for member in fleet)
-            results = results[1:]
         lost, requeued, left, results = self._reaped(reads, results) if reap else ((), (), {}, results)
         views: dict[str, QueueView] = {}
         fair_views: dict[str, FairView] = {}
