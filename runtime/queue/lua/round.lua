@@ -11,7 +11,8 @@
 --       launch, and for a fair pool W and the tenant lists' key prefix (as TENANT_OBSERVE's)
 -- Returns {turn, fleet members, group in flight, {backlog, in_flight_of_pool, heads_read, heads}...}
 -- with heads_read as OBSERVE's; a fair pool's entry is TENANT_OBSERVE's answer {backlog, in_flight,
--- heads_read, view, horizon} (lua/_tenant_view.lua). turn is 1 when the observation lets this
+-- heads_read, view, horizon} (lua/_tenant_view.lua; no view when nothing is read, the lowest tenant
+-- alone when only its first item is read for display). turn is 1 when the observation lets this
 -- dispatcher launch something (some pool's heads were read for launching; a fair pool's only when
 -- its view holds a tenant): the turn is its own until its next ROUND, so nobody else decides
 -- meanwhile. 0 when it allows nothing: the turn is given back, a note left meanwhile
@@ -45,13 +46,22 @@ while k <= #KEYS do
     else
       local open = in_pool < pool_max and in_group < limit
       local read = (open and free > 0 and depth > 0) and 1 or (ARGV[a + 3] == '1' and 2 or 0)
-      local view, horizon = tenant_view(zset, KEYS[k + 1], seed, counters, ARGV[a + 5], depth, tonumber(ARGV[a + 4]), read)
-      if read == 1 and #view > 0 then
-        launchable = true
+      if read == 0 then
+        -- Nothing to launch or show (no free slot after the claims, mostly): no view, as a plain
+        -- pool's heads are not read then.
+        wanted = wanted or (open and backlog > 0)
+        out[#out + 1] = {backlog, in_pool, 0, {}, {}}
       else
-        wanted = wanted or (open and #view > 0)
+        -- For display only the lowest tenant's first head is read.
+        local width = read == 1 and tonumber(ARGV[a + 4]) or 1
+        local view, horizon = tenant_view(zset, KEYS[k + 1], seed, counters, ARGV[a + 5], depth, width, read)
+        if read == 1 and #view > 0 then
+          launchable = true
+        else
+          wanted = wanted or (open and #view > 0)
+        end
+        out[#out + 1] = {backlog, in_pool, read, view, horizon}
       end
-      out[#out + 1] = {backlog, in_pool, read, view, horizon}
     end
     k, a = k + 6, a + 6
   else
