@@ -20,9 +20,11 @@ against the bound 2 x largest cost x concurrency.
 Without ``--pure``: the noisy-neighbour, token-fairness and throughput scenarios with a private
 Valkey, a simulator process and a dispatcher process (``bench/_tenants_live.py`` says what each does);
 ``--part noisy|fairness|cost`` (repeatable) runs some of them, ``--runs`` is the number of runs of the
-noisy neighbour and of off/tokens pairs of the throughput, ``--fair-seconds`` the length of each live
-fairness run (the per-60 s-window check needs a few windows). ``--before REF`` (with ``cost``) also runs
-git revision REF's ``tokens`` in each pair (exported to a scratch directory), for a same-run baseline.
+noisy neighbour and of off/tokens pairs of each throughput scenario (``churn``: 256 calls in flight
+over 1,000 tenants, each tenant entering and leaving with every call; ``backlogged``: all 1,000
+tenants backlogged the whole window), ``--fair-seconds`` the length of each live fairness run (the
+per-60 s-window check needs a few windows). ``--before REF`` (with ``cost``) also runs git revision
+REF's ``tokens`` in each pair (exported to a scratch directory), for a same-run baseline.
 """
 
 from __future__ import annotations
@@ -282,39 +284,67 @@ def live(runs: int, parts: tuple[str, ...], fair_seconds: float, before: Path | 
         ]  # fmt: skip
         print(table(headers, rows))
     if "cost" in parts:
-        pairs = results["cost"]
-        sides = ["off", *(["before"] if "before" in pairs[0] else []), "tokens"]
-        print()
-        print(
-            "Throughput: 4,000 zero-latency calls from 1,000 tenants, 256 in flight, 64 slots; "
-            f"{' / '.join(sides)} alternated, {runs} runs each; CPU µs per completion"
-            + ("; before: the --before revision's tokens" if "before" in sides else "")
-        )
-        rows = []
-        for i, pair in enumerate(pairs):
-            row: list[object] = [i + 1, *(f"{pair[side]['rate']:.0f}" for side in sides)]
-            row += [f"{pair[side]['rate'] / pair['off']['rate']:.2f}" for side in sides[1:]]
-            for process in ("dispatcher", "valkey", "producer"):
-                row.append(" / ".join(f"{pair[side][process]:.0f}" for side in sides))
-            row.append(" / ".join(f"{_total(pair[side]):.0f}" for side in sides))
-            row += [f"{_total(pair['off']) / _total(pair[side]):.2f}" for side in sides[1:]]
-            rows.append(row)
-        medians = {side: statistics.median(p[side]["rate"] for p in pairs) for side in sides}
-        cpu = {side: statistics.median(_total(p[side]) for p in pairs) for side in sides}
-        row = ["median", *(f"{medians[side]:.0f}" for side in sides)]
-        for side in sides[1:]:
-            row.append(f"{statistics.median(p[side]['rate'] / p['off']['rate'] for p in pairs):.2f}")
-        row += ["", "", "", " / ".join(f"{cpu[side]:.0f}" for side in sides)]
-        for side in sides[1:]:
-            row.append(f"{statistics.median(_total(p['off']) / _total(p[side]) for p in pairs):.2f}")
+        window, warmup = _tenants_live.BACKLOG_WINDOW, _tenants_live.BACKLOG_WARMUP
+        for scenario, title in (
+            (
+                "churn",
+                "Throughput, churn: 4,000 zero-latency calls from 1,000 tenants, 256 in flight, 64 slots",
+            ),
+            (
+                "backlogged",
+                "Throughput, backlogged: 1,000 tenants all backlogged (4 calls outstanding each, 4,000 "
+                f"in flight), 64 slots, {window:,} zero-latency completions measured after {warmup:,}",
+            ),
+        ):
+            _cost_table(results[f"cost:{scenario}"], runs, title, sampled=scenario == "backlogged")
+
+
+def _cost_table(pairs: list[dict[str, dict[str, float]]], runs: int, title: str, *, sampled: bool) -> None:
+    sides = ["off", *(["before"] if "before" in pairs[0] else []), "tokens"]
+    fair = sides[1:]
+    print()
+    print(
+        f"{title}; {' / '.join(sides)} alternated, {runs} runs each; CPU µs per completion"
+        + ("; before: the --before revision's tokens" if "before" in sides else "")
+        + ("; backlogged: fewest backlogged tenants sampled every 100 ms in the window" if sampled else "")
+    )
+    rows = []
+    for i, pair in enumerate(pairs):
+        row: list[object] = [i + 1, *(f"{pair[side]['rate']:.0f}" for side in sides)]
+        row += [f"{pair[side]['rate'] / pair['off']['rate']:.2f}" for side in fair]
+        for process in ("dispatcher", "valkey", "producer"):
+            row.append(" / ".join(f"{pair[side][process]:.0f}" for side in sides))
+        row.append(" / ".join(f"{_total(pair[side]):.0f}" for side in sides))
+        row += [f"{_total(pair['off']) / _total(pair[side]):.2f}" for side in fair]
+        if sampled:
+            row.append(" / ".join(f"{pair[side]['backlogged']:.0f}" for side in fair))
         rows.append(row)
-        names = " / ".join(sides)
-        headers = [
-            "pair", *(f"{side} /s" for side in sides), *(f"{side} ratio" for side in sides[1:]),
-            f"dispatcher {names}", f"Valkey {names}", f"producer {names}", f"CPU total {names}",
-            *(f"{side} CPU ratio" for side in sides[1:]),
-        ]  # fmt: skip
-        print(table(headers, rows))
+    medians = {side: statistics.median(p[side]["rate"] for p in pairs) for side in sides}
+    cpu = {
+        side: {k: statistics.median(p[side][k] for p in pairs) for k in ("dispatcher", "valkey", "producer")}
+        for side in sides
+    }
+    row = ["median", *(f"{medians[side]:.0f}" for side in sides)]
+    for side in fair:
+        row.append(f"{statistics.median(p[side]['rate'] / p['off']['rate'] for p in pairs):.2f}")
+    for process in ("dispatcher", "valkey", "producer"):
+        row.append(" / ".join(f"{cpu[side][process]:.0f}" for side in sides))
+    row.append(" / ".join(f"{statistics.median(_total(p[side]) for p in pairs):.0f}" for side in sides))
+    for side in fair:
+        row.append(f"{statistics.median(_total(p['off']) / _total(p[side]) for p in pairs):.2f}")
+    if sampled:
+        row.append("")
+    rows.append(row)
+    names = " / ".join(sides)
+    headers = [
+        "pair", *(f"{side} /s" for side in sides), *(f"{side} ratio" for side in fair),
+        f"dispatcher {names}", f"Valkey {names}", f"producer {names}", f"CPU total {names}",
+        *(f"{side} CPU ratio" for side in fair), *([f"backlogged {' / '.join(fair)}"] if sampled else []),
+    ]  # fmt: skip
+    print(table(headers, rows))
+    unanswered = [int(p[side].get("unanswered", 0)) for p in pairs for side in sides]
+    if any(unanswered):
+        print(f"calls not answered within the drain after the window, per run: {unanswered}")
 
 
 def _total(side: dict[str, float]) -> float:

@@ -1,8 +1,8 @@
 """The dispatcher's observations: what each round decides from, and what else they say.
 
 A round decides from the observation its previous claim pipeline brought back (ROUND behind the
-claims, :mod:`runtime.queue.deciding`) when that one took the turn; else from a fresh ROUND (or, in a
-group with fair pools, the observe pipeline); or, for a dispatcher alone in its group woken by a push,
+claims, :mod:`runtime.queue.deciding`) when that one took the turn; else from a fresh ROUND (which
+reads a fair pool by tenant too); or, for a dispatcher alone in a group of plain pools woken by a push,
 from the wake token's own request (:mod:`runtime.dispatch.wakeup`). Every observation also brings
 the group's counts, the heads to show, and the leases its reap found expired.
 
@@ -84,14 +84,18 @@ class Observing:
             heads_cached=frozenset(pool_id for pool_id, heads in self._heads_seen.items() if heads),
         )
 
-    def _then(self, policy: scheduler.GroupPolicy, free: int | None, claims: int) -> NextRound | None:
+    def _then(
+        self, policy: scheduler.GroupPolicy, free: int | None, claims: int, fair: frozenset[str]
+    ) -> NextRound | None:
         """ROUND after ``claims`` claims, when deciding from the previous observation (``free`` given)."""
         if free is None:
             return None
         free -= claims
-        return self._next_round(policy, self._plan(policy, free).reads, free)
+        return self._next_round(policy, self._plan(policy, free).reads, free, fair)
 
-    def _next_round(self, policy: scheduler.GroupPolicy, reads: tuple[PoolRead, ...], free: int) -> NextRound:
+    def _next_round(
+        self, policy: scheduler.GroupPolicy, reads: tuple[PoolRead, ...], free: int, fair: frozenset[str]
+    ) -> NextRound:
         return NextRound(
             holder=self.identity.dispatcher_id,
             reads=reads,
@@ -99,6 +103,7 @@ class Observing:
             free=free,
             group_limit=policy.total_concurrency,
             wake_pool=policy.pools[0].pool_id,
+            fair=fair,
         )
 
     async def _observe(
@@ -107,18 +112,22 @@ class Observing:
         """A fresh observation, and the turn for its decision; None when another dispatcher holds it."""
         assert self.config is not None
         backend_ids = sorted(self.fleet.backends)
-        if fair or not holder:
+        if not holder:  # a group without pools: nothing to decide, nobody to take turns with
             seen = await self.queue.observe(
-                plan.reads, policy.total_concurrency, take_turn=holder, local_slots=self.settings.concurrency,
-                backend_ids=backend_ids, fair=fair,
-            )  # fmt: skip
-            if seen.fair:  # a fair pool's heads, in its tenants' order (issue 22)
-                tenant_round.plan_fair(self.queue, self._peek, self.config, seen, self.settings.peek_depth)
+                plan.reads, policy.total_concurrency, backend_ids=backend_ids, fair=fair
+            )
             await self._absorb(seen)
-            return None if holder and not self.queue.has_turn else seen
-        seen = await self.queue.round(self._next_round(policy, plan.reads, free), backend_ids)
+            return seen
+        seen = await self.queue.round(self._next_round(policy, plan.reads, free, fair), backend_ids)
+        self._plan_fair(seen)
         await self._absorb(seen)
         return None if self.queue.turn == TURN_ELSEWHERE else seen
+
+    def _plan_fair(self, seen: Observation) -> None:
+        """A fair pool's heads, in its tenants' order (issue 22), in place of its head-less view."""
+        if seen.fair:
+            assert self.config is not None
+            tenant_round.plan_fair(self.queue, self._peek, self.config, seen, self.settings.peek_depth)
 
     async def _absorb(self, seen: Observation) -> None:
         """Takes in what an observation says beyond the decision: the group's counts, the heads to

@@ -5,9 +5,9 @@ pipeline brought back when that one took the group's turn (else from a fresh one
 :mod:`runtime.dispatch.observing`): decodes and screens the peeked heads (dropping the unusable,
 burying durable requests requeued too often), asks :func:`runtime.policy.scheduler.decide` which
 heads may launch, and claims exactly those with an atomic script, ROUND behind them in the same
-pipeline reading the next decision's heads and counts (:mod:`runtime.queue.deciding`). A group with
-fair pools keeps two round trips: its observe pipeline, then the claims with the turn's release. Each
-claimed request is handed to the dispatcher's ``_start``.
+pipeline reading the next decision's heads and counts (:mod:`runtime.queue.deciding`), a fair pool's
+by tenant (planned in its tenants' order by :mod:`runtime.dispatch.tenant_round`). Each claimed
+request is handed to the dispatcher's ``_start``.
 
 :class:`Rounds` is a part of :class:`~runtime.dispatch.dispatcher.Dispatcher`, kept in a module of
 its own; the attributes it reads are declared here and set by the dispatcher.
@@ -30,7 +30,7 @@ from runtime.errors import DispatchError
 from runtime.policy import scheduler
 from runtime.policy.reads import unread_skip
 from runtime.queue import scripts
-from runtime.queue.dispatching import ClaimRequest, QueueView, TurnEnd, lease_member
+from runtime.queue.dispatching import ClaimRequest, Observation, QueueView, TurnEnd, lease_member
 from runtime.queue.leases import LeaseRecord
 
 __all__ = ["BACKEND_REFUSALS", "CLAIM_DROPS", "DEAD_LETTER", "Rounds"]
@@ -82,11 +82,12 @@ class Rounds(Observing):
         }
         holder = self.identity.dispatcher_id if policy.pools else ""
         fair = tenant_round.fair_pools(self.config, self.queue)
-        ahead = not fair and bool(holder)  # one round trip per decision (runtime.queue.deciding)
-        seen = self.queue.ahead if self.queue.has_turn else None
-        self.queue.ahead = None
+        ahead = bool(holder)  # one round trip per decision (runtime.queue.deciding)
+        seen = self._ahead_seen(policy, fair)
         token, self._head_token = self._head_token, None
-        hinted = seen is None and ahead and token is not None and self._hinted(policy, plan, token)
+        # A wake token's request is claimed from the seed's list: never in a group with fair pools,
+        # whose requests wait in their tenants' lists and leave in the tenants' order.
+        hinted = seen is None and not fair and token is not None and self._hinted(policy, plan, token)
         if hinted:
             assert token is not None
             seen = self._hinted_view(policy, token)
@@ -136,10 +137,11 @@ class Rounds(Observing):
         free = local_free if ahead else None
         stale = self.stats.claim_lost + self.stats.stale_tokens
         claimed, claim_dropped = await self._claim(
-            policy, decision.launches, peeked, protected, end_turn, free, hinted=hinted
+            policy, decision.launches, peeked, protected, end_turn, free, hinted=hinted, fair=fair
         )
         after = self.queue.ahead
         if after is not None:  # the claims' own ROUND read the next observation
+            self._plan_fair(after)
             await self._absorb(after)
             if not self.queue.has_turn:
                 return dropped  # it allows nothing now: pushes and finishes bring the next round
@@ -158,6 +160,17 @@ class Rounds(Observing):
         # take every freed slot for the finisher, and the work would not spread over the fleet.
         room = self.group_in_flight + claimed < policy.total_concurrency and local_free > claimed
         return dropped or claim_dropped or (claimed > 0 and room and self._backlog_may_remain(seen.views))
+
+    def _ahead_seen(self, policy: scheduler.GroupPolicy, fair: frozenset[str]) -> Observation | None:
+        """The observation the last claims' ROUND read, when it took the turn for this decision and read
+        the pools this round decides for (the fair ones by tenant). Read for another configuration (a
+        pool added, fairness switched), it is dropped: a fresh ROUND reads this one, still holding the
+        turn (ROUND keeps it for its holder), so nobody waits for its lease."""
+        seen = self.queue.ahead if self.queue.has_turn else None
+        self.queue.ahead = None
+        if seen is None or frozenset(seen.fair) != fair:
+            return None
+        return seen if seen.views.keys() == {p.pool_id for p in policy.pools} else None
 
     def _backlog_may_remain(self, views: dict[str, QueueView]) -> bool:
         """False when every pool's list was empty as of this round: its observation, or, for a pool
@@ -256,11 +269,12 @@ class Rounds(Observing):
         ahead_free: int | None = None,
         *,
         hinted: bool = False,
+        fair: frozenset[str] = frozenset(),
     ) -> tuple[int, bool]:
         """Claims the decided launches; caps and the other pools' protected slots are checked in the
         claim, and the same pipeline gives the scheduling turn back. With ``ahead_free`` (the local
-        free slots this decision had, in a group of plain pools) ROUND follows the claims instead, reading
-        the next decision's observation into ``queue.ahead``.
+        free slots this decision had) ROUND follows the claims instead, reading the next decision's
+        observation into ``queue.ahead`` (the pools in ``fair`` by tenant).
 
         Returns how many were claimed, and whether the claim dropped any (duplicate, producer gone).
         """
@@ -308,7 +322,7 @@ class Rounds(Observing):
             chosen.append((launch, item, request, endpoint))
         if not chosen and end_turn is None:
             return 0, False
-        then = self._then(policy, ahead_free, len(chosen)) if chosen else None
+        then = self._then(policy, ahead_free, len(chosen), fair) if chosen else None
         try:
             results = await self.queue.claim(
                 [request for _, _, request, _ in chosen], self.settings.lease_s, end_turn=end_turn, then=then,

@@ -8,21 +8,26 @@ observation lets this dispatcher launch something. A dispatcher that finds the t
 nothing (it leaves a note, and the holder's release wakes one of the fleet), so a fleet spends no
 reads on rounds that decide nothing.
 
+Fair pools (tenant fairness on, issue 22) are read by tenant in the same script: a fair pool's W
+lowest backlogged tenants and their first heads, as TENANT_OBSERVE reads them
+(``lua/_tenant_view.lua``), so a group with fair pools decides in one round trip too, and its turn is
+taken and given back by ROUND like any other group's (the turn is taken only when some fair pool's
+view holds a tenant to launch from).
+
 Plain data and the script's KEYS/ARGV, no I/O: :class:`runtime.queue.dispatching.QueueOps` runs it.
-Fair pools (tenant fairness on) are read by TENANT_OBSERVE instead; a group with any keeps the
-observe-then-claim round (see :mod:`runtime.queue.tenant_dispatch`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.policy.reads import PoolRead
 from runtime.queue import turn
 from runtime.queue.dispatch_requests import QueueView, ScriptArgs
 from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
+from runtime.queue.tenant_dispatch import FairView, parse_view, view_keys, view_width
 
 __all__ = ["TURN_ELSEWHERE", "TURN_NONE", "TURN_OURS", "NextRound", "RoundSeen", "parse_round", "round_args"]
 
@@ -42,6 +47,7 @@ class NextRound:
     group_limit: int
     wake_pool: str  # a pool of the group, whose wake list gets a token for another dispatcher
     left_work: bool = False  # the decision before left work for other dispatchers' slots
+    fair: frozenset[str] = frozenset()  # the pools read by tenant
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +57,8 @@ class RoundSeen:
     turn: int  # TURN_OURS, TURN_NONE or TURN_ELSEWHERE
     fleet_slots: tuple[int, ...]  # local slots of each dispatcher of the group
     group_in_flight: int
-    views: dict[str, QueueView]  # empty with TURN_ELSEWHERE
+    views: dict[str, QueueView]  # empty with TURN_ELSEWHERE; a fair pool's heads empty (see ``fair``)
+    fair: dict[str, FairView] = field(default_factory=dict)  # each fair pool's tenants, for the plan
 
 
 def round_args(keys: KeySpace, group_id: str, nxt: NextRound) -> ScriptArgs:
@@ -75,21 +82,32 @@ def round_args(keys: KeySpace, group_id: str, nxt: NextRound) -> ScriptArgs:
         WAKE_TOKEN_TTL_MS,
     ]
     for read in nxt.reads:
+        if read.pool_id in nxt.fair:
+            pool_keys, prefix = view_keys(keys, read.pool_id)
+            script_keys += pool_keys
+            args += ["f", read.depth, read.pool_max, int(read.display_head), view_width(read.depth), prefix]
+            continue
         script_keys += [keys.requests(read.pool_id), keys.pool_inflight(read.pool_id)]
-        args += [read.depth, read.pool_max, int(read.display_head)]
+        args += ["p", read.depth, read.pool_max, int(read.display_head)]
     return script_keys, args
 
 
-def parse_round(reads: Sequence[PoolRead], answer: Sequence[Any]) -> RoundSeen:
-    """ROUND's answer for the ``reads`` it was sent."""
+def parse_round(
+    reads: Sequence[PoolRead], answer: Sequence[Any], fair: frozenset[str] = frozenset()
+) -> RoundSeen:
+    """ROUND's answer for the ``reads`` it was sent (``fair``: the pools it read by tenant)."""
     code, fleet, in_group, *pools = answer
     fleet_slots = tuple(int(member.rsplit(b" ", 1)[-1]) for member in fleet)
     views: dict[str, QueueView] = {}
     if int(code) == TURN_ELSEWHERE:
         return RoundSeen(TURN_ELSEWHERE, fleet_slots, 0, views)
-    for read, (backlog, in_flight, heads_read, heads) in zip(reads, pools, strict=True):
-        if heads_read == 2:  # the first item, read only to show its age
+    fair_views: dict[str, FairView] = {}
+    for read, (backlog, in_flight, heads_read, heads, *horizon) in zip(reads, pools, strict=True):
+        if read.pool_id in fair:
+            fair_views[read.pool_id] = parse_view(heads, horizon[0])
+            views[read.pool_id] = QueueView(int(backlog), (), int(in_flight), heads_read == 1)
+        elif heads_read == 2:  # the first item, read only to show its age
             views[read.pool_id] = QueueView(int(backlog), (), int(in_flight), False, heads[0])
         else:
             views[read.pool_id] = QueueView(int(backlog), tuple(heads), int(in_flight), bool(heads_read))
-    return RoundSeen(int(code), fleet_slots, int(in_group), views)
+    return RoundSeen(int(code), fleet_slots, int(in_group), views, fair_views)

@@ -16,7 +16,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from runtime.policy.reads import PoolRead
-from runtime.queue import scripts, turn
+from runtime.queue import scripts
 from runtime.queue.deciding import TURN_OURS, NextRound, parse_round, round_args
 from runtime.queue.dispatch_requests import (
     ClaimRequest,
@@ -89,7 +89,6 @@ class QueueOps(Upkeep):
         self.turn = 0  # the last ROUND's turn code (runtime.queue.deciding)
         # The observation the last claim pipeline's ROUND read, for the next decision (None: not sent).
         self.ahead: Observation | None = None
-        self._acquire = script("turn_acquire")
         self._release = script("turn_release")
         self._turn = keys.schedule_turn(group_id)
         self._again = keys.schedule_again(group_id)
@@ -130,30 +129,18 @@ class QueueOps(Upkeep):
         reads: Sequence[PoolRead],
         group_limit: int,
         *,
-        take_turn: str = "",
-        local_slots: int = 0,
         backend_ids: Sequence[str] = (),
         fair: Collection[str] = (),
     ) -> Observation:
         """Backlog, global in-flight and (when the pool could launch) the first heads of each pool,
-        the group's in-flight, and the records of leases found expired.
-
-        With ``take_turn`` (a dispatcher id) the same round trip tries to take the group's scheduling
-        turn; ``has_turn`` tells whether it did. It also registers this dispatcher (with its
-        ``local_slots``) in the group's fleet and reads the fleet into ``fleet_slots``. The pools in
-        ``fair`` (tenant_fairness on) are read by tenant: their views' heads stay empty and
-        ``Observation.fair`` holds their tenants for the round's plan.
+        the group's in-flight, and the records of leases found expired, without the group's turn (a
+        round's observation is ROUND's, :meth:`round`). The pools in ``fair`` (tenant_fairness on) are
+        read by tenant: their views' heads stay empty and ``Observation.fair`` holds their tenants.
         """
         self.fair_pools = frozenset(fair)
         reap = self._reap_due()
 
         def build(pipe: Any) -> None:
-            if take_turn:
-                self._acquire.queue(
-                    pipe,
-                    [self._turn, self._again, self._fleet],
-                    [take_turn, turn.TURN_LEASE_MS, turn.FLEET_MEMBER_S, f"{take_turn} {local_slots}"],
-                )
             if reap:
                 self._queue_reap(pipe, reads, backend_ids)
             for read in reads:
@@ -171,14 +158,9 @@ class QueueOps(Upkeep):
                 self._observe.queue(pipe, [*keys, self._group_inflight], args)
             pipe.zcard(self._group_inflight)
 
-        scripts_used = [self._acquire, self._reap, self._tenant_forget, self._observe, self._tenant_observe]
+        scripts_used = [self._reap, self._tenant_forget, self._observe, self._tenant_observe]
         self.trips += 1
         results = await run_pipeline(self.client, scripts_used, build)
-        if take_turn:
-            got, fleet = results[0]
-            self.has_turn = bool(int(got))
-            self.fleet_slots = tuple(int(member.rsplit(b" ", 1)[-1]) for member in fleet)
-            results = results[1:]
         lost, requeued, left, results = self._reaped(reads, results) if reap else ((), (), {}, results)
         views: dict[str, QueueView] = {}
         fair_views: dict[str, FairView] = {}
@@ -223,28 +205,31 @@ class QueueOps(Upkeep):
         return lost, tuple(requeued_raw), left, results[done + len(unfair) :]
 
     def _queue_round(self, pipe: Any, nxt: NextRound, backend_ids: Sequence[str], reap: bool) -> None:
+        self.fair_pools = nxt.fair  # the reap's idle cleanups and the finishes follow ROUND's fair pools
         if reap:
             self._queue_reap(pipe, nxt.reads, backend_ids)
         self._round.queue(pipe, *round_args(self.keys, self.group_id, nxt))
 
     def _round_seen(self, nxt: NextRound, results: list[Any], reap: bool) -> Observation:
         lost, requeued, left, results = self._reaped(nxt.reads, results) if reap else ((), (), {}, results)
-        if reap:
-            self.fair_backlog = left
-        seen = parse_round(nxt.reads, results[-1])
+        seen = parse_round(nxt.reads, results[-1], nxt.fair)
+        if reap or seen.fair:  # as observe: each fair pool's queued count, and the leftovers reap found
+            self.fair_backlog = {pool_id: seen.views[pool_id].backlog for pool_id in seen.fair} | left
         self.turn, self.has_turn = seen.turn, seen.turn == TURN_OURS
         if seen.fleet_slots:
             self.fleet_slots = seen.fleet_slots
-        return Observation(seen.views, seen.group_in_flight, lost, requeued)
+        return Observation(seen.views, seen.group_in_flight, lost, requeued, seen.fair)
 
     async def round(self, nxt: NextRound, backend_ids: Sequence[str] = ()) -> Observation:
         """ROUND on its own (``lua/round.lua``, :mod:`runtime.queue.deciding`): the observation for a
-        decision, and the turn for it in ``turn``/``has_turn``; a group of plain pools only."""
-        self.fair_pools = frozenset()
+        decision, and the turn for it in ``turn``/``has_turn``; the pools in ``nxt.fair`` are read by
+        tenant (their views' heads stay empty and ``Observation.fair`` holds their tenants)."""
         reap = self._reap_due()
         self.trips += 1
         results = await run_pipeline(
-            self.client, [self._reap, self._round], lambda p: self._queue_round(p, nxt, backend_ids, reap)
+            self.client,
+            [self._reap, self._tenant_forget, self._round],
+            lambda p: self._queue_round(p, nxt, backend_ids, reap),
         )
         return self._round_seen(nxt, results, reap)
 
@@ -261,8 +246,8 @@ class QueueOps(Upkeep):
         token; "" when unfenced).
 
         With ``end_turn`` the same pipeline then gives the scheduling turn back (waking another
-        dispatcher if one asked for a round meanwhile or work was left). With ``then`` (a group of
-        plain pools) ROUND follows the claims instead, and its observation is left in ``ahead``.
+        dispatcher if one asked for a round meanwhile or work was left). With ``then`` ROUND follows
+        the claims instead, and its observation is left in ``ahead``.
         """
         self.ahead = None
         if not requests and end_turn is None and then is None:
@@ -314,7 +299,7 @@ class QueueOps(Upkeep):
                     [end_turn.holder, "1" if end_turn.left_work else "0", WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
                 )
 
-        used = [self._claim, self._tenant_claim, self._release, self._reap, self._round]
+        used = [self._claim, self._tenant_claim, self._release, self._reap, self._tenant_forget, self._round]
         self.trips += 1
         results = await run_pipeline(self.client, used, build)
         if then is not None:

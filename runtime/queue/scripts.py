@@ -40,7 +40,6 @@ RELET = source("relet")  # a lease its own (starved) dispatcher reaped, given ba
 REAP = source("reap")
 PROMOTE = source("promote")
 BURY = source("bury")
-TURN_ACQUIRE = source("turn_acquire")
 TURN_RELEASE = source("turn_release")
 ROUND = source("round")  # an observation and the turn for the next decision (runtime.queue.deciding)
 RELAY = source("relay")

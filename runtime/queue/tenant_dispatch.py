@@ -35,6 +35,7 @@ __all__ = [
     "parse_view",
     "promote_call",
     "reap_fair_args",
+    "view_keys",
     "view_width",
 ]
 
@@ -81,6 +82,19 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+@functools.lru_cache(maxsize=1024)
+def view_keys(keys: KeySpace, pool_id: str) -> tuple[tuple[str, ...], str]:
+    """What a fair pool's view reads (``lua/_tenant_view.lua``): its backlogged tenants, weights, queued
+    count, pool lease zset, the seed's list and counters; and its tenant lists' key prefix."""
+    return (
+        (
+            keys.tenants(pool_id), keys.tenant_weights(pool_id), keys.pool_queued(pool_id),
+            keys.pool_inflight(pool_id), keys.requests(pool_id), keys.tenant_counters(pool_id),
+        ),
+        keys.tenant_requests(pool_id, ""),
+    )  # fmt: skip
+
+
 def observe_call(
     keys: KeySpace,
     pool_id: str,
@@ -91,14 +105,11 @@ def observe_call(
     display: bool,
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of ``lua/tenant_observe.lua``."""
+    (zset, weights, queued, inflight, seed, counters), prefix = view_keys(keys, pool_id)
     return (
-        [
-            keys.tenants(pool_id), keys.tenant_weights(pool_id), keys.pool_queued(pool_id),
-            keys.pool_inflight(pool_id), group_inflight, keys.requests(pool_id),
-            keys.tenant_counters(pool_id),
-        ],
-        [depth, pool_max, group_limit, int(display), view_width(depth), keys.tenant_requests(pool_id, "")],
-    )  # fmt: skip
+        [zset, weights, queued, inflight, group_inflight, seed, counters],
+        [depth, pool_max, group_limit, int(display), view_width(depth), prefix],
+    )
 
 
 def _weight(raw: Any) -> float:

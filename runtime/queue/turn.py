@@ -6,7 +6,7 @@ dispatchers). A short turn lease serialises the *decisions* only, while calls ru
 parallel. ROUND (``lua/round.lua``, :mod:`runtime.queue.deciding`), sent behind each decision's
 claims, takes it for the next decision when its observation allows a launch and gives it back when
 it allows none, so it costs no round trip of its own; a dispatcher that finds it taken reads nothing.
-Groups with fair pools take it in their observe pipeline and give it back in the claim pipeline.
+Groups with fair pools do the same (ROUND reads a fair pool by tenant).
 
 Each round also reads the fleet (dispatchers that ran a round lately, with their local slots), so
 that a dispatcher keeps to its share of the group's slots (:func:`runtime.policy.scheduler.fleet_share`,
@@ -18,9 +18,8 @@ the note becomes a wake token, so whatever woke the other one gets a round. A ho
 own free slots wakes an idle dispatcher for the rest the same way. Correctness never depends on the turn (the
 claim script checks everything atomically); a holder that dies only delays others by the lease.
 
-The steps are ``lua/round.lua``, and for fair groups ``lua/turn_acquire.lua`` (in the observe
-pipeline) and ``lua/turn_release.lua`` (in the claim pipeline), run by
-:class:`runtime.queue.dispatching.QueueOps`.
+The steps are ``lua/round.lua``, and ``lua/turn_release.lua`` (behind the claims of a decision that
+sends no ROUND: it launched nothing), run by :class:`runtime.queue.dispatching.QueueOps`.
 """
 
 from __future__ import annotations
