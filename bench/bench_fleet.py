@@ -1,6 +1,10 @@
 """A fleet of dispatchers: does it behave as one? 1, 2 and 3 dispatcher processes of one group.
 
-Run: ``python bench/bench_fleet.py [--quick] [--runs N]``.
+Run: ``python bench/bench_fleet.py [--quick] [--runs N] [--before REF] [--fleets 1,3]``.
+
+With ``--before REF`` every configuration also runs the dispatchers of git revision ``REF``
+(exported with git archive) right after this checkout's, in the same Valkey and against the same
+simulator, so each variant's "n dispatchers vs 1" ratio and the after/before ratio come from one run.
 
 Like bench_fairness: every pool is preloaded so it stays backlogged (costs uniform in 1..4 for even
 pools, 1..16 for odd pools, seeded), a zero-latency simulator process, group total 8, each dispatcher
@@ -22,8 +26,10 @@ pool has two protected slots (min concurrent 2).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import os
 import random
 import subprocess
 import sys
@@ -39,8 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import (
     CALL,
+    ROOT,
     client,
     cpu_seconds,
+    exported,
     group,
     machine,
     median,
@@ -48,7 +56,6 @@ from bench._common import (
     preload,
     private_valkey,
     publish,
-    run_benchmark,
     scratch,
     simulator_proc,
     spawn,
@@ -74,26 +81,27 @@ PUSH_SCRIPT = registry.script("push")
 
 @contextlib.contextmanager
 def fleet(
-    url: str, prefix: str, group_id: str, count: int
+    url: str, prefix: str, group_id: str, count: int, root: Path = ROOT
 ) -> Iterator[tuple[list[dict[str, Any]], list[subprocess.Popen[str]]]]:
     """``count`` dispatcher processes; yields a list that gets each one's exit stats once they
     stopped, and the processes (for their CPU time)."""
     with scratch() as stats_dir:
         stats: list[dict[str, Any]] = []
         paths = [stats_dir / f"d{i}.json" for i in range(count)]
-        with _processes(url, prefix, group_id, paths) as procs:
+        with _processes(url, prefix, group_id, paths, root) as procs:
             yield stats, procs
         stats.extend(orjson.loads(path.read_bytes()) for path in paths)
 
 
 @contextlib.contextmanager
 def _processes(
-    url: str, prefix: str, group_id: str, paths: list[Path]
+    url: str, prefix: str, group_id: str, paths: list[Path], root: Path
 ) -> Iterator[list[subprocess.Popen[str]]]:
     procs = [
         spawn(
             ["-m", "bench._dispatcher_proc", url, prefix, group_id, str(GROUP_TOTAL), f"d{i}"],
             env={"BENCH_STATS": str(path)},
+            root=root,
         )
         for i, path in enumerate(paths)
     ]
@@ -177,6 +185,7 @@ async def one_run(
     live: bool,
     total: int,
     seed: int,
+    root: Path = ROOT,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     keys = new_keys()
@@ -200,7 +209,7 @@ async def one_run(
         for p in pools:
             await preload(conn, keys, p, producer.producer_id, costs[p])
         await publish(conn, keys, config)
-        with fleet(valkey_url, keys.prefix, config.group_id, dispatchers) as (per, procs):
+        with fleet(valkey_url, keys.prefix, config.group_id, dispatchers, root) as (per, procs):
             stop = asyncio.Event()
             calls0, cpu0 = await valkey_counters(conn)
             dcpu0 = sum(cpu_seconds(proc.pid) for proc in procs)
@@ -253,33 +262,47 @@ async def one_run(
     }
 
 
-async def measure(quick: bool, runs: int) -> dict[tuple[str, int, bool], list[dict[str, Any]]]:
+Key = tuple[str, str, int, bool]  # (variant, scenario, dispatchers, live wake-ups)
+AFTER = "after"
+
+
+async def measure(
+    variants: dict[str, Path], fleets: tuple[int, ...], quick: bool, runs: int
+) -> dict[Key, list[dict[str, Any]]]:
     total = 1500 if quick else 10_000
-    results: dict[tuple[str, int, bool], list[dict[str, Any]]] = {}
+    results: dict[Key, list[dict[str, Any]]] = {}
     with private_valkey() as valkey_url, simulator_proc() as sim_url:
         for run in range(runs):
             for name, weights in SCENARIOS.items():
                 for live in (False, True):
-                    for n in FLEETS:
-                        r = await one_run(valkey_url, sim_url, weights, n, live, total, seed=run)
-                        results.setdefault((name, n, live), []).append(r)
-                        print(f"run {run} {name} n={n} live={live}: {r}", file=sys.stderr, flush=True)
+                    for n in fleets:
+                        # Alternate which variant goes first, so neither always runs in the same slot.
+                        order = list(variants.items())
+                        for variant, root in order if run % 2 == 0 else order[::-1]:
+                            r = await one_run(
+                                valkey_url, sim_url, weights, n, live, total, seed=run, root=root
+                            )
+                            results.setdefault((variant, name, n, live), []).append(r)
+                            print(
+                                f"run {run} {variant} {name} n={n} live={live}: {r}",
+                                file=sys.stderr,
+                                flush=True,
+                            )
     return results
 
 
-def report(
-    results: dict[tuple[str, int, bool], list[dict[str, Any]]], runs: int, quick: bool
-) -> list[dict[str, Any]]:
+def report(results: dict[Key, list[dict[str, Any]]], runs: int, quick: bool) -> list[dict[str, Any]]:
     def med(rs: list[dict[str, Any]], key: str) -> float:
         return median([r[key] for r in rs])
 
     rows, summary = [], []
-    for (name, n, live), rs in results.items():
-        base = results[(name, 1, live)]
+    for (variant, name, n, live), rs in results.items():
+        base = results[(variant, name, 1, live)]
         ratio = med(rs, "commands_per_completion") / med(base, "commands_per_completion")
         cpu_ratio = med(rs, "dispatcher_us_per_completion") / med(base, "dispatcher_us_per_completion")
         rows.append(
             [
+                variant,
                 name,
                 n,
                 "yes" if live else "no",
@@ -299,7 +322,7 @@ def report(
             ]
         )
         keep = ("error_pp", "lost_per_completion", "split_dev_pct", "cpu_us_per_completion")
-        summary.append({"scenario": name, "dispatchers": n, "live": live, "ratio": ratio,
+        summary.append({"variant": variant, "scenario": name, "dispatchers": n, "live": live, "ratio": ratio,
             "cpu_ratio": cpu_ratio, **{k: med(rs, k) for k in keep},
             "violations": sum(r["violations"] for r in rs)})  # fmt: skip
     print(f"# fleet: 1-3 dispatcher processes, median of {runs} runs{' (quick)' if quick else ''}")
@@ -307,6 +330,7 @@ def report(
     print(
         table(
             [
+                "variant",
                 "weights",
                 "dispatchers",
                 "live wake-ups",
@@ -327,7 +351,7 @@ def report(
             rows,
         )
     )
-    three = [s for s in summary if s["dispatchers"] == 3 and s["live"]]
+    three = [s for s in summary if s["variant"] == AFTER and s["dispatchers"] == 3 and s["live"]]
     checks = {
         "fairness error <= 0.1 pp": all(s["error_pp"] <= 0.1 for s in three),
         "lost claims <= 0.1 per completion": all(s["lost_per_completion"] <= 0.1 for s in three),
@@ -337,15 +361,44 @@ def report(
         "zero cap or protected-slot violations": all(s["violations"] == 0 for s in summary),
     }
     for check, ok in checks.items():
-        print(f"target (3 dispatchers, live wake-ups): {check} ->", "met" if ok else "MISSED")
-    cpu1 = [s["cpu_us_per_completion"] for s in summary if s["dispatchers"] == 1]
+        print(f"target ({AFTER}, 3 dispatchers, live wake-ups): {check} ->", "met" if ok else "MISSED")
+    cpu1 = [s["cpu_us_per_completion"] for s in summary if s["variant"] == AFTER and s["dispatchers"] == 1]
     if cpu1:
         print(f"estimate: one Valkey core carries ~{1e6 / median(cpu1):.0f} completions/s (1 dispatcher)")
     return summary
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    return run_benchmark(__doc__ or "", measure, report, argv)  # type: ignore[no-any-return]
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small smoke run")
+    parser.add_argument("--runs", type=int, default=None)
+    parser.add_argument("--before", help="git revision to compare against (exported with git archive)")
+    parser.add_argument("--fleets", default=",".join(map(str, FLEETS)), help="dispatcher counts, e.g. 1,3")
+    args = parser.parse_args(argv)
+    runs = args.runs or (1 if args.quick else 3)
+    fleets = tuple(int(n) for n in args.fleets.split(","))
+    if 1 not in fleets:
+        parser.error("--fleets must include 1: every ratio is against one dispatcher")
+    with contextlib.ExitStack() as stack:
+        variants = (
+            {f"before ({args.before})": stack.enter_context(exported(args.before))} if args.before else {}
+        )
+        variants[AFTER] = ROOT
+        results = asyncio.run(measure(variants, fleets, args.quick, runs))
+    print(f"# load (uptime) after the run: {os.getloadavg()}")
+    summary = report(results, runs, args.quick)
+    if args.before:
+        before = next(iter(variants))
+        same = ("scenario", "dispatchers", "live")
+        for s in summary:
+            if s["variant"] == AFTER and s["dispatchers"] > 1:
+                b = next(x for x in summary if x["variant"] == before and all(x[k] == s[k] for k in same))
+                print(
+                    f"{s['scenario']} n={s['dispatchers']} live={s['live']}: n vs 1 dispatcher CPU"
+                    f" {b['cpu_ratio']:.2f}x -> {s['cpu_ratio']:.2f}x, Valkey commands"
+                    f" {b['ratio']:.2f}x -> {s['ratio']:.2f}x (before -> after)"
+                )
+    return summary
 
 
 if __name__ == "__main__":
