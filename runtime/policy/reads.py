@@ -1,9 +1,10 @@
 """What a scheduling round reads of each pool: pure, like the scheduler (no clock, no I/O).
 
 Reading a pool's head items costs their full size (envelopes can weigh megabytes), so they are read
-only for pools that could launch now. A pool that cannot (paused, breaker open, no local slot; the
-observation script also checks the pool's cap and the group's total) costs its length and lease
-count, plus one read of its first item for display when none is cached. A half-open breaker offers
+only for pools that could launch now, and no more than the local free slots could launch. A pool
+that cannot (paused, breaker open, no local slot; the observation script also checks the pool's cap
+and the group's total) costs its length and lease count, plus one read of its first item for display
+when none is cached. A half-open breaker offers
 only as many heads as it has probe slots left, so nothing is claimed that it would then refuse.
 """
 
@@ -50,6 +51,10 @@ def plan_reads(
     """``allowances``: calls each pool's breaker lets through now (None: no limit, 0: open);
     ``heads_cached``: pools whose first item the caller already holds."""
     depth = max(peek_depth, *(p.max_burst_per_visit for p in policy.pools), 1)
+    # A decision launches at most ``local_free`` calls, so no pool gives more than that many heads:
+    # reading (and decoding) more only costs, and in a fleet another dispatcher claims them first, so
+    # each head was decoded by up to every dispatcher (2.6 decodes per completion with three, issue 23).
+    depth = min(depth, max(local_free, 1))
     refusals: dict[str, str] = {}
     reads: list[PoolRead] = []
     for pool in policy.pools:

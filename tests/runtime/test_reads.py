@@ -21,7 +21,8 @@ POLICY = GroupPolicy(
 @pytest.mark.parametrize(
     ("local_free", "allowances", "cached", "depths", "refusals"),
     [
-        (4, {}, set(), {"a": 12, "b": 12, "p": 0}, {"p": "paused"}),
+        (4, {}, set(), {"a": 4, "b": 4, "p": 0}, {"p": "paused"}),
+        (16, {}, set(), {"a": 12, "b": 12, "p": 0}, {"p": "paused"}),
         (
             0,
             {},
@@ -29,9 +30,10 @@ POLICY = GroupPolicy(
             {"a": 0, "b": 0, "p": 0},
             {"a": "local_capacity", "b": "local_capacity", "p": "paused"},
         ),
-        (4, {"a": 0}, set(), {"a": 0, "b": 12, "p": 0}, {"a": "breaker_open", "p": "paused"}),
-        (4, {"a": 1, "b": None}, set(), {"a": 1, "b": 12, "p": 0}, {"p": "paused"}),
-        (4, {"a": 0}, {"a", "p"}, {"a": 0, "b": 12, "p": 0}, {"a": "breaker_open", "p": "paused"}),
+        (4, {"a": 0}, set(), {"a": 0, "b": 4, "p": 0}, {"a": "breaker_open", "p": "paused"}),
+        (4, {"a": 1, "b": None}, set(), {"a": 1, "b": 4, "p": 0}, {"p": "paused"}),
+        (2, {"a": 3, "b": None}, set(), {"a": 2, "b": 2, "p": 0}, {"p": "paused"}),
+        (4, {"a": 0}, {"a", "p"}, {"a": 0, "b": 4, "p": 0}, {"a": "breaker_open", "p": "paused"}),
     ],
 )
 def test_heads_are_read_only_for_pools_that_could_launch(
