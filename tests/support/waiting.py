@@ -89,10 +89,31 @@ def wait_for_start(
     The deadlines of the behaviour under test start when this returns.
     """
     while not (value := ready()):
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"{what}: {proc.args} exited with {proc.returncode} before it was ready")
+        _check_running(proc, what)
         time.sleep(interval)
     return value
+
+
+async def started(
+    ready: Callable[[], T | Awaitable[T]],
+    proc: subprocess.Popen[Any] | None = None,
+    what: str = "start-up",
+    interval: float = 0.05,
+) -> T:
+    """:func:`wait_for_start` on the event loop; ``ready`` may be a coroutine function."""
+    while True:
+        value = ready()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value  # type: ignore[return-value]
+        _check_running(proc, what)
+        await asyncio.sleep(interval)
+
+
+def _check_running(proc: subprocess.Popen[Any] | None, what: str) -> None:
+    if proc is not None and proc.poll() is not None:
+        raise AssertionError(f"{what}: {proc.args} exited with {proc.returncode} before it was ready")
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
