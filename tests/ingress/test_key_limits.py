@@ -128,6 +128,8 @@ def test_a_killed_web_process_leaks_its_keys_count_for_one_ttl_at_most(stack: St
     # process seconds of CPU, which on a busy machine outlasted both the admission wait and the lease.
     for ready in (sdk(url, key), api):
         assert ready.models.list().data
+    # Reads the key's id through `manage.py shell` (seconds of start-up) now, not inside the wait below.
+    assert open_requests(stack, "orphaned") == 0
     with ThreadPoolExecutor(1) as threads:
         threads.submit(slow_call(sdk(url, key, max_retries=0), 20000))
         wait_until_sync(lambda: open_requests(stack, "orphaned") == 1, 15, what="the call admitted")
