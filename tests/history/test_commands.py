@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from history import schema
 from history.client import HistoryUnavailable, client_for, close_all
 from history.ingester import GROUP
 from runtime.queue.keys import KeySpace
-from tests.support.waiting import wait_until_sync
+from tests.support.waiting import wait_for_start, wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,6 +49,17 @@ def _entries_read(sredis: redis.Redis, keys: KeySpace) -> int:
     return sum(int(g.get("entries-read") or 0) for g in groups)
 
 
+def _read_since(sredis: redis.Redis, keys: KeySpace, consumer: str, since: float) -> bool:
+    """Whether ``consumer`` tried a read of the group after ``since`` (time.monotonic()): its ``idle``
+    is the time since its last read attempt."""
+    try:
+        consumers = sredis.xinfo_consumers(keys.span_stream(), GROUP)
+    except redis.ResponseError:  # no group yet
+        return False
+    idle_ms = next((int(c["idle"]) for c in consumers if c["name"] == consumer.encode()), None)
+    return idle_ms is not None and idle_ms < (time.monotonic() - since) * 1000
+
+
 @pytest.mark.slow
 def test_runhistory_killed_mid_stream_loses_and_duplicates_nothing(
     provider: TracerProvider, sredis: redis.Redis, keys: KeySpace, valkey_url: str, ch_url: str
@@ -58,13 +70,20 @@ def test_runhistory_killed_mid_stream_loses_and_duplicates_nothing(
     provider.force_flush()
     first = _runhistory(valkey_url, keys, ch_url)
     try:
-        wait_until_sync(lambda: _entries_read(sredis, keys) > 0, 30, what="the first ingester reading")
+        # Its start-up (Django, chDB, the schema) is not what this test times: it waits for the read.
+        wait_for_start(lambda: _entries_read(sredis, keys) > 0, first, what="the first ingester reading")
         first.send_signal(signal.SIGKILL)
         first.wait(10)
     finally:
         first.kill()
+    killed_at = time.monotonic()
     second = _runhistory(valkey_url, keys, ch_url)
     try:
+        # Ready once it reads the group as ing-1 (its predecessor's pending entries first): the drain's
+        # deadline starts there, not at a start-up that takes tens of seconds on a busy machine.
+        wait_for_start(
+            lambda: _read_since(sredis, keys, "ing-1", killed_at), second, what="the second ingester"
+        )
         wait_until_sync(
             lambda: (
                 sredis.xlen(keys.span_stream()) == 0
@@ -110,7 +129,13 @@ def test_history_migrate_unavailable(settings) -> None:  # type: ignore[no-untyp
 
 
 def test_start_in_background(  # type: ignore[no-untyped-def]
-    settings, monkeypatch, provider: TracerProvider, keys: KeySpace, valkey_url: str, ch_url: str
+    settings,
+    monkeypatch,
+    provider: TracerProvider,
+    sredis: redis.Redis,
+    keys: KeySpace,
+    valkey_url: str,
+    ch_url: str,
 ) -> None:
     from pools import connections
 
@@ -121,10 +146,15 @@ def test_start_in_background(  # type: ignore[no-untyped-def]
     for _ in range(5):
         tracer.start_span("chat x").end()
     provider.force_flush()
+    begun = time.monotonic()
     try:
         started = ingester_mod.start_in_background()
         assert started is not None
         assert ingester_mod.start_in_background() is started  # once per process
+        # The thread opens chDB and migrates the schema first (seconds of CPU): ready at its first read.
+        wait_for_start(
+            lambda: _read_since(sredis, keys, started.consumer, begun), what="the background ingester"
+        )
         wait_until_sync(lambda: started.stats.acked == 5, 15, what="5 spans acknowledged")
         tracer.start_span("chat y").end()
         provider.force_flush()

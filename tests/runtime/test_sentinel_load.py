@@ -23,14 +23,14 @@ from aiohttp import web
 from runtime.errors import DispatchError, QueueUnavailable, RequestTimeout
 from runtime.producer import Producer
 from runtime.queue.keys import KeySpace
-from runtime.valkey.client import connect
+from runtime.valkey.client import ValkeyClient, connect
 from runtime.wire.groupconfig import DURABLE, LISTS
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.support.durable import keyed
 from tests.support.ingress_stack import Stack
 from tests.support.key_recorder import KeyRecorder
 from tests.support.sentinel_cluster import SentinelCluster
-from tests.support.waiting import wait_until
+from tests.support.waiting import started, wait_until
 
 SETUP = """
 from pools.models import Backend, FabricGroup, Pool
@@ -71,6 +71,11 @@ def dispatcher_stack(
     stack.manage("shell", "-c", SETUP.format(endpoint=endpoint, delivery=delivery, replicas=replicas))
     stack.start([sys.executable, "manage.py", "rundispatcher", "--group", "g", "--grace", "1"], "dispatcher")
     return stack
+
+
+async def dispatcher_running(client: ValkeyClient, keys: KeySpace, stack: Stack) -> None:
+    """Waits for the dispatcher process's first snapshot, the sign that its loop runs."""
+    await started(lambda: client.keys(keys.snapshot_pattern("g")), stack.procs[0], what="the dispatcher")
 
 
 class Load:
@@ -114,6 +119,9 @@ async def test_the_primary_dies_under_load_and_traffic_resumes_on_the_promoted_r
     try:
         async with Producer(client, keys=keys) as producer:
             load = Load(producer)
+            # The dispatcher process's start-up (Django, its checks) took 12 s of the 60 s below at load
+            # 10: the traffic's deadline starts once it runs.
+            await dispatcher_running(client, keys, stack)
             workers = [asyncio.create_task(load.worker(w)) for w in range(WORKERS)]
             await wait_until(lambda: load.completed_since(0) >= 30, timeout=60, what="30 completions")
             # Acknowledged so far: each push was answered once the replica had it too.
@@ -208,6 +216,7 @@ async def test_calls_that_finish_during_the_failover_are_answered_and_never_coun
         client = connect(cluster.url, health_s=2.0)
         try:
             async with Producer(client, keys=keys) as producer:
+                await dispatcher_running(client, keys, stack)  # not charged to the warm-up's timeout
                 backend.gate.set()
                 await producer.submit(keyed("warm-up"), pool_id="default", timeout=30, request_id="warm-up")
                 backend.gate.clear()

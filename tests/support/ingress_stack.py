@@ -19,7 +19,7 @@ import redis
 
 from runtime.queue.keys import KeySpace
 from runtime.valkey.embedded import free_port
-from tests.support.waiting import port_open, wait_until_sync
+from tests.support.waiting import port_open, wait_for_start, wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = "ing"
@@ -90,8 +90,10 @@ class Stack:
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
              "dispatch_project.asgi:application"], name,
         )  # fmt: skip
-        wait_until_sync(lambda: port_open(port) or web.poll() is not None, 30, what=f"{name} up")
-        assert web.poll() is None, (self.root / f"{name}.log").read_text()
+        try:
+            wait_for_start(lambda: port_open(port), web, what=f"{name} listening")
+        except AssertionError:
+            raise AssertionError((self.root / f"{name}.log").read_text()) from None
         return f"http://127.0.0.1:{port}", web
 
     def set_paused(self, paused: bool, *pool_ids: str) -> None:

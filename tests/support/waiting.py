@@ -73,6 +73,49 @@ def wait_until_sync(
     return value
 
 
+def wait_for_start(
+    ready: Callable[[], T],
+    proc: subprocess.Popen[Any] | None = None,
+    what: str = "start-up",
+    interval: float = 0.05,
+) -> T:
+    """Waits for the readiness signal a process or thread gives (a line it printed, a key or a read it
+    made in Valkey, an answer on its port); returns the first truthy value of ``ready``.
+
+    Start-up (Django, chDB, OpenTelemetry imports, a schema migration) costs seconds of CPU, so on a
+    busy machine its wall time is whatever CPU the machine hands out: a fixed deadline here measures
+    the load, not the code, and fails a correct test. So there is no deadline of its own: the test's
+    timeout (pytest-timeout) bounds it, and ``proc`` exiting first fails it at once with its exit code.
+    The deadlines of the behaviour under test start when this returns.
+    """
+    while not (value := ready()):
+        _check_running(proc, what)
+        time.sleep(interval)
+    return value
+
+
+async def started(
+    ready: Callable[[], T | Awaitable[T]],
+    proc: subprocess.Popen[Any] | None = None,
+    what: str = "start-up",
+    interval: float = 0.05,
+) -> T:
+    """:func:`wait_for_start` on the event loop; ``ready`` may be a coroutine function."""
+    while True:
+        value = ready()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value  # type: ignore[return-value]
+        _check_running(proc, what)
+        await asyncio.sleep(interval)
+
+
+def _check_running(proc: subprocess.Popen[Any] | None, what: str) -> None:
+    if proc is not None and proc.poll() is not None:
+        raise AssertionError(f"{what}: {proc.args} exited with {proc.returncode} before it was ready")
+
+
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
         return True
