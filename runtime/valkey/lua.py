@@ -3,7 +3,11 @@
 redis-py's ``Script`` in a pipeline sends ``SCRIPT EXISTS`` before every execution: one extra round
 trip per claim batch. :func:`run_pipeline` instead queues plain ``EVALSHA`` commands. A command the
 server refuses with NOSCRIPT (after a restart or ``SCRIPT FLUSH``) did not run, so the scripts are
-loaded and exactly the refused commands run once more; the others keep their results.
+loaded and exactly the refused commands run once more; the others keep their results. Calls refused
+together (the first burst after a start, a Valkey restart or a failover: thousands at once) wait for
+one load of each script instead of sending one each: a producer with 4,000 submits outstanding sent
+4,000 SCRIPT LOADs through its 64 pooled connections, and its liveness refresh, queued behind them,
+came too late; dispatchers dropped its calls as ``producer_gone`` (bench/pump_stall.py).
 
 The commands go over the client's shared :class:`~runtime.valkey.pipelined.PipelinedConnection` when
 it has one (clients made by :func:`runtime.valkey.client.connect`), else through a redis-py pipeline.
@@ -11,7 +15,9 @@ it has one (clients made by :func:`runtime.valkey.client.connect`), else through
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,6 +25,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 __all__ = ["BoundScript", "Commands", "LuaScript", "run_pipeline"]
+
+# The SCRIPT LOADs under way, per client and script SHA: the calls refused meanwhile wait for that one.
+_LOADING: weakref.WeakKeyDictionary[Any, dict[str, asyncio.Future[Any]]] = weakref.WeakKeyDictionary()
 
 
 class Commands:
@@ -97,7 +106,7 @@ async def _run(
     refused = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
     if refused:
         for script in scripts:
-            await client.script_load(script.source)
+            await _load(client, script)
         again = await _execute(client, [calls[i] for i in refused])
         for i, result in zip(refused, again, strict=True):
             results[i] = result
@@ -105,6 +114,26 @@ async def _run(
         if isinstance(result, Exception):
             raise result
     return results
+
+
+async def _load(client: aioredis.Redis, script: LuaScript) -> None:
+    """Loads ``script``, or waits for the load of it already under way on ``client`` (its outcome too).
+
+    Only loads still under way are shared: a refusal after one finished (a later flush) loads again.
+    """
+    loading = _LOADING.setdefault(client, {})
+    pending = loading.get(script.sha)
+    if pending is None or pending.get_loop() is not asyncio.get_running_loop():
+        pending = asyncio.ensure_future(client.script_load(script.source))
+        loading[script.sha] = pending
+
+        def done(future: asyncio.Future[Any], sha: str = script.sha) -> None:
+            if loading.get(sha) is future:
+                del loading[sha]
+
+        pending.add_done_callback(done)
+    # Shielded: a caller cancelled while waiting leaves the load to the others waiting for it.
+    await asyncio.shield(pending)
 
 
 async def _execute(client: aioredis.Redis, calls: Sequence[tuple[Any, ...]]) -> list[Any]:
