@@ -375,6 +375,7 @@ class Dispatcher(Rounds, Configuring):
             leases = [(r.pool_id, r.member, r.backend_id) for r in runs]
             try:
                 await self.queue.renew(leases, self.settings.lease_s)
+                await self.give_back_unanswered()
             except REDIS_ERRORS as exc:
                 self._valkey_lost(exc)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Mapping
 
@@ -46,6 +47,8 @@ CLAIM_DROPS = {scripts.CLAIM_PRODUCER_GONE: DROP_PRODUCER_GONE, scripts.CLAIM_DU
 LEFT_THE_QUEUE = frozenset({scripts.CLAIMED, *CLAIM_DROPS})
 Drop = tuple[str, PeekedItem, str]  # (the pool whose list holds it, the item, the drop reason)
 
+log = logging.getLogger(__name__)
+
 
 class Rounds(Observing):
     """The round's half of the dispatcher (see the module doc); its observations are :class:`Observing`'s."""
@@ -55,6 +58,7 @@ class Rounds(Observing):
     _head_token: tuple[str, bytes] | None  # the last wake token's request (pool id, bytes), if any
     _slots: int
     _stopping: asyncio.Event
+    _wake: asyncio.Event  # set: the scheduling loop runs a round rather than wait
     _start: Callable[..., None]  # runs a claimed request (the dispatcher's execution half)
     _internal_error: Callable[[str], None]  # counts and logs a failure of the round
 
@@ -70,6 +74,7 @@ class Rounds(Observing):
         """
         assert self._policy is not None and self.config is not None
         self.stats.rounds += 1
+        await self.give_back_unanswered()
         policy = self._policy
         planned_free = max(0, self._slots - len(self.running))
         await self.fleet.refresh()
@@ -160,6 +165,21 @@ class Rounds(Observing):
         # take every freed slot for the finisher, and the work would not spread over the fleet.
         room = self.group_in_flight + claimed < policy.total_concurrency and local_free > claimed
         return dropped or claim_dropped or (claimed > 0 and room and self._backlog_may_remain(seen.views))
+
+    async def give_back_unanswered(self) -> None:
+        """The requests of claim pipelines cut off unanswered (a frozen Valkey) whose claims ran after
+        all go back to their lists: their calls never started, and their leases would otherwise expire
+        as calls lost in flight (see runtime.queue.unanswered). Before each round, and at each lease
+        renewal (an idle dispatcher runs no rounds)."""
+        given_back = await self.queue.give_back_unanswered(self.settings.lease_s)
+        if given_back:
+            self._wake.set()  # back at the head of its list: a round takes it
+            self.stats.claims_given_back += given_back
+            log.warning(
+                "dispatcher %s gave back %d requests whose claims ran after their answers were lost",
+                self.identity.dispatcher_id,
+                given_back,
+            )
 
     def _ahead_seen(self, policy: scheduler.GroupPolicy, fair: frozenset[str]) -> Observation | None:
         """The observation the last claims' ROUND read, when it took the turn for this decision and read

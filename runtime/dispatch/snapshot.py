@@ -92,6 +92,7 @@ class DispatcherSnapshot(TypedDict):
     dropped: dict[str, int]
     internal_errors: int
     config_rejected: int
+    claims_given_back: int  # claims run after their answers were lost, undone (runtime.queue.unanswered)
     breakers: dict[str, dict[str, object]]
     pools: list[PoolSnapshot]
     active: list[ActiveRequest]
@@ -198,6 +199,7 @@ def build_snapshot(dispatcher: SnapshotSource, *, now: float) -> DispatcherSnaps
         "dropped": dict(stats.dropped),
         "internal_errors": stats.internal_errors,
         "config_rejected": stats.config_rejected,
+        "claims_given_back": stats.claims_given_back,
         "breakers": dispatcher.breakers.modes(),
         "pools": pools,
         "active": [

@@ -9,8 +9,9 @@ on NOSCRIPT), so no pipeline pays redis-py's SCRIPT EXISTS round trip.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -41,9 +42,10 @@ from runtime.queue.tenant_dispatch import (
     observe_call,
     parse_view,
 )
+from runtime.queue.unanswered import UnansweredClaim, give_back_args
 from runtime.queue.upkeep import Upkeep
 from runtime.valkey.batch import ScriptBatcher
-from runtime.valkey.lua import run_pipeline
+from runtime.valkey.lua import LuaScript, run_pipeline
 
 __all__ = [
     "HEADS_FOR_DISPLAY",
@@ -118,6 +120,11 @@ class QueueOps(Upkeep):
         self._tenant_promote = script("tenant_promote")
         self._tenant_forget = script("tenant_forget")
         self._tenant_bury = script("tenant_bury")
+        # Launch claims sent in a pipeline whose answer was lost: Valkey may have run them (see
+        # runtime.queue.unanswered); :meth:`give_back_unanswered` undoes those that ran. Each maps to
+        # the monotonic time it stops being watched (inf until Valkey first answered for it).
+        self.unanswered: dict[UnansweredClaim, float] = {}
+        self._give_back = script("give_back")
 
     @property
     def finishes(self) -> ScriptBatcher:
@@ -301,7 +308,7 @@ class QueueOps(Upkeep):
 
         used = [self._claim, self._tenant_claim, self._release, self._reap, self._tenant_forget, self._round]
         self.trips += 1
-        results = await run_pipeline(self.client, used, build)
+        results = await self._claims_answered(requests, used, build)
         if then is not None:
             self.ahead = self._round_seen(then, results[len(requests) :], reap)
             results = results[: len(requests)]
@@ -325,6 +332,51 @@ class QueueOps(Upkeep):
             )
             for code, n, token, *_ in results
         ]
+
+    async def _claims_answered(
+        self, requests: Sequence[ClaimRequest], used: Sequence[LuaScript], build: Callable[[Any], None]
+    ) -> list[Any]:
+        """The claim pipeline's answers. Lost (an error, a cancel), its launches are remembered: Valkey
+        may still run them (runtime.queue.unanswered)."""
+        launches = [
+            UnansweredClaim(req, self.fair_picks.get(req.pool_id, {}).get(req.raw))
+            for req in requests
+            if req.mode == "launch"
+        ]
+        try:
+            return await run_pipeline(self.client, used, build)
+        except BaseException:
+            self.unanswered.update(dict.fromkeys(launches, math.inf))
+            raise
+
+    async def give_back_unanswered(self, watch_s: float) -> int:
+        """Gives back to the head of its list each request of :attr:`unanswered` whose claim ran after
+        all (its lease still this claim's: atomic with that check, so a lease REAP took is not queued
+        twice); how many.
+
+        A claim found not run is watched ``watch_s`` (the lease time) past Valkey's first answer: the
+        cut connection's bytes may run after a new connection's commands (measured: they do, now and
+        then), and a check within the lease catches such a claim before REAP counts it lost.
+        """
+        if not self.unanswered:
+            return 0
+        pending = list(self.unanswered)
+
+        def build(pipe: Any) -> None:
+            for claim in pending:
+                self._give_back.queue(pipe, *give_back_args(self.keys, self.group_id, claim))
+
+        given_back = [int(n) for n in await run_pipeline(self.client, [self._give_back], build)]
+        now = time.monotonic()
+        for claim, n in zip(pending, given_back, strict=True):
+            until = self.unanswered.get(claim)
+            if until is None:
+                continue  # settled by a give-back that ran meanwhile (the renewal's, the round's)
+            if n or now >= until:
+                del self.unanswered[claim]
+            elif until == math.inf:
+                self.unanswered[claim] = now + watch_s
+        return sum(given_back)
 
     async def finish(
         self,

@@ -15,12 +15,24 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from runtime.dispatch import redelivery
 from runtime.errors import QueueUnavailable
+from runtime.policy.admission import AdmissionLimits
 from runtime.producer import CompletionResult, Producer
+from runtime.queue import scripts
+from runtime.queue.dispatching import ClaimRequest, QueueOps, lease_member, reap_args
+from runtime.queue.keys import KeySpace
+from runtime.queue.leases import LeaseRecord
+from runtime.queue.producing import ProducerOps
+from runtime.queue.registry import script
+from runtime.queue.tenant_dispatch import FairPick
+from runtime.queue.tenants import TenantPush
 from runtime.valkey.client import REDIS_ERRORS, connect, dedicated_connection
+from runtime.valkey.lua import run_pipeline
 from runtime.valkey.pipelined import PipelinedConnection, Target
-from runtime.wire.contract import Reply
+from runtime.wire.contract import ChatCall, Envelope, Reply
 from tests.support.dispatching import one_pool_group, running_dispatcher, slow_call, wait_until
+from tests.support.queueing import call
 from tests.support.valkey_freeze import stopped
 
 pytest.importorskip("hiredis")
@@ -203,4 +215,207 @@ async def test_replies_pushed_while_valkey_is_frozen_reach_the_producer_whose_pu
                 assert result.completion == {"id": request_id}
     finally:
         await finisher.aclose()
+        await client.aclose()
+
+
+async def _queued_one(client: aioredis.Redis, keys: KeySpace) -> tuple[Envelope, bytes]:
+    envelope = Envelope(
+        request_id="r1", producer_id="p", pool_id="a", call=ChatCall.from_openai(call("a", 1)),
+        enqueued_at=time.time(),
+    )  # fmt: skip
+    raw = envelope.encode()
+    await client.rpush(keys.requests("a"), raw)
+    await client.set(keys.producer_alive("p"), b"1", px=60_000)
+    return envelope, raw
+
+
+def _launch_of(envelope: Envelope, raw: bytes, *, durable: bool) -> ClaimRequest:
+    record = LeaseRecord.encode_of(envelope, pool_id="a", claimed_at=time.time(), dispatcher_id="d1", cost=1)
+    return ClaimRequest(
+        pool_id="a", raw=raw, mode="launch", lease_member=lease_member("a", envelope.request_id),
+        producer_id="p", pool_max=4, group_limit=4, lease_record=record,
+        requeue=redelivery.requeued(envelope).encode() if durable else b"", backend_id="b", backend_limit=4,
+    )  # fmt: skip
+
+
+async def _warm_up(queue: QueueOps) -> None:
+    [(code, _, _)] = await queue.claim([ClaimRequest(pool_id="a", raw=b"not the head", mode="drop")], 30.0)
+    assert code == scripts.CLAIM_MOVED
+
+
+async def _claim_cut_off(server, client: aioredis.Redis, queue: QueueOps, claim: ClaimRequest) -> None:  # type: ignore[no-untyped-def]
+    """A real claim pipeline sent into a frozen Valkey and cut by the health check; Valkey resumed.
+    The claim script is loaded first, as on a dispatcher that has claimed before (a NOSCRIPT would run
+    nothing)."""
+    await _warm_up(queue)
+    with stopped(server), pytest.raises(REDIS_ERRORS):
+        await queue.claim([claim], lease_s=30.0)
+    assert queue.unanswered  # remembered, to be reconciled once Valkey answers
+
+
+async def _until_claimed(client: aioredis.Redis, requests: str) -> None:
+    deadline = time.monotonic() + 5.0
+    while await client.llen(requests):
+        assert time.monotonic() < deadline, "the cut-off claim never ran"
+        await asyncio.sleep(0.01)
+
+
+async def _leases(client: aioredis.Redis, keys: KeySpace) -> list[int]:
+    return [
+        await client.zcard(keys.group_inflight("g")), await client.zcard(keys.pool_inflight("a")),
+        await client.zcard(keys.backend_inflight("b")), await client.hlen(keys.lease_records("g")),
+        await client.hlen(keys.lease_tokens("g")), await client.hlen(keys.durable_leases("g")),
+    ]  # fmt: skip
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("durable", [False, True])
+async def test_a_claim_whose_answer_was_lost_but_ran_is_given_back_not_lost(private_valkey, durable) -> None:
+    """The claim's bytes were in the frozen Valkey's socket buffer: resumed, it runs, and the request is
+    a lease of a call that never started. Given back, it is queued again with no trace of the lease,
+    so REAP neither counts it lost in flight (lists mode) nor requeues a second copy (durable)."""
+    client = connect(private_valkey.url, health_s=HEALTH_S)
+    keys = KeySpace("t:")
+    try:
+        queue = QueueOps(client, keys, "g")
+        envelope, raw = await _queued_one(client, keys)
+        await _claim_cut_off(private_valkey, client, queue, _launch_of(envelope, raw, durable=durable))
+        # Resumed: the cut-off claim runs after all (this is the loss the give-back repairs), soon but
+        # not always before a new connection's first command.
+        await _until_claimed(client, keys.requests("a"))
+        assert await _leases(client, keys) == [1, 1, 1, 1, 1 if durable else 0, 1 if durable else 0]
+
+        assert await queue.give_back_unanswered(30.0) == 1
+        assert await client.lrange(keys.requests("a"), 0, -1) == [raw]
+        assert await _leases(client, keys) == [0, 0, 0, 0, 0, 0]
+        assert not queue.unanswered and await queue.give_back_unanswered(30.0) == 0
+        reap = script("reap")
+        [(lost, requeued)] = await run_pipeline(
+            client, [reap], lambda pipe: reap.queue(pipe, *reap_args(keys, "g", ["a"], ["b"]))
+        )
+        assert (lost, requeued) == ([], [])
+        # The request claims again as any queued one (no duplicate lease left behind).
+        [(code, _, _)] = await queue.claim([_launch_of(envelope, raw, durable=durable)], lease_s=30.0)
+        assert code == scripts.CLAIMED
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.timeout(30)
+async def test_a_durable_lease_reaped_before_its_give_back_is_queued_once(private_valkey) -> None:
+    """REAP requeued the expired durable lease first: the give-back finds the lease gone and does
+    nothing (atomic with that check), so the request is queued exactly once."""
+    client = connect(private_valkey.url, health_s=HEALTH_S)
+    keys = KeySpace("t:")
+    try:
+        queue = QueueOps(client, keys, "g")
+        envelope, raw = await _queued_one(client, keys)
+        claim = _launch_of(envelope, raw, durable=True)
+        await _warm_up(queue)
+        with stopped(private_valkey), pytest.raises(REDIS_ERRORS):
+            await queue.claim([claim], lease_s=0.2)  # expires right after Valkey resumes
+        await asyncio.sleep(0.3)
+        reap = script("reap")
+        [(lost, requeued)] = await run_pipeline(
+            client, [reap], lambda pipe: reap.queue(pipe, *reap_args(keys, "g", ["a"], ["b"]))
+        )
+        assert (lost, len(requeued)) == ([], 1)
+        assert await queue.give_back_unanswered(30.0) == 0
+        assert await client.lrange(keys.requests("a"), 0, -1) == [redelivery.requeued(envelope).encode()]
+        assert await _leases(client, keys) == [0, 0, 0, 0, 0, 0]
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.timeout(60)
+async def test_a_dispatcher_runs_the_request_of_a_claim_that_ran_after_its_answer_was_lost(
+    private_valkey, keys, sim
+) -> None:
+    """End to end: the dispatcher's own claim pipeline is cut off in a freeze and runs on resume; its
+    next round gives the request back and runs it, rather than its lease expiring as lost in flight."""
+    dispatcher_client = connect(private_valkey.url, health_s=HEALTH_S)
+    producer_client = connect(private_valkey.url, health_s=HEALTH_S)
+    config = one_pool_group(sim.url, total=8, max_concurrent=8)
+    try:
+        async with (
+            # No idle poll in the test's time: the push and the lease renewal bring the rounds after it.
+            running_dispatcher(
+                dispatcher_client, keys, config, lease_s=3.0, idle_poll_s=60.0, reconnect_backoff_s=(0.1, 0.5)
+            ) as dispatcher,
+            Producer(producer_client, keys=keys) as producer,
+        ):
+            envelope = Envelope(
+                request_id="cut-off", producer_id="p", pool_id="default",
+                call=ChatCall.from_openai(call("default", 1)), enqueued_at=time.time(),
+            )  # fmt: skip
+            raw = envelope.encode()
+            await producer_client.set(keys.producer_alive("p"), b"1", px=60_000)
+            await producer_client.rpush(keys.requests("default"), raw)  # no wake token: no round takes it
+            record = LeaseRecord.encode_of(
+                envelope, pool_id="default", claimed_at=time.time(),
+                dispatcher_id=dispatcher.identity.dispatcher_id, cost=1,
+            )  # fmt: skip
+            claim = ClaimRequest(
+                pool_id="default", raw=raw, mode="launch", lease_member=lease_member("default", "cut-off"),
+                producer_id="p", pool_max=8, group_limit=8, lease_record=record,
+            )  # fmt: skip
+            await _claim_cut_off(private_valkey, dispatcher_client, dispatcher.queue, claim)
+            # It ran on resume: a lease of ours, unless the dispatcher's own round, on a new
+            # connection, claimed the request first (then the cut-off claim found it gone).
+            await _until_claimed(producer_client, keys.requests("default"))
+            # A push wakes the dispatcher; its round (or its lease renewal) gives the request back.
+            result = await producer.submit(slow_call(0), pool_id="default", timeout=20)
+            assert isinstance(result, CompletionResult)
+            await wait_until(
+                lambda: dispatcher.stats.completed >= 2, timeout=10, what="the cut-off request run"
+            )
+            assert dispatcher.stats.claims_given_back <= 1
+            await asyncio.sleep(3.5)  # past the lease the cut-off claim took: a reap finds nothing lost
+            await wait_until(lambda: dispatcher.valkey_ok, timeout=5, what="the dispatcher answered")
+            assert not dispatcher.stats.lost_by_pool
+            assert await producer_client.llen(keys.replies("p")) == 1
+    finally:
+        await dispatcher_client.aclose()
+        await producer_client.aclose()
+
+
+@pytest.mark.timeout(30)
+async def test_a_fair_pools_claim_given_back_returns_to_its_tenant_with_its_charge_refunded(
+    private_valkey,
+) -> None:
+    """A fair pool's cut-off claim popped the tenant's list, lowered the pool's queued count, charged
+    the tenant and took it out of the backlogged set; the give-back undoes each of those."""
+    client = connect(private_valkey.url, health_s=HEALTH_S)
+    keys = KeySpace("t:")
+    try:
+        queue = QueueOps(client, keys, "g")
+        envelope = Envelope(
+            request_id="r1", producer_id="p", pool_id="a", call=ChatCall.from_openai(call("a", 1)),
+            enqueued_at=time.time(), tenant="acme",
+        )  # fmt: skip
+        raw = envelope.encode()
+        await client.set(keys.producer_alive("p"), b"1", px=60_000)
+        await ProducerOps(client, keys).push("a", raw, AdmissionLimits(), tenant=TenantPush("acme"))
+        # Another tenant stays backlogged: the floor acme comes back to is its counter, not acme's own.
+        other = Envelope(
+            request_id="r2", producer_id="p", pool_id="a", call=ChatCall.from_openai(call("a", 2)),
+            enqueued_at=time.time(), tenant="other",
+        ).encode()  # fmt: skip
+        await ProducerOps(client, keys).push("a", other, AdmissionLimits(), tenant=TenantPush("other"))
+        counter = float(await client.hget(keys.tenant_counters("a"), "acme"))
+        queue.fair_pools = frozenset({"a"})
+        queue.fair_picks["a"] = {raw: FairPick("acme", 5.0)}
+        await _claim_cut_off(private_valkey, client, queue, _launch_of(envelope, raw, durable=False))
+        await _until_claimed(client, keys.tenant_requests("a", "acme"))
+        assert float(await client.hget(keys.tenant_counters("a"), "acme")) == counter + 5.0  # charged
+        assert await client.zscore(keys.tenants("a"), "acme") is None  # left: its list is empty
+        assert int(await client.get(keys.pool_queued("a"))) == 1
+
+        assert await queue.give_back_unanswered(30.0) == 1
+        assert await client.lrange(keys.tenant_requests("a", "acme"), 0, -1) == [raw]
+        assert int(await client.get(keys.pool_queued("a"))) == 2
+        assert float(await client.hget(keys.tenant_counters("a"), "acme")) == counter  # refunded
+        assert await client.zscore(keys.tenants("a"), "acme") == counter  # backlogged again
+        assert await _leases(client, keys) == [0, 0, 0, 0, 0, 0]
+    finally:
         await client.aclose()
