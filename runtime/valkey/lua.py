@@ -8,6 +8,8 @@ together (the first burst after a start, a Valkey restart or a failover: thousan
 one load of each script instead of sending one each: a producer with 4,000 submits outstanding sent
 4,000 SCRIPT LOADs through its 64 pooled connections, and its liveness refresh, queued behind them,
 came too late; dispatchers dropped its calls as ``producer_gone`` (bench/pump_stall.py).
+A refusal read after that load finished, of a command sent before it finished, sends again without
+loading: the EVALSHA's answer and the SCRIPT LOAD's come back on different connections, in either order.
 
 The commands go over the client's shared :class:`~runtime.valkey.pipelined.PipelinedConnection` when
 it has one (clients made by :func:`runtime.valkey.client.connect`), else through a redis-py pipeline.
@@ -26,8 +28,10 @@ from redis.exceptions import NoScriptError
 
 __all__ = ["BoundScript", "Commands", "LuaScript", "run_pipeline"]
 
-# The SCRIPT LOADs under way, per client and script SHA: the calls refused meanwhile wait for that one.
-_LOADING: weakref.WeakKeyDictionary[Any, dict[str, asyncio.Future[Any]]] = weakref.WeakKeyDictionary()
+# Per client: the SCRIPT LOADs under way and when each script last finished loading.
+_LOADS: weakref.WeakKeyDictionary[Any, _Loads] = weakref.WeakKeyDictionary()
+# A send, a load on refusal, a send again, and once more should a flush fall between: then it raises.
+_SENDS = 3
 
 
 class Commands:
@@ -102,38 +106,62 @@ async def run_pipeline(
 async def _run(
     client: aioredis.Redis, scripts: Sequence[LuaScript], calls: Sequence[tuple[Any, ...]]
 ) -> list[Any]:
-    results = await _execute(client, calls)
-    refused = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
-    if refused:
+    loads = _LOADS.get(client)
+    if loads is None:
+        loads = _LOADS.setdefault(client, _Loads())
+    results: list[Any] = [None] * len(calls)
+    waiting = range(len(calls))
+    for send in range(_SENDS):
+        sent_at = loads.finished
+        answers = await _execute(client, [calls[i] for i in waiting])
+        for i, answer in zip(waiting, answers, strict=True):
+            results[i] = answer
+        waiting = [i for i in waiting if isinstance(results[i], NoScriptError)]
+        if not waiting or send == _SENDS - 1:
+            break
         for script in scripts:
-            await _load(client, script)
-        again = await _execute(client, [calls[i] for i in refused])
-        for i, result in zip(refused, again, strict=True):
-            results[i] = result
+            await loads.ensure(client, script, sent_at)
     for result in results:
         if isinstance(result, Exception):
             raise result
     return results
 
 
-async def _load(client: aioredis.Redis, script: LuaScript) -> None:
-    """Loads ``script``, or waits for the load of it already under way on ``client`` (its outcome too).
+class _Loads:
+    """One client's script loads. Calls refused together share one SCRIPT LOAD per script, and so
+    does a refusal read after that load finished when the command went out before it did: answers on
+    two connections (the refused EVALSHA's and the SCRIPT LOAD's) reach the loop in either order.
 
-    Only loads still under way are shared: a refusal after one finished (a later flush) loads again.
+    ``finished`` counts the loads finished; a script's entry in ``loaded`` is that count just after its
+    last load. A refusal of a command sent when the count was ``sent_at`` is then answered by sending it
+    again if its script finished loading since (a later flush is refused anew, and loads again).
     """
-    loading = _LOADING.setdefault(client, {})
-    pending = loading.get(script.sha)
-    if pending is None or pending.get_loop() is not asyncio.get_running_loop():
-        pending = asyncio.ensure_future(client.script_load(script.source))
-        loading[script.sha] = pending
 
-        def done(future: asyncio.Future[Any], sha: str = script.sha) -> None:
-            if loading.get(sha) is future:
-                del loading[sha]
+    __slots__ = ("finished", "loaded", "pending")
 
-        pending.add_done_callback(done)
-    # Shielded: a caller cancelled while waiting leaves the load to the others waiting for it.
-    await asyncio.shield(pending)
+    def __init__(self) -> None:
+        self.finished = 0
+        self.loaded: dict[str, int] = {}
+        self.pending: dict[str, asyncio.Future[Any]] = {}
+
+    async def ensure(self, client: aioredis.Redis, script: LuaScript, sent_at: int) -> None:
+        """Loads ``script`` unless it finished loading after ``sent_at``; waits for a load under way."""
+        pending = self.pending.get(script.sha)
+        if pending is None or pending.get_loop() is not asyncio.get_running_loop():
+            if self.loaded.get(script.sha, 0) > sent_at:
+                return
+            pending = asyncio.ensure_future(client.script_load(script.source))
+            self.pending[script.sha] = pending
+            pending.add_done_callback(lambda future, sha=script.sha: self._done(sha, future))
+        # Shielded: a caller cancelled while waiting leaves the load to the others waiting for it.
+        await asyncio.shield(pending)
+
+    def _done(self, sha: str, future: asyncio.Future[Any]) -> None:
+        if self.pending.get(sha) is future:
+            del self.pending[sha]
+        if not future.cancelled() and future.exception() is None:
+            self.finished += 1
+            self.loaded[sha] = self.finished
 
 
 async def _execute(client: aioredis.Redis, calls: Sequence[tuple[Any, ...]]) -> list[Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from runtime.valkey.client import connect
-from runtime.valkey.lua import LuaScript
+from runtime.valkey.lua import LuaScript, _Loads
 
 INCR = LuaScript("return redis.call('INCRBY', KEYS[1], ARGV[1]) -- test_script_load")
 BURST = 300
@@ -33,5 +33,27 @@ async def test_a_burst_refused_together_loads_the_script_once(private_valkey) ->
         await asyncio.gather(*(script(keys=["n"], args=[1]) for _ in range(BURST)))
         assert await _loads(client) == 2
         assert int(await client.get("n")) == 2 * BURST
+    finally:
+        await client.aclose()
+
+
+async def test_a_refusal_read_after_the_load_finished_sends_again_without_loading(private_valkey) -> None:
+    """CI's failure: the refused EVALSHAs came back on the pipelined connection and the SCRIPT LOAD on a
+    pooled one, and the loop read a refusal after the load had finished. That refusal was of a command
+    sent before the load finished, so the script is there: send again, do not load again."""
+    client = connect(private_valkey.url)
+    try:
+        loads = _Loads()
+        sent_before = loads.finished
+        await loads.ensure(client, INCR, sent_before)
+        assert await _loads(client) == 1
+        await loads.ensure(client, INCR, sent_before)  # the late refusal
+        assert await _loads(client) == 1
+        assert await client.script_exists(INCR.sha) == [True]
+        # A command sent after that load and still refused met a flush: it loads again.
+        await client.script_flush()
+        await loads.ensure(client, INCR, loads.finished)
+        assert await _loads(client) == 2
+        assert await client.script_exists(INCR.sha) == [True]
     finally:
         await client.aclose()
