@@ -18,6 +18,7 @@ it has one (clients made by :func:`runtime.valkey.client.connect`), else through
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import weakref
 from collections.abc import Callable, Sequence
@@ -110,7 +111,7 @@ async def _run(
     if loads is None:
         loads = _LOADS.setdefault(client, _Loads())
     results: list[Any] = [None] * len(calls)
-    waiting = range(len(calls))
+    waiting: Sequence[int] = range(len(calls))
     for send in range(_SENDS):
         sent_at = loads.finished
         answers = await _execute(client, [calls[i] for i in waiting])
@@ -152,7 +153,7 @@ class _Loads:
                 return
             pending = asyncio.ensure_future(client.script_load(script.source))
             self.pending[script.sha] = pending
-            pending.add_done_callback(lambda future, sha=script.sha: self._done(sha, future))
+            pending.add_done_callback(functools.partial(self._done, script.sha))
         # Shielded: a caller cancelled while waiting leaves the load to the others waiting for it.
         await asyncio.shield(pending)
 
