@@ -60,4 +60,27 @@ async def test_a_call_dropped_while_the_marker_lapsed_fails_at_once_with_produce
         assert await aredis.hget(keys.counters("g"), f"dropped:{DROP_PRODUCER_GONE}") == b"1"
         # Its reply list expires as any does, for a producer that never comes back.
         ttl = await aredis.pttl(keys.replies(producer.producer_id))
-        assert ttl == -2 or 0 < ttl
+        assert ttl == -2 or ttl > 0
+
+
+async def test_a_streamed_call_dropped_while_the_marker_lapsed_fails_at_once_with_producer_gone(
+    aredis, keys
+) -> None:
+    async with SimulatorServer(SimulatorConfig()) as sim:
+        config = one_pool_group(sim.url)
+        async with Producer(aredis, keys=keys, settings=STALLED) as producer:
+            async with running_dispatcher(aredis, keys, config):
+                pass
+            started = time.monotonic()
+
+            async def consume() -> list[object]:
+                return [chunk async for chunk in producer.stream(CALL, pool_id="default", timeout=TIMEOUT_S)]
+
+            call = asyncio.create_task(consume())
+            await wait_until(lambda: aredis.llen(keys.requests("default")), timeout=5)
+            await aredis.delete(keys.producer_alive(producer.producer_id))
+            async with running_dispatcher(aredis, keys, config):
+                with pytest.raises(ProducerGone):
+                    await asyncio.wait_for(call, TIMEOUT_S)
+        assert time.monotonic() - started < 10
+        assert sim.completions_requested == 0
