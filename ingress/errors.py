@@ -52,6 +52,7 @@ _BY_ERROR_TYPE: dict[str, tuple[int, str]] = {
     "rejected": (503, "service_unavailable"),
     "breaker_open": (503, "service_unavailable"),
     "producer_closed": (503, "service_unavailable"),
+    "producer_gone": (503, "service_unavailable"),
     "expired": (504, "timeout"),
     "timeout": (504, "timeout"),
     "deadline_exceeded": (504, "timeout"),
@@ -85,6 +86,7 @@ SHOWN_ERROR_TYPES = frozenset(
 _FIXED_MESSAGE: dict[str, str] = {
     "queue_unavailable": "the queue is unavailable; try again shortly",
     "producer_closed": "the ingress is shutting down; try again",
+    "producer_gone": "the request was not run (the ingress stalled while it was queued); try again",
     "breaker_open": "the backend is failing and is given time to recover; try again shortly",
     "backend_connect_error": "the backend could not be reached",
     "backend_timeout": "the backend did not answer in time",

@@ -20,6 +20,8 @@ a stable ``error_type`` string: replies, counters and ClickHouse rows use that s
     ├── QueueUnavailable               retryable: Valkey cannot be reached
     ├── RequestTimeout                 the producer gave up waiting for its reply
     ├── RequestExpired                 the deadline passed before the request left its queue
+    ├── ProducerGone                   retryable: not run, the producer's liveness marker had lapsed
+    │                                  when a dispatcher took it off its queue
     ├── DeadLettered                   attempts (or requeues) exhausted: parked for an operator
     ├── DeadlineExceeded               the caller's deadline cut the backend call short (not the
     │                                  backend's fault: never a breaker event)
@@ -154,6 +156,15 @@ class RequestExpired(DispatchError):
     """The request's deadline passed before it left its queue; it was not executed."""
 
     error_type = "expired"
+
+
+class ProducerGone(DispatchError):
+    """The request was not run: its producer's liveness marker had lapsed when a dispatcher took it off
+    its queue (the producer stalled, or its refresh came late), so it was dropped as ``producer_gone``.
+    It never reached a backend: submitting it again is safe."""
+
+    error_type = "producer_gone"
+    retryable = True
 
 
 class DeadLettered(DispatchError):

@@ -22,10 +22,10 @@ from runtime.dispatch.stats import (
     DROP_PRODUCER_GONE,
     DispatcherStats,
 )
-from runtime.errors import RequestExpired
+from runtime.errors import ProducerGone, RequestExpired
 from runtime.queue.leases import LeaseRecord
 from runtime.telemetry.spans import Identity, Outcome, record_span
-from runtime.wire.contract import Envelope
+from runtime.wire.contract import STATUS_ERROR, Envelope, Reply, Timing
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,20 @@ DROP_MESSAGES = {
     DROP_DUPLICATE: "a copy of this request (same pool and request id) was already running",
     DROP_LOST_IN_FLIGHT: "its dispatcher stopped renewing the lease (it died) before the call finished",
 }
+
+
+def gone_reply(envelope: Envelope, now: float) -> bytes:
+    """The error reply of a call dropped as producer_gone: the producer, if it is alive after all (its
+    marker lapsed for a moment), fails its caller with :class:`ProducerGone` instead of a timeout."""
+    error = ProducerGone(
+        f"request {envelope.request_id} was not run: its producer's liveness marker had lapsed when a "
+        "dispatcher took it off its queue; it never reached a backend and may be submitted again"
+    )
+    waited = max(0.0, now - envelope.enqueued_at)
+    return Reply(
+        envelope.request_id, STATUS_ERROR, error_type=error.error_type, error_message=str(error),
+        timing=Timing(waited, 0.0, waited),
+    ).encode()  # fmt: skip
 
 
 class DropRecorder:

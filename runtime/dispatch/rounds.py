@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from runtime.backends.breaker import BLOCKED_REASON
 from runtime.backends.gate import SKIP_BACKEND_CAP, SKIP_BACKEND_RETRY_AFTER, SKIP_BACKEND_SATURATED
 from runtime.dispatch import redelivery, tenant_round
+from runtime.dispatch.drops import gone_reply
 from runtime.dispatch.observing import Observing
 from runtime.dispatch.peek import PeekedItem, usable_heads
 from runtime.dispatch.stats import DROP_DUPLICATE, DROP_PRODUCER_GONE
@@ -33,6 +34,8 @@ from runtime.policy.reads import unread_skip
 from runtime.queue import scripts
 from runtime.queue.dispatching import ClaimRequest, Observation, QueueView, TurnEnd, lease_member
 from runtime.queue.leases import LeaseRecord
+from runtime.valkey.client import REDIS_ERRORS
+from runtime.wire.contract import Envelope
 
 __all__ = ["BACKEND_REFUSALS", "CLAIM_DROPS", "DEAD_LETTER", "Rounds"]
 
@@ -44,6 +47,7 @@ BACKEND_REFUSALS = frozenset(
 DEAD_LETTER = "dead_letter"
 # Claim outcomes that take the item off its queue without running it, and the drop reason of each.
 CLAIM_DROPS = {scripts.CLAIM_PRODUCER_GONE: DROP_PRODUCER_GONE, scripts.CLAIM_DUPLICATE: DROP_DUPLICATE}
+GONE = scripts.CLAIM_PRODUCER_GONE
 LEFT_THE_QUEUE = frozenset({scripts.CLAIMED, *CLAIM_DROPS})
 Drop = tuple[str, PeekedItem, str]  # (the pool whose list holds it, the item, the drop reason)
 
@@ -366,7 +370,21 @@ class Rounds(Observing):
                     assert item.envelope is not None
                     refused = DispatchError("internal dispatcher error before the call started")
                     self._start(item.envelope, launch.pool_id, request.lease_member, launch.cost, refused)
+        await self._answer_gone([c[1].envelope for c, r in zip(chosen, results, strict=True) if r[0] == GONE])
         return claimed, dropped
+
+    async def _answer_gone(self, envelopes: list[Envelope | None]) -> None:
+        """Tells the producers of calls dropped as producer_gone that they were not run (their callers
+        fail at once, not at their timeouts), after the claimed calls started. Lost if Valkey fails
+        now: the caller then times out, as every such drop did before."""
+        now = time.time()
+        replies = [(e.producer_id, gone_reply(e, now)) for e in envelopes if e is not None]
+        if not replies:
+            return
+        try:
+            await self.queue.answer_gone(replies, self.settings.reply_ttl_s)
+        except REDIS_ERRORS as exc:
+            log.warning("could not answer %d calls dropped as producer_gone: %s", len(replies), exc)
 
     def _after_claim(
         self,

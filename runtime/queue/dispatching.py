@@ -125,6 +125,7 @@ class QueueOps(Upkeep):
         # the monotonic time it stops being watched (inf until Valkey first answered for it).
         self.unanswered: dict[UnansweredClaim, float] = {}
         self._give_back = script("give_back")
+        self._answer_gone = script("answer_gone")
 
     @property
     def finishes(self) -> ScriptBatcher:
@@ -348,6 +349,20 @@ class QueueOps(Upkeep):
         except BaseException:
             self.unanswered.update(dict.fromkeys(launches, math.inf))
             raise
+
+    async def answer_gone(self, replies: Sequence[tuple[str, bytes]], reply_ttl_s: float) -> None:
+        """Queues each (producer id, reply) whatever the producer's liveness (lua/answer_gone.lua): the
+        error replies of calls a claim dropped as producer_gone, one script per producer."""
+        by_producer: dict[str, list[bytes]] = {}
+        for producer_id, reply in replies:
+            by_producer.setdefault(producer_id, []).append(reply)
+
+        def build(pipe: Any) -> None:
+            for producer_id, items in by_producer.items():
+                ttl_ms = int(reply_ttl_s * 1000)
+                self._answer_gone.queue(pipe, [self.keys.replies(producer_id)], [ttl_ms, *items])
+
+        await run_pipeline(self.client, [self._answer_gone], build)
 
     async def give_back_unanswered(self, watch_s: float) -> int:
         """Gives back to the head of its list each request of :attr:`unanswered` whose claim ran after

@@ -52,6 +52,7 @@ TENANT_CLAIM = source("tenant_claim")
 TENANT_PROMOTE = source("tenant_promote")
 TENANT_FORGET = source("tenant_forget")
 TENANT_BURY = source("tenant_bury")
+ANSWER_GONE = source("answer_gone")  # error replies for calls dropped as producer_gone (never run)
 GIVE_BACK = source("give_back")  # undoes a launch claim whose answer was lost (runtime.queue.unanswered)
 TENANT_DEAD_LETTER_TAKE = source("tenant_dead_letter_take")
 
