@@ -83,6 +83,7 @@ async def main(
         "claim_lost": dispatcher.stats.claim_lost,
         "wake_tokens": dispatcher.waiter.tokens,
         "turn_busy": dispatcher.stats.turn_busy,
+        "dropped": dict(dispatcher.stats.dropped),
     }
     print("stats", orjson.dumps(stats).decode(), flush=True)
 
