@@ -24,7 +24,7 @@ from runtime.valkey import embedded
 from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.support.dispatcher_process import start_dispatcher, stop
+from tests.support.dispatcher_process import start_dispatcher, start_dispatchers, stop
 from tests.support.dispatching import CALL
 from tests.support.loop_thread import simulator_thread
 from tests.support.waiting import wait_until
@@ -164,7 +164,7 @@ async def test_breaker_is_shared_by_two_processes_and_survives_a_restart(
             served = sim.requests_by_path.get("/v1/chat/completions", 0)
             stop(procs)
             # A fresh fleet finds it open: nothing reaches the backend, work waits in its queue.
-            procs = [start_dispatcher(valkey_url, keys.prefix, "g", "d9", concurrency=4)]
+            procs = await start_dispatchers(valkey_url, keys.prefix, "g", ["d9"], concurrency=4)
             waiting = asyncio.create_task(producer.submit(CALL, pool_id="interactive", timeout=30))
             await wait_until(lambda: aredis.llen(keys.requests("interactive")), what="the call queued")
             await wait_until(

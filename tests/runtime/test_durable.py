@@ -18,7 +18,7 @@ from runtime.producer import Producer
 from runtime.queue import groups
 from runtime.wire.groupconfig import DURABLE, LISTS
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.support.dispatcher_process import start_dispatcher, stop_dispatcher
+from tests.support.dispatcher_process import start_dispatcher, start_dispatchers, stop_dispatcher
 from tests.support.dispatching import running_dispatcher, wait_until
 from tests.support.durable import LEASE_S, RETRYING, counted, group, keyed
 
@@ -46,8 +46,8 @@ async def test_sigkill_in_durable_mode_every_producer_gets_exactly_one_reply(
                 for i in range(20)
             ]
             await wait_until(lambda: len(backend.calls_by_key) == 20, timeout=20, what="20 calls in flight")
-            survivor = start_dispatcher(
-                valkey_url, keys.prefix, "g", "survivor", concurrency=32, lease_s=LEASE_S
+            [survivor] = await start_dispatchers(
+                valkey_url, keys.prefix, "g", ["survivor"], concurrency=32, lease_s=LEASE_S
             )
             doomed.send_signal(signal.SIGKILL)
             doomed.wait(5)
@@ -86,8 +86,8 @@ async def test_a_dispatcher_frozen_past_its_lease_cannot_reply_and_its_attempts_
             ]
             await wait_until(lambda: len(backend.calls_by_key) == 5, timeout=20, what="5 calls in flight")
             frozen.send_signal(signal.SIGSTOP)
-            finisher = start_dispatcher(
-                valkey_url, keys.prefix, "g", "finisher", concurrency=8, lease_s=LEASE_S
+            [finisher] = await start_dispatchers(
+                valkey_url, keys.prefix, "g", ["finisher"], concurrency=8, lease_s=LEASE_S
             )
             results = await asyncio.gather(*calls)  # the finisher ran them again once the lease expired
             assert all(r.completion["choices"] for r in results)
@@ -127,8 +127,8 @@ async def test_sigkill_in_lists_mode_loses_the_calls_counts_them_and_runs_nothin
                 for i in range(5)
             ]
             await wait_until(lambda: len(backend.calls_by_key) == 5, timeout=20, what="5 calls in flight")
-            survivor = start_dispatcher(
-                valkey_url, keys.prefix, "g", "survivor", concurrency=32, lease_s=LEASE_S
+            [survivor] = await start_dispatchers(
+                valkey_url, keys.prefix, "g", ["survivor"], concurrency=32, lease_s=LEASE_S
             )
             doomed.send_signal(signal.SIGKILL)
             doomed.wait(5)

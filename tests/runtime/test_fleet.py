@@ -21,7 +21,7 @@ from runtime.valkey.client import connect
 from runtime.wire.contract import ChatCall, Envelope
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
-from tests.support.dispatcher_process import start_dispatcher, stop
+from tests.support.dispatcher_process import start_dispatcher, start_dispatchers, stop
 from tests.support.queueing import call, fill, wait_queued
 
 
@@ -94,9 +94,9 @@ async def test_protected_slots_hold_fleet_wide_in_every_sample(aredis, keys, val
             tasks = await fill(producer, "vip", 400, latency_ms=1)
             tasks += await fill(producer, "bulk", 600, latency_ms=20)
             await wait_queued(aredis, keys, "bulk", 600)
-            procs = [
-                start_dispatcher(valkey_url, keys.prefix, "guard", f"d{i}", concurrency=4) for i in range(3)
-            ]
+            procs = await start_dispatchers(
+                valkey_url, keys.prefix, "guard", [f"d{i}" for i in range(3)], concurrency=4
+            )
             try:
                 while await aredis.llen(keys.requests("vip")) > 0:
                     async with aredis.pipeline(transaction=True) as pipe:

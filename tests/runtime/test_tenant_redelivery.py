@@ -26,7 +26,7 @@ from runtime.queue.tenant_dispatch import FairPick
 from runtime.queue.tenants import TenantPush
 from runtime.wire.contract import ChatCall, Envelope
 from tests.runtime.test_tenant_dispatch import POOL, call, one_fair_pool
-from tests.support.dispatcher_process import start_dispatcher, stop_dispatcher
+from tests.support.dispatcher_process import start_dispatchers, stop_dispatcher
 from tests.support.dispatching import running_dispatcher, wait_until
 
 OPEN = AdmissionLimits()
@@ -126,8 +126,8 @@ async def test_a_durable_call_requeued_after_its_dispatcher_died_is_charged_once
                             tenant="key-a")
         )  # fmt: skip
         await wait_until(lambda: aredis.llen(keys.tenant_requests(POOL, "key-a")), timeout=10, what="queued")
-        doomed = start_dispatcher(
-            valkey_url, keys.prefix, "tenants-requeue", "doomed", concurrency=1, lease_s=2.0
+        [doomed] = await start_dispatchers(
+            valkey_url, keys.prefix, "tenants-requeue", ["doomed"], concurrency=1, lease_s=2.0
         )
         try:
             await wait_until(lambda: sim.calls_by_user["first"] == 1, timeout=20, what="the first attempt")

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 
 import orjson
 
@@ -46,6 +47,36 @@ def start_dispatcher(
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
+
+
+async def start_dispatchers(
+    valkey_url: str,
+    prefix: str,
+    group_id: str,
+    idents: Sequence[str],
+    concurrency: int = 8,
+    lease_s: float = 15.0,
+) -> list[subprocess.Popen[str]]:
+    """Starts dispatcher processes side by side, off the event loop; returns once each is ready.
+
+    Off the loop because a test's :class:`Producer` shares it: while the loop sat in ``readline`` for
+    start-ups (three in a row at load 15-18 can pass the liveness marker's 12 s TTL), the producer could
+    not refresh its marker, and the dispatchers already running dropped its calls as producer_gone.
+    """
+    started = await asyncio.gather(
+        *(
+            asyncio.to_thread(start_dispatcher, valkey_url, prefix, group_id, ident, concurrency, lease_s)
+            for ident in idents
+        ),
+        return_exceptions=True,
+    )
+    procs = [s for s in started if isinstance(s, subprocess.Popen)]
+    failed = [s for s in started if not isinstance(s, subprocess.Popen)]
+    if failed:
+        for proc in procs:
+            stop_dispatcher(proc)
+        raise failed[0]
+    return procs
 
 
 def stop_dispatcher(proc: subprocess.Popen[str], timeout: float = 20.0) -> None:
