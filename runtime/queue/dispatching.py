@@ -357,9 +357,10 @@ class QueueOps(Upkeep):
         for producer_id, reply in replies:
             by_producer.setdefault(producer_id, []).append(reply)
 
+        ttl_ms = int(reply_ttl_s * 1000)
+
         def build(pipe: Any) -> None:
             for producer_id, items in by_producer.items():
-                ttl_ms = int(reply_ttl_s * 1000)
                 self._answer_gone.queue(pipe, [self.keys.replies(producer_id)], [ttl_ms, *items])
 
         await run_pipeline(self.client, [self._answer_gone], build)

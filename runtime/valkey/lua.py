@@ -107,21 +107,19 @@ async def run_pipeline(
 async def _run(
     client: aioredis.Redis, scripts: Sequence[LuaScript], calls: Sequence[tuple[Any, ...]]
 ) -> list[Any]:
-    loads = _LOADS.get(client)
-    if loads is None:
-        loads = _LOADS.setdefault(client, _Loads())
-    results: list[Any] = [None] * len(calls)
-    waiting: Sequence[int] = range(len(calls))
-    for send in range(_SENDS):
-        sent_at = loads.finished
-        answers = await _execute(client, [calls[i] for i in waiting])
-        for i, answer in zip(waiting, answers, strict=True):
-            results[i] = answer
-        waiting = [i for i in waiting if isinstance(results[i], NoScriptError)]
-        if not waiting or send == _SENDS - 1:
+    loads = _LOADS.get(client) or _LOADS.setdefault(client, _Loads())
+    sent_at = loads.finished
+    results = await _execute(client, calls)
+    for _ in range(_SENDS - 1):  # the hot path: no refusal, no copy of the commands
+        refused = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+        if not refused:
             break
         for script in scripts:
             await loads.ensure(client, script, sent_at)
+        sent_at = loads.finished
+        again = await _execute(client, [calls[i] for i in refused])
+        for i, result in zip(refused, again, strict=True):
+            results[i] = result
     for result in results:
         if isinstance(result, Exception):
             raise result
