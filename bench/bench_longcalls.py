@@ -47,6 +47,7 @@ from runtime.producer import Producer
 from runtime.wire.groupconfig import PoolConfig
 
 LATENCY_MS = 1000
+TARGET_X_DIRECT = 0.95  # issue 23 (issue 13 asked for 0.9)
 
 
 def shape(quick: bool) -> tuple[int, int]:
@@ -155,9 +156,9 @@ def report(samples: dict[str, list[dict[str, float]]], runs: int, quick: bool) -
     ]  # fmt: skip
     print(table(["path", "this process (producer)", "simulator", "dispatcher", "Valkey", "sum"], cpu_rows))
     print("# CPU ms per call of each process during the measured loads (direct: the dispatcher idles)")
-    ok = summary["x_direct"] >= 0.9
+    ok = summary["x_direct"] >= TARGET_X_DIRECT
     print(
-        f"target: >= 0.9 x direct with {in_flight} in flight ->",
+        f"target (issue 23): >= {TARGET_X_DIRECT} x direct with {in_flight} in flight ->",
         "met" if ok else f"MISSED ({summary['x_direct']:.2f})",
     )
     return summary
