@@ -286,10 +286,13 @@ async def wait_for(predicate, timeout: float, interval: float = 0.02) -> None:  
         await asyncio.sleep(interval)
 
 
-async def closed_loop(producer, pool_id: str, concurrency: int, total: int) -> tuple[list[float], float]:  # type: ignore[no-untyped-def]
+async def closed_loop(  # type: ignore[no-untyped-def]
+    producer, pool_id: str, concurrency: int, total: int, *, finished: list[tuple[float, Any]] | None = None
+) -> tuple[list[float], float]:
     """``concurrency`` workers submit back to back until ``total`` calls are done.
 
-    Returns every call's latency (seconds) and the wall time of the whole load.
+    Returns every call's latency (seconds) and the wall time of the whole load. ``finished``, when
+    given, gets each call's (end time, ``perf_counter`` seconds; result) in the order they ended.
     """
     latencies: list[float] = []
     remaining = total
@@ -299,8 +302,11 @@ async def closed_loop(producer, pool_id: str, concurrency: int, total: int) -> t
         while remaining > 0:
             remaining -= 1
             started = time.perf_counter()
-            await producer.submit(CALL, pool_id=pool_id, timeout=120)
-            latencies.append(time.perf_counter() - started)
+            result = await producer.submit(CALL, pool_id=pool_id, timeout=120)
+            ended = time.perf_counter()
+            latencies.append(ended - started)
+            if finished is not None:
+                finished.append((ended, result))
 
     started = time.perf_counter()
     async with asyncio.TaskGroup() as tasks:

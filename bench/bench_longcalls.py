@@ -23,6 +23,7 @@ import contextlib
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -53,6 +54,23 @@ TARGET_X_DIRECT = 0.95  # issue 23 (issue 13 asked for 0.9)
 def shape(quick: bool) -> tuple[int, int]:
     """(calls in flight, calls per measured load)."""
     return (500, 1000) if quick else (2000, 6000)
+
+
+def steady(finished: list[tuple[float, Any]], in_flight: int) -> dict[str, float]:
+    """The load's middle, free of its start (every worker submits at once) and its tail (the last
+    chains finishing one by one): completions/s with the first and the last ``in_flight``
+    completions left out (a quarter of the load at either end when that is less); and, per call
+    (p50, ms), the dispatcher's timing of its queue wait and of its execution."""
+    ends = [end for end, _ in finished]
+    first = min(in_flight, len(ends) // 4)  # a --quick load is only two windows long
+    last = len(ends) - first
+    rate = (last - first) / (ends[last] - ends[first]) if last > first else 0.0
+    timings = [result.timing for _, result in finished]
+    return {
+        "steady_rate": rate,
+        "queue_wait_p50": pct([t.queue_wait_s * 1000 for t in timings], 0.5),
+        "execution_p50": pct([t.execution_s * 1000 for t in timings], 0.5),
+    }
 
 
 def memory_mib(pid: int) -> tuple[float, float]:
@@ -91,13 +109,17 @@ async def measure(quick: bool, runs: int) -> dict[str, list[dict[str, float]]]:
                             pids = {"sim": sim.pid, "dispatcher": proc.pid, "valkey": valkey.pid}
                             before = {who: cpu_seconds(pid) for who, pid in pids.items()}
                             bench_before = time.process_time()
-                            latencies, wall = await closed_loop(producer, "default", in_flight, total)
+                            finished: list[tuple[float, Any]] = []
+                            latencies, wall = await closed_loop(
+                                producer, "default", in_flight, total, finished=finished
+                            )
                             used = {who: cpu_seconds(pid) - before[who] for who, pid in pids.items()}
                             used["bench"] = time.process_time() - bench_before
                             cpu = used["dispatcher"]
                             rss, peak = memory_mib(proc.pid)
                             ms = [x * 1000 for x in latencies]
                             sample = {"rate": total / wall, "p50": pct(ms, 0.5), "p99": pct(ms, 0.99)}
+                            sample |= steady(finished, in_flight)
                             sample |= {f"{who}_ms": seconds * 1000 / total for who, seconds in used.items()}
                             if name == "queued":
                                 sample |= {
@@ -125,6 +147,7 @@ def report(samples: dict[str, list[dict[str, float]]], runs: int, quick: bool) -
         "core": median([q["core"] for q in queued]),
         "rss": median([q["rss"] for q in queued]),
         "peak": max(q["peak"] for q in queued),
+        "steady_x_direct": median([q["steady_rate"] / d["steady_rate"] for q, d in pairs]),
     }
     print(
         f"# long calls: {in_flight} in flight, simulator latency {LATENCY_MS} ms, {total} calls per load, "
@@ -156,6 +179,17 @@ def report(samples: dict[str, list[dict[str, float]]], runs: int, quick: bool) -
     ]  # fmt: skip
     print(table(["path", "this process (producer)", "simulator", "dispatcher", "Valkey", "sum"], cpu_rows))
     print("# CPU ms per call of each process during the measured loads (direct: the dispatcher idles)")
+    print(
+        "steady state (the first and the last {n} completions left out): direct {d:.0f}/s, queued {q:.0f}/s"
+        " = {x:.2f}x; queued call p50: queue wait {w:.1f} ms, execution {e:.1f} ms".format(
+            n=min(in_flight, total // 4),
+            d=median([s["steady_rate"] for s in direct]),
+            q=median([s["steady_rate"] for s in queued]),
+            x=summary["steady_x_direct"],
+            w=median([s["queue_wait_p50"] for s in queued]),
+            e=median([s["execution_p50"] for s in queued]),
+        )
+    )
     ok = summary["x_direct"] >= TARGET_X_DIRECT
     print(
         f"target (issue 23): >= {TARGET_X_DIRECT} x direct with {in_flight} in flight ->",
