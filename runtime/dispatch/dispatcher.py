@@ -123,6 +123,7 @@ class Dispatcher(Rounds, Configuring):
         self.running: dict[str, Running] = {}  # by lease member
         self.finishing: dict[str, Running] = {}  # done, FINISH waiting for Valkey: no slot, lease renewed
         self._heads_seen: dict[str, tuple[bytes, ...]] = {}
+        self._deeper: dict[str, int] = {}
         self._head_token: tuple[str, bytes] | None = None  # the last wake token's request, by pool
         self._rejected_config: bytes | str | None = None
         self._policy: scheduler.GroupPolicy | None = None

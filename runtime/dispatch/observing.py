@@ -20,7 +20,7 @@ from runtime.dispatch.execution import Executor, Running
 from runtime.dispatch.peek import PeekCache
 from runtime.dispatch.stats import DispatcherStats
 from runtime.policy import scheduler
-from runtime.policy.reads import PoolRead, ReadPlan, plan_reads
+from runtime.policy.reads import PoolRead, ReadPlan, base_depth, next_depth, plan_reads
 from runtime.queue.deciding import TURN_ELSEWHERE, NextRound
 from runtime.queue.dispatching import Observation, QueueOps, QueueView
 from runtime.queue.leases import LeaseRecord, lease_member
@@ -48,6 +48,7 @@ class Observing:
     last_views: dict[str, QueueView]
     _peek: PeekCache
     _heads_seen: dict[str, tuple[bytes, ...]]
+    _deeper: dict[str, int]  # pools read deeper than peek_depth (runtime.policy.reads.next_depth)
 
     def _hinted(self, policy: scheduler.GroupPolicy, plan: ReadPlan, token: tuple[str, bytes]) -> bool:
         """Whether to claim a wake token's request at once, without reading the heads first: only a
@@ -82,7 +83,38 @@ class Observing:
             local_free=local_free,
             allowances={p.pool_id: self._room(p.pool_id) for p in policy.pools},
             heads_cached=frozenset(pool_id for pool_id, heads in self._heads_seen.items() if heads),
+            deeper=self._deeper,
         )
+
+    def _learn_depths(
+        self,
+        policy: scheduler.GroupPolicy,
+        views: dict[str, QueueView],
+        launches: tuple[scheduler.Launch, ...],
+        fair: frozenset[str],
+    ) -> None:
+        """How deep to read each pool next, from what this decision launched of the heads it read
+        (a fair pool's heads are read by tenant, at the configured depth)."""
+        base = base_depth(policy, self.settings.peek_depth)
+        launched: dict[str, int] = {}
+        for launch in launches:
+            launched[launch.pool_id] = launched.get(launch.pool_id, 0) + 1
+        for pool_id, view in views.items():
+            if not view.heads or pool_id in fair:
+                continue
+            took = launched.get(pool_id, 0)
+            depth = next_depth(
+                self._deeper.get(pool_id, base),
+                base=base,
+                read=len(view.heads),
+                launched=took,
+                backlog_left=view.backlog - took,
+                read_bytes=sum(map(len, view.heads)),
+            )
+            if depth > base:
+                self._deeper[pool_id] = depth
+            else:
+                self._deeper.pop(pool_id, None)
 
     def _then(
         self, policy: scheduler.GroupPolicy, free: int | None, claims: int, fair: frozenset[str]

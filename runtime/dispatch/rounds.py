@@ -135,6 +135,7 @@ class Rounds(Observing):
             local_free_slots=local_free,
         )
         self._state = decision.state
+        self._learn_depths(policy, seen.views, decision.launches, fair)
         self.stats.skips.update(decision.skips)
         if end_turn is not None and any(r == scheduler.SKIP_LOCAL_CAPACITY for _, r in decision.skips):
             end_turn = dataclasses.replace(end_turn, left_work=True)

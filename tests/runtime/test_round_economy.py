@@ -10,7 +10,18 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.support.dispatching import CALL, NO_POLL, one_pool_stack, submit_one_at_a_time
+from runtime.producer import Producer
+from simulator.server import SimulatorConfig, SimulatorServer
+from tests.support.dispatching import (
+    CALL,
+    NO_POLL,
+    one_pool_group,
+    one_pool_stack,
+    running_dispatcher,
+    slow_call,
+    submit_one_at_a_time,
+    wait_until,
+)
 
 
 async def test_one_round_per_call_when_the_queue_empties(aredis, keys) -> None:
@@ -35,3 +46,30 @@ async def test_calls_pushed_while_a_round_runs_are_not_stranded(aredis, keys) ->
 
         async with asyncio.timeout(40):  # a stranded call would wait for the minute-long poll
             await asyncio.gather(*(caller() for _ in range(callers)))
+
+
+async def test_a_burst_into_free_slots_starts_in_a_handful_of_rounds(aredis, keys) -> None:
+    """400 requests waiting when the dispatcher starts, 400 free slots: each round that launched every
+    head it read, with backlog left, reads twice as deep the next time (8, 16, ... 128), so they all
+    start in 7 rounds, not in 400 / peek_depth = 50 round trips (issue 23, long calls)."""
+    burst = 400
+    async with (
+        SimulatorServer(SimulatorConfig()) as sim,
+        Producer(aredis, keys=keys) as producer,
+    ):
+        config = one_pool_group(sim.url, total=burst, max_concurrent=burst)
+
+        async def queued() -> bool:
+            return await aredis.llen(keys.requests("default")) == burst
+
+        calls = [
+            asyncio.create_task(producer.submit(slow_call(3000), pool_id="default", timeout=60))
+            for _ in range(burst)
+        ]
+        await wait_until(queued, timeout=20, what="the burst queued")
+        async with running_dispatcher(aredis, keys, config, concurrency=burst, **NO_POLL) as dispatcher:
+            await wait_until(lambda: len(dispatcher.running) == burst, timeout=20)
+            assert dispatcher.stats.rounds <= 10
+            assert all(not c.done() for c in calls)  # all started together: none finished yet
+            results = await asyncio.gather(*calls)
+    assert len({r.request_id for r in results}) == burst
