@@ -46,11 +46,13 @@ async def test_sigkill_in_durable_mode_every_producer_gets_exactly_one_reply(
                 for i in range(20)
             ]
             await wait_until(lambda: len(backend.calls_by_key) == 20, timeout=20, what="20 calls in flight")
+            # Killed before the survivor starts: a start-up longer than the calls' 2.5 s (seen at load
+            # 6-7) would otherwise let the doomed dispatcher finish and answer them first.
+            doomed.send_signal(signal.SIGKILL)
+            doomed.wait(5)
             [survivor] = await start_dispatchers(
                 valkey_url, keys.prefix, "g", ["survivor"], concurrency=32, lease_s=LEASE_S
             )
-            doomed.send_signal(signal.SIGKILL)
-            doomed.wait(5)
             results = await asyncio.gather(*calls)
             assert all(r.completion["choices"] for r in results)
             assert producer.stats.duplicate_replies == 0 and producer.stats.late_replies == 0
@@ -127,11 +129,13 @@ async def test_sigkill_in_lists_mode_loses_the_calls_counts_them_and_runs_nothin
                 for i in range(5)
             ]
             await wait_until(lambda: len(backend.calls_by_key) == 5, timeout=20, what="5 calls in flight")
+            # Killed before the survivor starts: a start-up longer than the calls' 2.5 s (seen at load
+            # 6-7) would otherwise let the doomed dispatcher finish and answer them first.
+            doomed.send_signal(signal.SIGKILL)
+            doomed.wait(5)
             [survivor] = await start_dispatchers(
                 valkey_url, keys.prefix, "g", ["survivor"], concurrency=32, lease_s=LEASE_S
             )
-            doomed.send_signal(signal.SIGKILL)
-            doomed.wait(5)
             outcomes = await asyncio.gather(*calls, return_exceptions=True)
             assert all(isinstance(o, RequestTimeout) for o in outcomes), outcomes
             await wait_until(
