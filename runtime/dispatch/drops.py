@@ -37,6 +37,9 @@ DROP_MESSAGES = {
     DROP_LOST_IN_FLIGHT: "its dispatcher stopped renewing the lease (it died) before the call finished",
 }
 
+# The error a drop's producer was told of, by the drop's reason (history shows the same type).
+DROP_ERROR_TYPES = {DROP_EXPIRED: RequestExpired.error_type, DROP_PRODUCER_GONE: ProducerGone.error_type}
+
 
 def gone_reply(envelope: Envelope, now: float) -> bytes:
     """The error reply of a call dropped as producer_gone: the producer, if it is alive after all (its
@@ -74,7 +77,7 @@ class DropRecorder:
             now,
             now,
             drop_reason=reason,
-            error_type=RequestExpired.error_type if reason == DROP_EXPIRED else "",
+            error_type=DROP_ERROR_TYPES.get(reason, ""),
             error_message=DROP_MESSAGES.get(reason, reason),
             cost=cost,
         )

@@ -15,6 +15,7 @@ from runtime.config import ProducerSettings
 from runtime.dispatch.stats import DROP_PRODUCER_GONE
 from runtime.errors import ProducerGone
 from runtime.producer import Producer
+from runtime.telemetry import semconv
 from runtime.wire.groupconfig import DURABLE, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.support.dispatching import CALL, one_pool_group, running_dispatcher, wait_until
@@ -26,8 +27,9 @@ STALLED = ProducerSettings(alive_ttl_s=120.0, alive_refresh_s=60.0)
 
 @pytest.mark.parametrize("mode", ["lists", "durable", "fair"])
 async def test_a_call_dropped_while_the_marker_lapsed_fails_at_once_with_producer_gone(
-    aredis, keys, mode: str
+    aredis, keys, spans, mode: str
 ) -> None:
+    provider, exporter = spans
     async with SimulatorServer(SimulatorConfig()) as sim:
         config = one_pool_group(sim.url)
         tenant = None
@@ -47,10 +49,16 @@ async def test_a_call_dropped_while_the_marker_lapsed_fails_at_once_with_produce
             backlog = keys.tenant_requests("default", tenant) if tenant else keys.requests("default")
             await wait_until(lambda: aredis.llen(backlog), timeout=5)
             await aredis.delete(keys.producer_alive(producer.producer_id))
-            async with running_dispatcher(aredis, keys, config) as dispatcher:
+            async with running_dispatcher(
+                aredis, keys, config, tracer=provider.get_tracer("d")
+            ) as dispatcher:
                 with pytest.raises(ProducerGone) as caught:
                     await asyncio.wait_for(call, TIMEOUT_S)
                 assert dispatcher.stats.dropped[DROP_PRODUCER_GONE] == 1
+        # History says what the caller was told.
+        [span] = [s for s in exporter.get_finished_spans() if s.attributes.get(semconv.DROP_REASON)]
+        assert span.attributes[semconv.DROP_REASON] == DROP_PRODUCER_GONE
+        assert span.attributes[semconv.ERROR_TYPE] == ProducerGone.error_type
         assert time.monotonic() - started < 10, "answered well before the caller's timeout"
         assert sim.completions_requested == 0
         assert caught.value.retryable and "liveness marker had lapsed" in str(caught.value)
