@@ -30,11 +30,18 @@ from runtime.dispatch.results import (
     FINISH_UNDELIVERED,
     count_finish,
     cut_by_shutdown,
+    cut_stream_reply,
     reply_bytes,
     span_outcome,
 )
 from runtime.dispatch.stats import DispatcherStats
-from runtime.dispatch.streaming import Fence, StreamRelay, StreamSummary, stream_timeout
+from runtime.dispatch.streaming import (
+    Fence,
+    ProducerGoneMidStream,
+    StreamRelay,
+    StreamSummary,
+    stream_timeout,
+)
 from runtime.errors import (
     BackendTimeout,
     Cancelled,
@@ -190,6 +197,8 @@ class Executor:
         if self.queue.charges:  # a fair pool's call: its FINISH corrects its tenant's charge (issue 22)
             tenant_round.correct(self.queue, run.member, completion, config.pool(run.pool_id))
         code = await self._finish(run, reply, self._group_pools(config), settled)
+        if code == scripts.FINISH_PRODUCER_GONE and isinstance(error, ProducerGoneMidStream):
+            await self._tell_cut(run, summary, timing)
         self._settled(run, code)
         count_finish(self.stats, code, error, settled)
         outcome = span_outcome(
@@ -201,6 +210,17 @@ class Executor:
             else None
         )
         record_span(self.tracer, envelope, self.identity, outcome, content=content)
+
+    async def _tell_cut(self, run: Running, summary: StreamSummary | None, timing: Timing) -> None:
+        """A stream cut off because its producer's marker lapsed: FINISH, which checks the marker, did
+        not deliver its end, so the producer, if alive after all (the marker lapsed for a moment), is
+        told at once, not at its caller's timeout. Lost if Valkey fails now: the caller then times out."""
+        reply = cut_stream_reply(run.envelope, summary, timing)
+        try:
+            await self.queue.answer_gone([(run.envelope.producer_id, reply)], self.settings.reply_ttl_s)
+        except REDIS_ERRORS as exc:
+            log.warning("could not tell the producer of request %s its stream was cut: %s",
+                        run.envelope.request_id, exc)  # fmt: skip
 
     def _fence(self, run: Running) -> Fence:
         """What a streamed attempt relays under; in durable mode, the lease record its first chunk stores."""

@@ -16,7 +16,7 @@ from runtime.dispatch.stats import (
     DROP_STALE_ATTEMPT,
     DispatcherStats,
 )
-from runtime.dispatch.streaming import StreamSummary
+from runtime.dispatch.streaming import ProducerGoneMidStream, StreamSummary
 from runtime.errors import BackendHTTPError, DeadLettered, DispatchError, Rejected, StreamInterrupted
 from runtime.queue import scripts
 from runtime.telemetry.spans import Outcome
@@ -27,6 +27,7 @@ __all__ = [
     "backend_answer",
     "count_finish",
     "cut_by_shutdown",
+    "cut_stream_reply",
     "reply_bytes",
     "span_outcome",
 ]
@@ -94,6 +95,22 @@ def reply_bytes(
         error_message=str(error),
         timing=timing,
         backend=backend_answer(error),
+    ).encode()
+
+
+def cut_stream_reply(envelope: Envelope, summary: StreamSummary | None, timing: Timing) -> bytes:
+    """The error reply of a stream cut off because its producer's liveness marker lapsed mid-stream
+    (``stream_producer_gone``), for a producer alive after all; names no producer or host."""
+    relayed = summary.relayed if summary is not None else 0
+    return Reply(
+        envelope.request_id,
+        STATUS_ERROR,
+        error_type=ProducerGoneMidStream.error_type,
+        error_message=(
+            f"the stream was cut off after {relayed} chunk(s): its producer's liveness marker had lapsed, "
+            "so the dispatcher stopped the backend call; the chunks already received stand"
+        ),
+        timing=timing,
     ).encode()
 
 

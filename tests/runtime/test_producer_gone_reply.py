@@ -12,8 +12,8 @@ import pytest
 
 from ingress.errors import api_error_for
 from runtime.config import ProducerSettings
-from runtime.dispatch.stats import DROP_PRODUCER_GONE
-from runtime.errors import ProducerGone
+from runtime.dispatch.stats import DROP_PRODUCER_GONE, DROP_REPLY_PRODUCER_GONE
+from runtime.errors import DispatchError, ProducerGone
 from runtime.producer import Producer
 from runtime.telemetry import semconv
 from runtime.wire.groupconfig import DURABLE, PoolConfig
@@ -92,3 +92,33 @@ async def test_a_streamed_call_dropped_while_the_marker_lapsed_fails_at_once_wit
                     await asyncio.wait_for(call, TIMEOUT_S)
         assert time.monotonic() - started < 10
         assert sim.completions_requested == 0
+
+
+async def test_a_stream_cut_because_the_marker_lapsed_mid_stream_ends_at_once_with_its_error(
+    aredis, keys
+) -> None:
+    """The marker lapses after the first chunk: the relay stops and the backend call is cut off
+    (``stream_producer_gone``), and the producer, alive after all, is told so instead of waiting out its
+    timeout for chunks that will never come."""
+    async with SimulatorServer(SimulatorConfig()) as sim:
+        config = one_pool_group(sim.url)
+        long_stream = {**CALL, "sim": {"itl_ms": 100, "completion_tokens": 200}}  # ~20 s of chunks
+        async with (
+            Producer(aredis, keys=keys, settings=STALLED) as producer,
+            running_dispatcher(aredis, keys, config) as dispatcher,
+        ):
+            chunks = 0
+            started = time.monotonic()
+            with pytest.raises(DispatchError) as caught:
+                async for _ in producer.stream(long_stream, pool_id="default", timeout=TIMEOUT_S):
+                    chunks += 1
+                    if chunks == 1:
+                        await aredis.delete(keys.producer_alive(producer.producer_id))
+            assert time.monotonic() - started < 10, "ended well before the stream or the timeout would"
+            assert caught.value.error_type == "stream_producer_gone"
+            assert "liveness" in str(caught.value) and producer.producer_id not in str(caught.value)
+            assert 1 <= chunks < 100
+            await wait_until(lambda: dispatcher.stats.failed["stream_producer_gone"] == 1, timeout=5)
+            assert dispatcher.stats.dropped[DROP_REPLY_PRODUCER_GONE] == 1
+        ttl = await aredis.pttl(keys.replies(producer.producer_id))
+        assert ttl == -2 or ttl > 0
