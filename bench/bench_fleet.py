@@ -28,9 +28,10 @@ Measured per configuration: max share error (pp) and Jain index (share/target), 
 completion, each dispatcher's share of the completions (max deviation from an even split), throughput,
 Valkey commands and Valkey CPU (user+sys) per completion (``INFO commandstats`` / ``INFO cpu`` deltas
 over the measured window), the dispatchers' CPU per completion (all processes summed, /proc deltas over
-the same window), rounds that found the turn taken per completion, and cap / protected-slot
-violations in 10 ms samples (each sample one MULTI over the lease sets and lists). In 4:1 the heavy
-pool has two protected slots (min concurrent 2).
+the same window), rounds that found the turn taken per completion, Valkey round trips of the rounds
+and of the FINISH batches per completion (and finishes per FINISH trip: how much the batcher
+coalesces), and cap / protected-slot violations in 10 ms samples (each sample one MULTI over the
+lease sets and lists). In 4:1 the heavy pool has two protected slots (min concurrent 2).
 """
 
 from __future__ import annotations
@@ -271,6 +272,12 @@ async def one_run(
         "samples": samples,
         "violations": violations,
         "tokens_per_completion": sum(s["wake_tokens"] for s in per) / max(1, completions),
+        # Round trips to Valkey of the rounds and of the FINISH batches (-1: a revision not counting them).
+        "trips_per_completion": sum(s["round_trips"] + s["finish_trips"] for s in per) / max(1, completions)
+        if all("finish_trips" in s for s in per)
+        else -1,
+        "finishes_per_trip": sum(s.get("finishes", 0) for s in per)
+        / max(1, sum(s.get("finish_trips", 0) for s in per)),
         "backlogged": all(g < len(costs[p]) for p, g in zip(pools, left, strict=True)),
     }
 
@@ -351,6 +358,7 @@ def report(
                 f"{med(rs, 'cpu_us_per_completion'):.0f}",
                 f"{med(rs, 'dispatcher_us_per_completion'):.0f} ({cpu_ratio:.2f}x)",
                 f"{med(rs, 'tokens_per_completion'):.2f}",
+                f"{med(rs, 'trips_per_completion'):.2f} ({med(rs, 'finishes_per_trip'):.2f})",
                 f"{med(rs, 'rounds_per_completion'):.2f}",
                 f"{med(rs, 'turn_busy_per_completion'):.2f}",
                 f"{sum(r['violations'] for r in rs)}/{sum(r['samples'] for r in rs)}",
@@ -388,6 +396,7 @@ def report(
                 "Valkey CPU us/completion",
                 "dispatcher CPU us/completion (vs 1)",
                 "wake tokens/completion",
+                "Valkey trips/completion (finishes per FINISH trip)",
                 "rounds/completion",
                 "turn found taken/completion",
                 "violations/samples",
