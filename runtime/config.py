@@ -62,10 +62,6 @@ class DispatcherSettings:
     # Idle poll, shared by the fleet (one poll per interval per group): for producers that push without
     # a wake-up token, deadlines, expired leases and breakers.
     idle_poll_s: float = 0.05
-    # In a fleet, a waiting dispatcher takes a wake token once about half its share of slots is free,
-    # or this long after a slot freed with fewer: each round then launches several calls, not one
-    # (issue 23). 0 takes a token with any free slot, as a lone dispatcher always does.
-    gather_s: float = 0.005
     # How many items of each pool's head are read per scheduling round.
     peek_depth: int = 8
     reconnect_backoff_s: tuple[float, float] = (0.1, 5.0)
@@ -91,8 +87,6 @@ class DispatcherSettings:
             raise ValueError("the in-flight lease must be longer than one second")
         if self.peek_depth < 1:
             raise ValueError("peek_depth must be at least 1")
-        if not self.gather_s >= 0:
-            raise ValueError(f"gather_s must not be negative (got {self.gather_s!r})")
         _check_health(self.valkey_health_s)
 
 

@@ -133,7 +133,6 @@ class Dispatcher(Rounds, Configuring):
         self._waiting = False  # the scheduling loop waits for a reason to run a round
         self._slots = settings.concurrency  # local slots, within this dispatcher's share of the group
         self._idle = asyncio.Event()  # ... and has a free slot: the wake waiter may take a token
-        self._gathering: asyncio.TimerHandle | None = None  # set: a fleet member waits for more free slots
         self._stopping = asyncio.Event()
         self._finished = asyncio.Event()  # set once in-flight calls are done: helpers then exit
         self.listener = ChangeListener(
@@ -261,7 +260,8 @@ class Dispatcher(Rounds, Configuring):
         Tokens are taken only while a slot is free, so they go to a dispatcher that can use them.
         """
         self._waiting = True
-        self._offer_slots()
+        if len(self.running) < self._slots:
+            self._idle.set()
         try:
             async with asyncio.timeout(self.settings.idle_poll_s):  # no task per wait, unlike wait_for
                 await self._wake.wait()
@@ -271,34 +271,6 @@ class Dispatcher(Rounds, Configuring):
         finally:
             self._waiting = False
             self._idle.clear()
-            if self._gathering is not None:
-                self._gathering.cancel()
-                self._gathering = None
-
-    def _offer_slots(self, *, gathered: bool = False) -> None:
-        """While waiting, lets the wake waiter take a token once enough slots are free.
-
-        Alone, one free slot is enough. In a fleet each dispatcher holds a share of the group's slots
-        (3 of 8 with three), and a token taken for every slot that frees makes a round per call or two
-        (issue 23): a fleet member takes one once half its share is free, or ``gather_s`` after it
-        first had a free slot, so a lone freed slot still gets its round (``gathered``: that bound is up).
-        """
-        free = self._slots - len(self.running)
-        if free <= 0 or self._idle.is_set():
-            return
-        gather_s = self.settings.gather_s
-        if gathered or gather_s <= 0 or len(self.queue.fleet_slots) <= 1 or 2 * free >= self._slots:
-            if self._gathering is not None:
-                self._gathering.cancel()
-                self._gathering = None
-            self._idle.set()
-        elif self._gathering is None:
-            self._gathering = asyncio.get_running_loop().call_later(gather_s, self._gathered)
-
-    def _gathered(self) -> None:
-        self._gathering = None
-        if self._waiting:
-            self._offer_slots(gathered=True)
 
     def _woken(self, wake_list: bytes, token: bytes) -> None:
         self._idle.clear()  # one token per wait: the next is for another dispatcher
@@ -365,8 +337,8 @@ class Dispatcher(Rounds, Configuring):
                 del self.finishing[run.member]
             # No round of our own: FINISH pushed a wake token, which goes to the dispatcher of the
             # group that has waited longest (maybe this one), so freed slots spread over the fleet.
-            if self._waiting:
-                self._offer_slots()
+            if self._waiting and len(self.running) < self._slots:
+                self._idle.set()
 
     def _finish_retrying(self, run: Running) -> None:
         """A done call whose FINISH waits for Valkey (failing over) frees its slot for dispatch."""
