@@ -1,15 +1,24 @@
 """A fleet of dispatchers: does it behave as one? 1, 2 and 3 dispatcher processes of one group.
 
-Run: ``python bench/bench_fleet.py [--quick] [--runs N] [--before REF] [--fleets 1,3]``.
+Run: ``python bench/bench_fleet.py [--quick] [--runs N] [--before REF] [--fleets 1,3] [--group-total T]
+[--slots S] [--lone-slots K]``.
 
 With ``--before REF`` every configuration also runs the dispatchers of git revision ``REF``
 (exported with git archive) right after this checkout's, in the same Valkey and against the same
 simulator, so each variant's "n dispatchers vs 1" ratio and the after/before ratio come from one run.
 
+Where the fleet's extra cost comes from (issue 23): ``--lone-slots K`` also runs one dispatcher whose
+own concurrency is ``K`` (the group total unchanged), i.e. with the slots a fleet member holds (3 of 8
+with three dispatchers), so "n vs 1" can be read against a lone dispatcher that batches from as few
+slots. ``--group-total T --slots S`` sets the group total (and the pools' caps) and each dispatcher's
+own concurrency: ``--group-total 24 --slots 8`` gives three dispatchers 8 slots each (``fleet_share``
+of 24 over 3 x 8) against one dispatcher of 8 slots, equal slots per dispatcher.
+
 Like bench_fairness: every pool is preloaded so it stays backlogged (costs uniform in 1..4 for even
-pools, 1..16 for odd pools, seeded), a zero-latency simulator process, group total 8, each dispatcher
-with 8 local slots, so the scheduler decides who gets every slot. The dispatched cost share is read
-from the lists (items gone from each head), not from the dispatchers' counters.
+pools, 1..16 for odd pools, seeded), a zero-latency simulator process, group total 8
+(``--group-total``), each dispatcher with 8 local slots (``--slots``), so the scheduler decides who
+gets every slot. The dispatched cost share is read from the lists (items gone from each head), not
+from the dispatchers' counters.
 
 Each configuration runs without and with *live wake-ups*: a producer pushes real requests into the
 pools at ~500/s (at the tail, behind the backlog) and, so that wake-ups really flow whatever the
@@ -19,9 +28,10 @@ Measured per configuration: max share error (pp) and Jain index (share/target), 
 completion, each dispatcher's share of the completions (max deviation from an even split), throughput,
 Valkey commands and Valkey CPU (user+sys) per completion (``INFO commandstats`` / ``INFO cpu`` deltas
 over the measured window), the dispatchers' CPU per completion (all processes summed, /proc deltas over
-the same window), rounds that found the turn taken per completion, and cap / protected-slot
-violations in 10 ms samples (each sample one MULTI over the lease sets and lists). In 4:1 the heavy
-pool has two protected slots (min concurrent 2).
+the same window), rounds that found the turn taken per completion, Valkey round trips of the rounds
+and of the FINISH batches per completion (and finishes per FINISH trip: how much the batcher
+coalesces), and cap / protected-slot violations in 10 ms samples (each sample one MULTI over the
+lease sets and lists). In 4:1 the heavy pool has two protected slots (min concurrent 2).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import random
 import subprocess
@@ -63,6 +74,7 @@ from bench._common import (
     table,
 )
 from bench.bench_fairness import jain
+from runtime.policy import scheduler
 from runtime.producer import Producer
 from runtime.queue import registry
 from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
@@ -81,25 +93,25 @@ PUSH_SCRIPT = registry.script("push")
 
 @contextlib.contextmanager
 def fleet(
-    url: str, prefix: str, group_id: str, count: int, root: Path = ROOT
+    url: str, prefix: str, group_id: str, count: int, root: Path = ROOT, slots: int = GROUP_TOTAL
 ) -> Iterator[tuple[list[dict[str, Any]], list[subprocess.Popen[str]]]]:
-    """``count`` dispatcher processes; yields a list that gets each one's exit stats once they
-    stopped, and the processes (for their CPU time)."""
+    """``count`` dispatcher processes of ``slots`` local slots each; yields a list that gets each one's
+    exit stats once they stopped, and the processes (for their CPU time)."""
     with scratch() as stats_dir:
         stats: list[dict[str, Any]] = []
         paths = [stats_dir / f"d{i}.json" for i in range(count)]
-        with _processes(url, prefix, group_id, paths, root) as procs:
+        with _processes(url, prefix, group_id, paths, root, slots) as procs:
             yield stats, procs
         stats.extend(orjson.loads(path.read_bytes()) for path in paths)
 
 
 @contextlib.contextmanager
 def _processes(
-    url: str, prefix: str, group_id: str, paths: list[Path], root: Path
+    url: str, prefix: str, group_id: str, paths: list[Path], root: Path, slots: int
 ) -> Iterator[list[subprocess.Popen[str]]]:
     procs = [
         spawn(
-            ["-m", "bench._dispatcher_proc", url, prefix, group_id, str(GROUP_TOTAL), f"d{i}"],
+            ["-m", "bench._dispatcher_proc", url, prefix, group_id, str(slots), f"d{i}"],
             env={"BENCH_STATS": str(path)},
             root=root,
         )
@@ -186,20 +198,22 @@ async def one_run(
     total: int,
     seed: int,
     root: Path = ROOT,
+    group_total: int = GROUP_TOTAL,
+    slots: int = GROUP_TOTAL,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     keys = new_keys()
     pools = [f"p{i}" for i in range(len(weights))]
-    # In 4:1 the heavy pool gets two protected slots: fewer than its share of the 8 slots, so they do
+    # In 4:1 the heavy pool gets two protected slots: fewer than its share of the group's slots, so they do
     # not bend the weights, but every claim checks them and every sample verifies them.
     heaviest = weights.index(max(weights)) if len(weights) == 2 else -1  # 1:1:2:4: cost mix bends it
     config = group(
         sim_url,
         [
-            PoolConfig(p, quantum=4 * w, max_concurrent=GROUP_TOTAL, min_concurrent=2 if i == heaviest else 0)
+            PoolConfig(p, quantum=4 * w, max_concurrent=group_total, min_concurrent=2 if i == heaviest else 0)
             for i, (p, w) in enumerate(zip(pools, weights, strict=True))
         ],
-        total=GROUP_TOTAL,
+        total=group_total,
     )
     share = [w / sum(weights) for w in weights]
     costs = {
@@ -209,7 +223,7 @@ async def one_run(
         for p in pools:
             await preload(conn, keys, p, producer.producer_id, costs[p])
         await publish(conn, keys, config)
-        with fleet(valkey_url, keys.prefix, config.group_id, dispatchers, root) as (per, procs):
+        with fleet(valkey_url, keys.prefix, config.group_id, dispatchers, root, slots) as (per, procs):
             stop = asyncio.Event()
             calls0, cpu0 = await valkey_counters(conn)
             dcpu0 = sum(cpu_seconds(proc.pid) for proc in procs)
@@ -258,16 +272,36 @@ async def one_run(
         "samples": samples,
         "violations": violations,
         "tokens_per_completion": sum(s["wake_tokens"] for s in per) / max(1, completions),
+        # Round trips to Valkey of the rounds and of the FINISH batches (-1: a revision not counting them).
+        "trips_per_completion": sum(s["round_trips"] + s["finish_trips"] for s in per) / max(1, completions)
+        if all("finish_trips" in s for s in per)
+        else -1,
+        "finishes_per_trip": sum(s.get("finishes", 0) for s in per)
+        / max(1, sum(s.get("finish_trips", 0) for s in per)),
         "backlogged": all(g < len(costs[p]) for p, g in zip(pools, left, strict=True)),
     }
 
 
-Key = tuple[str, str, int, bool]  # (variant, scenario, dispatchers, live wake-ups)
+Key = tuple[str, str, int, int, bool]  # (variant, scenario, dispatchers, slots each, live wake-ups)
 AFTER = "after"
 
 
+@dataclasses.dataclass(frozen=True)
+class Slots:
+    """The group total, each dispatcher's own concurrency, and that of the extra lone dispatcher."""
+
+    total: int = GROUP_TOTAL
+    each: int = GROUP_TOTAL
+    lone: int | None = None  # --lone-slots: one more lone dispatcher, with this many slots
+
+    def setups(self, fleets: tuple[int, ...]) -> list[tuple[int, int]]:
+        """(dispatchers, slots each) to run: the fleets, then the lone dispatcher of ``lone`` slots."""
+        extra = [(1, self.lone)] if self.lone is not None and self.lone != self.each else []
+        return [(n, self.each) for n in fleets] + extra
+
+
 async def measure(
-    variants: dict[str, Path], fleets: tuple[int, ...], quick: bool, runs: int
+    variants: dict[str, Path], fleets: tuple[int, ...], quick: bool, runs: int, slots: Slots = Slots()
 ) -> dict[Key, list[dict[str, Any]]]:
     total = 1500 if quick else 10_000
     results: dict[Key, list[dict[str, Any]]] = {}
@@ -275,29 +309,37 @@ async def measure(
         for run in range(runs):
             for name, weights in SCENARIOS.items():
                 for live in (False, True):
-                    for n in fleets:
+                    for n, each in slots.setups(fleets):
                         # Alternate which variant goes first, so neither always runs in the same slot.
                         order = list(variants.items())
                         for variant, root in order if run % 2 == 0 else order[::-1]:
                             r = await one_run(
-                                valkey_url, sim_url, weights, n, live, total, seed=run, root=root
-                            )
-                            results.setdefault((variant, name, n, live), []).append(r)
+                                valkey_url, sim_url, weights, n, live, total, seed=run, root=root,
+                                group_total=slots.total, slots=each,
+                            )  # fmt: skip
+                            results.setdefault((variant, name, n, each, live), []).append(r)
                             print(
-                                f"run {run} {variant} {name} n={n} live={live}: {r}",
+                                f"run {run} {variant} {name} n={n} slots={each} live={live}: {r}",
                                 file=sys.stderr,
                                 flush=True,
                             )
     return results
 
 
-def report(results: dict[Key, list[dict[str, Any]]], runs: int, quick: bool) -> list[dict[str, Any]]:
+def held(slots: Slots, n: int, each: int) -> int:
+    """The slots of the group each of ``n`` dispatchers of ``each`` local slots may hold."""
+    return scheduler.fleet_share(slots.total, each, (each,) * n)
+
+
+def report(
+    results: dict[Key, list[dict[str, Any]]], runs: int, quick: bool, slots: Slots = Slots()
+) -> list[dict[str, Any]]:
     def med(rs: list[dict[str, Any]], key: str) -> float:
         return median([r[key] for r in rs])
 
     rows, summary = [], []
-    for (variant, name, n, live), rs in results.items():
-        base = results[(variant, name, 1, live)]
+    for (variant, name, n, each, live), rs in results.items():
+        base = results[(variant, name, 1, slots.each, live)]
         ratio = med(rs, "commands_per_completion") / med(base, "commands_per_completion")
         cpu_ratio = med(rs, "dispatcher_us_per_completion") / med(base, "dispatcher_us_per_completion")
         rows.append(
@@ -305,6 +347,7 @@ def report(results: dict[Key, list[dict[str, Any]]], runs: int, quick: bool) -> 
                 variant,
                 name,
                 n,
+                f"{each} ({held(slots, n, each)} of {slots.total})",
                 "yes" if live else "no",
                 f"{med(rs, 'error_pp'):.3f}",
                 f"{med(rs, 'jain'):.6f}",
@@ -315,24 +358,34 @@ def report(results: dict[Key, list[dict[str, Any]]], runs: int, quick: bool) -> 
                 f"{med(rs, 'cpu_us_per_completion'):.0f}",
                 f"{med(rs, 'dispatcher_us_per_completion'):.0f} ({cpu_ratio:.2f}x)",
                 f"{med(rs, 'tokens_per_completion'):.2f}",
+                f"{med(rs, 'trips_per_completion'):.2f} ({med(rs, 'finishes_per_trip'):.2f})",
                 f"{med(rs, 'rounds_per_completion'):.2f}",
                 f"{med(rs, 'turn_busy_per_completion'):.2f}",
                 f"{sum(r['violations'] for r in rs)}/{sum(r['samples'] for r in rs)}",
                 "yes" if all(r["backlogged"] for r in rs) else "NO",
             ]
         )
-        keep = ("error_pp", "lost_per_completion", "split_dev_pct", "cpu_us_per_completion")
-        summary.append({"variant": variant, "scenario": name, "dispatchers": n, "live": live, "ratio": ratio,
-            "cpu_ratio": cpu_ratio, **{k: med(rs, k) for k in keep},
+        keep = (
+            "error_pp",
+            "lost_per_completion",
+            "split_dev_pct",
+            "cpu_us_per_completion",
+            "dispatcher_us_per_completion",
+            "commands_per_completion",
+            "rounds_per_completion",
+        )
+        summary.append({"variant": variant, "scenario": name, "dispatchers": n, "slots": each, "live": live,
+            "ratio": ratio, "cpu_ratio": cpu_ratio, **{k: med(rs, k) for k in keep},
             "violations": sum(r["violations"] for r in rs)})  # fmt: skip
     print(f"# fleet: 1-3 dispatcher processes, median of {runs} runs{' (quick)' if quick else ''}")
-    print(f"# {machine()}")
+    print(f"# group total {slots.total}, each dispatcher {slots.each} local slots; {machine()}")
     print(
         table(
             [
                 "variant",
                 "weights",
                 "dispatchers",
+                "local slots each (held)",
                 "live wake-ups",
                 "max error pp",
                 "Jain",
@@ -343,6 +396,7 @@ def report(results: dict[Key, list[dict[str, Any]]], runs: int, quick: bool) -> 
                 "Valkey CPU us/completion",
                 "dispatcher CPU us/completion (vs 1)",
                 "wake tokens/completion",
+                "Valkey trips/completion (finishes per FINISH trip)",
                 "rounds/completion",
                 "turn found taken/completion",
                 "violations/samples",
@@ -351,7 +405,11 @@ def report(results: dict[Key, list[dict[str, Any]]], runs: int, quick: bool) -> 
             rows,
         )
     )
-    three = [s for s in summary if s["variant"] == AFTER and s["dispatchers"] == 3 and s["live"]]
+    three = [
+        s
+        for s in summary
+        if s["variant"] == AFTER and s["dispatchers"] == 3 and s["slots"] == slots.each and s["live"]
+    ]
     checks = {
         "fairness error <= 0.1 pp": all(s["error_pp"] <= 0.1 for s in three),
         "lost claims <= 0.1 per completion": all(s["lost_per_completion"] <= 0.1 for s in three),
@@ -362,10 +420,43 @@ def report(results: dict[Key, list[dict[str, Any]]], runs: int, quick: bool) -> 
     }
     for check, ok in checks.items():
         print(f"target ({AFTER}, 3 dispatchers, live wake-ups): {check} ->", "met" if ok else "MISSED")
-    cpu1 = [s["cpu_us_per_completion"] for s in summary if s["variant"] == AFTER and s["dispatchers"] == 1]
+    cpu1 = [
+        s["cpu_us_per_completion"]
+        for s in summary
+        if s["variant"] == AFTER and s["dispatchers"] == 1 and s["slots"] == slots.each
+    ]
     if cpu1:
         print(f"estimate: one Valkey core carries ~{1e6 / median(cpu1):.0f} completions/s (1 dispatcher)")
+    if slots.lone is not None:
+        print_against_lone(summary, slots)
     return summary
+
+
+def print_against_lone(summary: list[dict[str, Any]], slots: Slots) -> None:
+    """Each fleet against the lone dispatcher of ``--lone-slots`` slots: is the fleet's extra cost
+    batching from fewer slots per dispatcher, or coordination?"""
+    same = ("variant", "scenario", "live")
+    for s in summary:
+        if s["dispatchers"] == 1 or s["slots"] != slots.each:
+            continue
+        lone = next(
+            (
+                x
+                for x in summary
+                if x["dispatchers"] == 1 and x["slots"] == slots.lone and all(x[k] == s[k] for k in same)
+            ),
+            None,
+        )
+        if lone is None:
+            continue
+        cpu = s["dispatcher_us_per_completion"] / lone["dispatcher_us_per_completion"]
+        print(
+            f"{s['variant']} {s['scenario']} live={s['live']}: n={s['dispatchers']} (holding"
+            f" {held(slots, s['dispatchers'], s['slots'])} each) vs 1 dispatcher of {slots.lone} slots:"
+            f" dispatcher CPU {cpu:.2f}x,"
+            f" Valkey commands {s['commands_per_completion'] / lone['commands_per_completion']:.2f}x,"
+            f" rounds/completion {lone['rounds_per_completion']:.2f} -> {s['rounds_per_completion']:.2f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -374,22 +465,30 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--before", help="git revision to compare against (exported with git archive)")
     parser.add_argument("--fleets", default=",".join(map(str, FLEETS)), help="dispatcher counts, e.g. 1,3")
+    parser.add_argument("--group-total", type=int, default=GROUP_TOTAL, help="the group's total concurrency")
+    parser.add_argument(
+        "--slots", type=int, default=None, help="each dispatcher's own concurrency (default: the total)"
+    )
+    parser.add_argument(
+        "--lone-slots", type=int, default=None, help="also run one dispatcher of this many slots"
+    )
     args = parser.parse_args(argv)
     runs = args.runs or (1 if args.quick else 3)
     fleets = tuple(int(n) for n in args.fleets.split(","))
     if 1 not in fleets:
         parser.error("--fleets must include 1: every ratio is against one dispatcher")
+    slots = Slots(args.group_total, args.slots or args.group_total, args.lone_slots)
     with contextlib.ExitStack() as stack:
         variants = (
             {f"before ({args.before})": stack.enter_context(exported(args.before))} if args.before else {}
         )
         variants[AFTER] = ROOT
-        results = asyncio.run(measure(variants, fleets, args.quick, runs))
+        results = asyncio.run(measure(variants, fleets, args.quick, runs, slots))
     print(f"# load (uptime) after the run: {os.getloadavg()}")
-    summary = report(results, runs, args.quick)
+    summary = report(results, runs, args.quick, slots)
     if args.before:
         before = next(iter(variants))
-        same = ("scenario", "dispatchers", "live")
+        same = ("scenario", "dispatchers", "slots", "live")
         for s in summary:
             if s["variant"] == AFTER and s["dispatchers"] > 1:
                 b = next(x for x in summary if x["variant"] == before and all(x[k] == s[k] for k in same))
