@@ -20,6 +20,11 @@ dispatcher -> simulator -> back). Each run measures every path, interleaved (the
   stream's idle gaps and so runs every process on the path cold (RESULTS.md, issue 23 session 6).
 The table shows the median over runs of each figure.
 
+A path ``queued`` makes the same calls through a :class:`~runtime.producer.Producer` in this process
+(the queued path without an ingress: Valkey -> the same dispatcher -> simulator), so the report splits
+the ingress's added time into queued-added (queued - direct: the queue, the dispatcher and their hops)
+and ingress-added (ingress - queued: what the web process itself adds).
+
 ``--before REF`` adds a third ingress, ``before``: ``manage.py runingress`` of git revision ``REF``
 exported with ``git archive``, over the same SQLite, key, Valkey, dispatcher and simulator, measured
 in the same rotation; the report then gives uvicorn (this checkout) against it, run by run.
@@ -63,6 +68,8 @@ from bench._common import (
     stop_proc,
     table,
 )
+from runtime.producer import Producer
+from runtime.valkey.client import connect
 from runtime.valkey.embedded import free_port
 from runtime.wire.groupconfig import PoolConfig
 
@@ -77,6 +84,7 @@ STREAM_BODY = {
 }
 SERVERS = ("daphne", "uvicorn")
 BEFORE = "before"  # uvicorn (runingress) of the --before revision
+QUEUED = "queued"  # a Producer in this process: the queued path without an ingress
 IDLE_S = 0.1
 # Issue 23's targets: added ms at concurrency 1 (at most), and one process against direct at 16 (at least).
 TARGETS_MS = {"complete_p50": 1.0, "ttft_p50": 1.5, "per_chunk": 0.5}
@@ -193,6 +201,33 @@ async def stream_once(http: httpx.AsyncClient, url: str, headers: dict[str, str]
     return arrivals
 
 
+async def producer_loop(producer: Producer, concurrency: int, total: int) -> tuple[list[float], float]:
+    """``closed_loop``'s load made through ``producer`` in this process: no HTTP, no ingress."""
+    latencies: list[float] = []
+    remaining = total
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            started = time.perf_counter()
+            await producer.submit(BODY, pool_id="default", timeout=60)
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies, time.perf_counter() - started
+
+
+async def producer_stream_once(producer: Producer) -> list[float]:
+    """``stream_once`` through ``producer`` in this process: arrival times (s) of each chunk."""
+    arrivals: list[float] = []
+    started = time.perf_counter()
+    async for _chunk in producer.stream(STREAM_BODY, pool_id="default", timeout=60):
+        arrivals.append(time.perf_counter() - started)
+    return arrivals
+
+
 def calls(level: int, quick: bool) -> int:
     return {1: 100, 16: 320, SLOTS: 640}[level] if quick else {1: 400, 16: 1600, SLOTS: 3200}[level]
 
@@ -202,15 +237,41 @@ def rotated(items: list[Any], run: int) -> list[Any]:
     return items[shift:] + items[:shift]
 
 
+class Paths:
+    """Every path a run measures, by name: direct and the ingresses over HTTP (``http``), and ``queued``
+    through ``producer`` in this process. ``pid``: the process whose CPU per call is counted, or 0."""
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        producer: Producer,
+        http_paths: dict[str, tuple[str, dict[str, str], int]],
+    ) -> None:
+        self.http = http
+        self.producer = producer
+        self.http_paths = http_paths
+        self.names = [*http_paths, QUEUED]
+
+    def pid(self, name: str) -> int:
+        return self.http_paths[name][2] if name in self.http_paths else 0
+
+    async def loop(self, name: str, concurrency: int, total: int) -> tuple[list[float], float]:
+        if name == QUEUED:
+            return await producer_loop(self.producer, concurrency, total)
+        url, headers, _ = self.http_paths[name]
+        return await closed_loop(self.http, url, headers, concurrency, total)
+
+    async def streamed(self, name: str) -> list[float]:
+        if name == QUEUED:
+            return await producer_stream_once(self.producer)
+        url, headers, _ = self.http_paths[name]
+        return await stream_once(self.http, url, headers)
+
+
 async def measure(
     quick: bool, runs: int, servers: tuple[str, ...], before_root: Path | None = None
 ) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
-
-    def note(name: str, value: float) -> None:
-        out.setdefault(name, []).append(value)
-
-    streams = 20 if quick else 60
     with private_valkey() as valkey_url, simulator_proc() as sim_url:
         keys = new_keys()
         config = group(sim_url, [PoolConfig("default", max_concurrent=SLOTS)], policy="fifo", total=SLOTS)
@@ -220,49 +281,63 @@ async def measure(
             dispatcher_procs(valkey_url, keys.prefix, config.group_id, 1, SLOTS),
             ingress_procs(valkey_url, keys.prefix, servers, before_root) as ingresses,
         ):
-            paths = {"direct": (sim_url, {}, 0)} | {
+            http_paths: dict[str, tuple[str, dict[str, str], int]] = {"direct": (sim_url, {}, 0)} | {
                 name: (url, {"authorization": f"Bearer {key}"}, pid)
                 for name, (url, key, pid) in ingresses.items()
             }
             limits = httpx.Limits(max_connections=SLOTS, max_keepalive_connections=SLOTS)
-            async with httpx.AsyncClient(limits=limits, timeout=60) as http:
-                for url, headers, _ in paths.values():  # warm connections, the key cache, the producer
-                    await closed_loop(http, url, headers, 16, 200)
+            async with (
+                httpx.AsyncClient(limits=limits, timeout=60) as http,
+                Producer(connect(valkey_url), keys=keys, producer_id="bench-queued") as producer,
+            ):
+                paths = Paths(http, producer, http_paths)
+                for name in paths.names:  # warm connections, the key cache, the producers
+                    await paths.loop(name, 16, 200)
                 for run in range(runs):
-                    order = rotated(list(paths.items()), run)
-                    for level in (1, 16, SLOTS):
-                        for name, (url, headers, pid) in order:
-                            cpu_before = cpu_seconds(pid) if pid else 0.0
-                            lat, wall = await closed_loop(http, url, headers, level, calls(level, quick))
-                            if pid:
-                                note(
-                                    f"{name}:cpu_ms:{level}",
-                                    (cpu_seconds(pid) - cpu_before) * 1000 / len(lat),
-                                )
-                            ms = [x * 1000 for x in lat]
-                            note(f"{name}:{level}:p50", pct(ms, 0.5))
-                            note(f"{name}:{level}:p99", pct(ms, 0.99))
-                            note(f"{name}:{level}:rate", len(lat) / wall)
-                    for name, (url, headers, _) in order:
-                        ttft, gaps, last = [], [], []
-                        for _ in range(streams):
-                            arrivals = await stream_once(http, url, headers)
-                            ttft.append(arrivals[0] * 1000)
-                            last.append(arrivals[-1] * 1000)
-                            gaps += [(b - a) * 1000 for a, b in itertools.pairwise(arrivals)]
-                            note(f"{name}:chunks", len(arrivals))
-                        for label, values in (("ttft", ttft), ("gap", gaps), ("last", last)):
-                            note(f"{name}:{label}:p50", pct(values, 0.5))
-                            note(f"{name}:{label}:p99", pct(values, 0.99))
-                    for name, (url, headers, _) in order:
-                        idle = []
-                        for _ in range(streams):
-                            await asyncio.sleep(IDLE_S)
-                            lat, _wall = await closed_loop(http, url, headers, 1, 1)
-                            idle.append(lat[0] * 1000)
-                        note(f"{name}:idle:p50", pct(idle, 0.5))
-                        note(f"{name}:idle:p99", pct(idle, 0.99))
+                    await one_run(paths, rotated(paths.names, run), quick, out)
     return out
+
+
+async def one_run(paths: Paths, order: list[str], quick: bool, out: dict[str, list[float]]) -> None:
+    """Every figure of every path once, the paths in ``order``, noted into ``out``."""
+
+    def note(name: str, value: float) -> None:
+        out.setdefault(name, []).append(value)
+
+    streams = 20 if quick else 60
+    for level in (1, 16, SLOTS):
+        for name in order:
+            pid = paths.pid(name)
+            cpu_before = cpu_seconds(pid) if pid else 0.0
+            # This process is every path's client (httpx, or the producer for ``queued``).
+            client_before = time.process_time()
+            lat, wall = await paths.loop(name, level, calls(level, quick))
+            note(f"{name}:client_cpu_ms:{level}", (time.process_time() - client_before) * 1000 / len(lat))
+            if pid:
+                note(f"{name}:cpu_ms:{level}", (cpu_seconds(pid) - cpu_before) * 1000 / len(lat))
+            ms = [x * 1000 for x in lat]
+            note(f"{name}:{level}:p50", pct(ms, 0.5))
+            note(f"{name}:{level}:p99", pct(ms, 0.99))
+            note(f"{name}:{level}:rate", len(lat) / wall)
+    for name in order:
+        ttft, gaps, last = [], [], []
+        for _ in range(streams):
+            arrivals = await paths.streamed(name)
+            ttft.append(arrivals[0] * 1000)
+            last.append(arrivals[-1] * 1000)
+            gaps += [(b - a) * 1000 for a, b in itertools.pairwise(arrivals)]
+            note(f"{name}:chunks", len(arrivals))
+        for label, values in (("ttft", ttft), ("gap", gaps), ("last", last)):
+            note(f"{name}:{label}:p50", pct(values, 0.5))
+            note(f"{name}:{label}:p99", pct(values, 0.99))
+    for name in order:
+        idle = []
+        for _ in range(streams):
+            await asyncio.sleep(IDLE_S)
+            lat, _wall = await paths.loop(name, 1, 1)
+            idle.append(lat[0] * 1000)
+        note(f"{name}:idle:p50", pct(idle, 0.5))
+        note(f"{name}:idle:p99", pct(idle, 0.99))
 
 
 def added(out: dict[str, list[float]], server: str, figure: str, base: str = "direct") -> float:
@@ -293,18 +368,21 @@ def report(out: dict[str, list[float]], runs: int, quick: bool) -> dict[str, flo
     mode = " (quick)" if quick else ""
     print(f"# ingress vs direct, zero-latency simulator, median of {runs} runs{mode}")
     print(f"# {machine()}")
+    columns = [s for s in (QUEUED, *servers) if f"{s}:1:p50" in out]
     rows = []
     for figure, what in FIGURES:
         row = [what, f"{m[f'direct:{figure}:p50']:.2f} / {m[f'direct:{figure}:p99']:.2f}"]
-        for server in servers:
+        for server in columns:
             row.append(
                 f"{m[f'{server}:{figure}:p50']:.2f} / {m[f'{server}:{figure}:p99']:.2f} "
                 f"({added(out, server, f'{figure}:p50'):+.2f} / {added(out, server, f'{figure}:p99'):+.2f})"
             )
         rows.append(row)
-    headers = ["figure", "direct p50/p99 ms", *(f"{s} p50/p99 ms (added)" for s in servers)]
+    headers = ["figure", "direct p50/p99 ms", *(f"{s} p50/p99 ms (added)" for s in columns)]
     print(table(headers, rows))
     summary: dict[str, float] = {}
+    if QUEUED in columns:
+        summary |= ingress_share(out, servers)
     for server in servers:
         chunks = m[f"{server}:chunks"]
         per_chunk = (added(out, server, "last:p50") - added(out, server, "ttft:p50")) / max(1.0, chunks - 1)
@@ -337,6 +415,35 @@ def report(out: dict[str, list[float]], runs: int, quick: bool) -> dict[str, flo
         summary[f"{server}:rate16_ratio"] = ratio
     if BEFORE in servers and "uvicorn" in servers:
         summary |= against_before(out)
+    return summary
+
+
+SPLIT = (
+    ("1:p50", "complete c1 p50"),
+    ("ttft:p50", "first chunk p50"),
+    ("idle:p50", "complete after idle p50"),
+)
+
+
+def ingress_share(out: dict[str, list[float]], servers: list[str]) -> dict[str, float]:
+    """The added time split at the queue: queued-added (queued - direct) is the queue, the dispatcher
+    and their hops; ingress-added (ingress - queued) is what the web process adds on top."""
+    queued = {label: added(out, QUEUED, figure) for figure, label in SPLIT}
+    rate = rate_ratio(out, QUEUED, 16)
+    print(f"{QUEUED} (producer in this process, no ingress): queued-added (queued - direct) "
+          + ", ".join(f"{label} {value:+.2f} ms" for label, value in queued.items())
+          + f"; at 16: {rate:.2f}x direct")  # fmt: skip
+    summary = {f"{QUEUED}:{label}": value for label, value in queued.items()}
+    m = {k: median(v) for k, v in out.items()}
+    print("client CPU per call (this process: httpx, or the producer for queued), at 1 / 16: "
+          + ", ".join(f"{name} {m[f'{name}:client_cpu_ms:1']:.2f} / {m[f'{name}:client_cpu_ms:16']:.2f} ms"
+                      for name in ("direct", QUEUED, *servers)))  # fmt: skip
+    for server in servers:
+        share = {label: added(out, server, figure, QUEUED) for figure, label in SPLIT}
+        print(f"{server}: ingress-added ({server} - queued) "
+              + ", ".join(f"{label} {value:+.2f} ms" for label, value in share.items())
+              + f"; at 16: {rate_ratio(out, server, 16, QUEUED):.2f}x queued")  # fmt: skip
+        summary |= {f"{server}:ingress_added:{label}": value for label, value in share.items()}
     return summary
 
 
