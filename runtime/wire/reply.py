@@ -51,6 +51,9 @@ def decode_reply_item(raw: bytes | str) -> Reply | StreamChunk:
     )
 
 
+_TIMING_FIELDS = tuple((name, f"reply.timing.{name}") for name in ("queue_wait_s", "execution_s", "total_s"))
+
+
 @dataclass(frozen=True, slots=True)
 class Timing:
     """Seconds spent waiting in the queue, executing against the backend, and in all."""
@@ -65,11 +68,9 @@ class Timing:
     @classmethod
     def from_json(cls, raw: Any) -> Timing:
         _expect(raw, dict, "reply.timing")
-        values = {
-            name: float(_expect(raw.get(name, 0.0), _NUMBER, f"reply.timing.{name}"))
-            for name in ("queue_wait_s", "execution_s", "total_s")
-        }
-        return cls(**values)
+        get = raw.get
+        # Every reply has one: the three fields' error labels are built once, not per reply.
+        return cls(*(float(_expect(get(name, 0.0), _NUMBER, label)) for name, label in _TIMING_FIELDS))
 
 
 @dataclass(frozen=True, slots=True)
