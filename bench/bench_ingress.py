@@ -68,6 +68,7 @@ from bench._common import (
     stop_proc,
     table,
 )
+from bench._common import closed_loop as producer_closed_loop
 from runtime.producer import Producer
 from runtime.valkey.client import connect
 from runtime.valkey.embedded import free_port
@@ -201,24 +202,6 @@ async def stream_once(http: httpx.AsyncClient, url: str, headers: dict[str, str]
     return arrivals
 
 
-async def producer_loop(producer: Producer, concurrency: int, total: int) -> tuple[list[float], float]:
-    """``closed_loop``'s load made through ``producer`` in this process: no HTTP, no ingress."""
-    latencies: list[float] = []
-    remaining = total
-
-    async def worker() -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1
-            started = time.perf_counter()
-            await producer.submit(BODY, pool_id="default", timeout=60)
-            latencies.append(time.perf_counter() - started)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return latencies, time.perf_counter() - started
-
-
 async def producer_stream_once(producer: Producer) -> list[float]:
     """``stream_once`` through ``producer`` in this process: arrival times (s) of each chunk."""
     arrivals: list[float] = []
@@ -257,7 +240,7 @@ class Paths:
 
     async def loop(self, name: str, concurrency: int, total: int) -> tuple[list[float], float]:
         if name == QUEUED:
-            return await producer_loop(self.producer, concurrency, total)
+            return await producer_closed_loop(self.producer, "default", concurrency, total)
         url, headers, _ = self.http_paths[name]
         return await closed_loop(self.http, url, headers, concurrency, total)
 
