@@ -12,7 +12,6 @@ from collections import Counter
 
 import redis.asyncio as aioredis
 from opentelemetry import trace
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from runtime.config import ProducerSettings
 from runtime.errors import QueueUnavailable
@@ -24,13 +23,12 @@ from runtime.queue.admission import KeyLease, KeyLeases
 from runtime.queue.keys import KeySpace
 from runtime.queue.leases import lease_member
 from runtime.queue.producing import ProducerOps
+from runtime.telemetry.tracing import span_carrier
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.valkey.persisted import PERSISTED, PersistedPusher
 from runtime.wire.contract import Call, Envelope, Metadata, StreamOptions
 
 __all__ = ["Enqueuer"]
-
-_propagator = TraceContextTextMapPropagator()
 
 
 class Enqueuer:
@@ -73,8 +71,7 @@ class Enqueuer:
         *,
         tenant: str | None = None,
     ) -> bytes:
-        carrier: dict[str, str] = {}
-        _propagator.inject(carrier, context=trace.set_span_in_context(span))
+        carrier = span_carrier(span)
         now = time.time()
         envelope = Envelope(
             request_id=request_id,

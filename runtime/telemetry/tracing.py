@@ -351,6 +351,19 @@ def shutdown_tracing(provider: TracerProvider, timeout_s: float = 5.0) -> None:
         log.warning("tracing shutdown did not finish within %.1fs; queued spans may be lost", timeout_s)
 
 
+def span_carrier(span: trace.Span) -> dict[str, str]:
+    """The W3C trace context of ``span`` as ``TraceContextTextMapPropagator.inject`` writes it, without
+    the context it would build and read back per call (every submit asks: bench/RESULTS.md, issue 23
+    session 9)."""
+    ctx = span.get_span_context()
+    if ctx == trace.INVALID_SPAN_CONTEXT:
+        return {}
+    carrier = {"traceparent": f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"}
+    if ctx.trace_state:
+        carrier["tracestate"] = ctx.trace_state.to_header()
+    return carrier
+
+
 def span_from_context(trace_carrier: Mapping[str, str] | None) -> Context:
     """The parent context carried in an envelope's W3C ``trace`` mapping (an empty context if none)."""
     try:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from opentelemetry import trace
+from opentelemetry.trace import SpanContext, TraceFlags, TraceState
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from runtime.producer import Producer
 from runtime.telemetry import semconv
+from runtime.telemetry.tracing import span_carrier
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.support.dispatching import CALL, one_pool_group, running_dispatcher
 
@@ -40,3 +44,19 @@ async def test_dispatch_span_is_a_child_of_the_submit_span(aredis, keys, spans, 
         assert orjson.loads(attrs[semconv.GEN_AI_OUTPUT_MESSAGES])[0]["role"] == "assistant"
     else:
         assert semconv.GEN_AI_INPUT_MESSAGES not in attrs and semconv.GEN_AI_OUTPUT_MESSAGES not in attrs
+
+
+def test_the_envelopes_trace_context_is_what_the_w3c_propagator_injects(spans) -> None:
+    provider, _ = spans
+    tracer = provider.get_tracer("p")
+    propagator = TraceContextTextMapPropagator()
+    remote = SpanContext(0xABC, 0xDEF, is_remote=True, trace_state=TraceState([("vendor", "v1")]))
+    unsampled = SpanContext(0x123, 0x456, is_remote=True, trace_flags=TraceFlags(0))
+    made = [tracer.start_span("sdk"), trace.NonRecordingSpan(remote), trace.NonRecordingSpan(unsampled)]
+    for span in [*made, trace.INVALID_SPAN]:
+        injected: dict[str, str] = {}
+        propagator.inject(injected, context=trace.set_span_in_context(span))
+        assert span_carrier(span) == injected
+    assert span_carrier(made[1])["tracestate"] == "vendor=v1"
+    assert span_carrier(made[2])["traceparent"].endswith("-00")
+    assert span_carrier(trace.INVALID_SPAN) == {}
