@@ -60,9 +60,10 @@ class Observing:
             return False
         return not any(v.backlog for p, v in self.last_views.items() if p != pool_id)
 
-    def _hinted_view(self, policy: scheduler.GroupPolicy, token: tuple[str, bytes]) -> Observation:
+    def _hinted_view(self, policy: scheduler.GroupPolicy, token: tuple[str, bytes] | None) -> Observation:
         """The observation a wake token stands for: its request at the head of an otherwise empty group,
         this lone dispatcher's own calls in flight (the claim checks the real counts)."""
+        assert token is not None
         pool_id, raw = token
         in_flight: dict[str, int] = {}  # a plain loop: Counter's constructor costs more than the count
         for run in self.running.values():
@@ -73,7 +74,17 @@ class Observing:
             else QueueView(0, (), in_flight.get(p.pool_id, 0))
             for p in policy.pools
         }
-        return Observation(views, len(self.running), ())
+        self.group_in_flight = len(self.running)
+        return Observation(views, self.group_in_flight, ())
+
+    def _round_behind(self, hinted: bool) -> bool:
+        """Whether ROUND follows a decision's claims. Not behind a wake token's claim, unless it is due
+        to reap (ROUND then also renews this dispatcher's fleet membership, every REAP_INTERVAL_S) or
+        this dispatcher holds the turn: a lone dispatcher, every other pool empty as last seen, learns
+        from the claim itself what ROUND would read, the backlog its pop left. None: a push makes the
+        list non-empty, and so sends the next token; some: a round of its own follows. At
+        concurrency 1 that is one script and ten commands less per call, and the plan of a read."""
+        return not hinted or self.queue.has_turn or self.queue.reap_due
 
     def _plan(self, policy: scheduler.GroupPolicy, local_free: int) -> ReadPlan:
         return plan_reads(

@@ -184,10 +184,15 @@ class QueueOps(Upkeep):
         return Observation(views, int(results[-1]), lost, requeued, fair_views)
 
     def _reap_due(self) -> bool:
-        if time.monotonic() - self._reaped_at < REAP_INTERVAL_S:
+        if not self.reap_due:
             return False
         self._reaped_at = time.monotonic()
         return True
+
+    @property
+    def reap_due(self) -> bool:
+        """Whether the next observation (observe, or a ROUND) would reap expired leases."""
+        return time.monotonic() - self._reaped_at >= REAP_INTERVAL_S
 
     def _unfair(self, reads: Sequence[PoolRead]) -> list[str]:
         """Pools read first come, first served whose tenants' lists may still hold work: a dispatcher
