@@ -141,8 +141,7 @@ class Rounds(Observing):
             for p in policy.pools
             if p.min_concurrent > 0 and not p.paused and not observations[p.pool_id].blocked
         )
-        behind = ahead and self._round_behind(hinted, seen.views, decision.launches, fair)
-        free = local_free if behind else None
+        free = local_free if ahead else None
         stale = self.stats.claim_lost + self.stats.stale_tokens
         claimed, claim_dropped = await self._claim(
             policy, decision.launches, peeked, protected, end_turn, free, hinted=hinted, fair=fair
@@ -167,7 +166,11 @@ class Rounds(Observing):
         # slots full, the turn's release woke another dispatcher. Rounds of our own beyond that would
         # take every freed slot for the finisher, and the work would not spread over the fleet.
         room = self.group_in_flight + claimed < policy.total_concurrency and local_free > claimed
-        more = self._more_after(seen, token if hinted else None, claimed, room, stale)
+        more = (
+            self._after_hinted_claim(seen, token, claimed, room, stale)  # sent without ROUND behind it
+            if hinted
+            else claimed > 0 and room and self._backlog_may_remain(seen.views)
+        )
         return dropped or claim_dropped or more
 
     async def give_back_unanswered(self) -> None:
@@ -196,22 +199,22 @@ class Rounds(Observing):
             return None
         return seen if seen.views.keys() == {p.pool_id for p in policy.pools} else None
 
-    def _more_after(
+    def _after_hinted_claim(
         self, seen: Observation, token: tuple[str, bytes] | None, claimed: int, room: bool, stale: int
     ) -> bool:
-        """Whether claims sent without ROUND behind them (:meth:`_round_behind`) left work for a round
-        of its own: backlog left (no push brings a token for it) and room to launch it, or a claim
-        that found its head taken (a stale token's, mostly), whose list a fresh ROUND reads. A wake
-        token's claim (``token``) also tells what its pool's view is now: the backlog its pop left."""
-        if self.stats.claim_lost + self.stats.stale_tokens > stale:
-            return True
-        left = self.queue.backlog_after_claim.get(token[0]) if token is not None else None
-        if token is not None and left is not None:
-            view = seen.views[token[0]]
-            self.group_in_flight = seen.group_in_flight + claimed
-            self.last_views = {**seen.views, token[0]: QueueView(left, (), view.in_flight + claimed)}
-            self._remember_heads(token[0], self.last_views[token[0]])
-        return claimed > 0 and room and self._backlog_may_remain(seen.views)
+        """Takes in what a wake token's claim says of its pool, the backlog its pop left; True when a
+        round of its own should follow: backlog left (no push brings a token for it) and room to
+        launch it, or a claim that took nothing of a stale token (a fresh ROUND reads the list)."""
+        assert token is not None
+        pool_id = token[0]
+        left = self.queue.backlog_after_claim.get(pool_id)
+        if not claimed or left is None:
+            return self.stats.claim_lost + self.stats.stale_tokens > stale
+        view = seen.views[pool_id]
+        self.group_in_flight = seen.group_in_flight + claimed
+        self.last_views = {**seen.views, pool_id: QueueView(left, (), view.in_flight + claimed)}
+        self._remember_heads(pool_id, self.last_views[pool_id])
+        return left > 0 and room
 
     def _backlog_may_remain(self, views: dict[str, QueueView]) -> bool:
         """False when every pool's list was empty as of this round: its observation, or, for a pool
@@ -363,7 +366,8 @@ class Rounds(Observing):
             chosen.append((launch, item, request, endpoint))
         if not chosen and end_turn is None:
             return 0, False
-        then = self._then(policy, ahead_free, len(chosen), fair) if chosen else None
+        behind = chosen and self._round_behind(hinted)
+        then = self._then(policy, ahead_free, len(chosen), fair) if behind else None
         try:
             results = await self.queue.claim(
                 [request for _, _, request, _ in chosen], self.settings.lease_s, end_turn=end_turn, then=then,
