@@ -100,6 +100,7 @@ class QueueOps(Upkeep):
         self._reaped_at = float("-inf")
         self.has_turn = False  # whether the last observe took the group's scheduling turn
         self.trips = 0  # round trips of the scheduling rounds (observe, ROUND, claim pipelines)
+        self.rounds_sent = 0  # ROUND scripts sent, on their own or behind claims
         self._durable = keys.durable_leases(group_id)
         self._tokens = keys.lease_tokens(group_id)
         self._call_keys_of: dict[tuple[str, str, str], tuple[tuple[str, ...], ...]] = {}
@@ -222,6 +223,7 @@ class QueueOps(Upkeep):
         if reap:
             self._queue_reap(pipe, nxt.reads, backend_ids)
         self._round.queue(pipe, *round_args(self.keys, self.group_id, nxt))
+        self.rounds_sent += 1
 
     def _round_seen(self, nxt: NextRound, results: list[Any], reap: bool) -> Observation:
         lost, requeued, left, results = self._reaped(nxt.reads, results) if reap else ((), (), {}, results)
