@@ -335,14 +335,14 @@ class QueueOps(Upkeep):
     ) -> list[Any]:
         """The claim pipeline's answers. Lost (an error, a cancel), its launches are remembered: Valkey
         may still run them (runtime.queue.unanswered)."""
-        launches = [
-            UnansweredClaim(req, self.fair_picks.get(req.pool_id, {}).get(req.raw))
-            for req in requests
-            if req.mode == "launch"
-        ]
         try:
             return await run_pipeline(self.client, used, build)
-        except BaseException:
+        except BaseException:  # the picks are still those the pipeline was built from
+            launches = [
+                UnansweredClaim(req, self.fair_picks.get(req.pool_id, {}).get(req.raw))
+                for req in requests
+                if req.mode == "launch"
+            ]
             self.unanswered.update(dict.fromkeys(launches, math.inf))
             raise
 
