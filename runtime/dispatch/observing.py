@@ -48,6 +48,7 @@ class Observing:
     last_views: dict[str, QueueView]
     _peek: PeekCache
     _heads_seen: dict[str, tuple[bytes, ...]]
+    _hinted_left = 1  # the backlog the last wake token's claim left in its list (1: none made yet)
 
     def _hinted(self, policy: scheduler.GroupPolicy, plan: ReadPlan, token: tuple[str, bytes]) -> bool:
         """Whether to claim a wake token's request at once, without reading the heads first: only a
@@ -78,13 +79,19 @@ class Observing:
         return Observation(views, self.group_in_flight, ())
 
     def _round_behind(self, hinted: bool) -> bool:
-        """Whether ROUND follows a decision's claims. Not behind a wake token's claim, unless it is due
-        to reap (ROUND then also renews this dispatcher's fleet membership, every REAP_INTERVAL_S) or
-        this dispatcher holds the turn: a lone dispatcher, every other pool empty as last seen, learns
-        from the claim itself what ROUND would read, the backlog its pop left. None: a push makes the
-        list non-empty, and so sends the next token; some: a round of its own follows. At
-        concurrency 1 that is one script and ten commands less per call, and the plan of a read."""
-        return not hinted or self.queue.has_turn or self.queue.reap_due
+        """Whether ROUND follows a decision's claims. Not behind a wake token's claim made while idle
+        (no call of this dispatcher running) when the last such claim left its list empty: a lone
+        dispatcher, every other pool empty as last seen, then learns from the claim itself what ROUND
+        would read, the backlog its pop left. None: a push makes the list non-empty, and so sends the
+        next token; some (pushed meanwhile, behind the token's request: no token), and a round of its
+        own follows, one round trip more than ROUND behind the claim would have cost. So ROUND stays
+        while calls run (a busy stretch, where pushes land behind the token's request: at
+        concurrency 16, skipping it cost throughput), after a claim that left backlog, when the
+        reap is due (ROUND also renews the fleet membership, every REAP_INTERVAL_S) and while the
+        turn is ours. At concurrency 1 that is one script and ten commands less per call."""
+        if not hinted or self.queue.has_turn or self.queue.reap_due:
+            return True
+        return bool(self.running) or self._hinted_left > 0
 
     def _plan(self, policy: scheduler.GroupPolicy, local_free: int) -> ReadPlan:
         return plan_reads(

@@ -419,6 +419,8 @@ class Rounds(Observing):
     ) -> None:
         envelope = item.envelope
         assert envelope is not None and self.config is not None
+        if hinted:  # what the next wake token's claim expects (Observing._round_behind); 1: unknown
+            self._hinted_left = self.queue.backlog_after_claim.get(launch.pool_id, 1)
         if code == scripts.CLAIMED:
             self._peek.forget(item.raw)
             self._start(envelope, launch.pool_id, request.lease_member, launch.cost, token=token)
