@@ -122,7 +122,8 @@ async def test_a_lone_dispatcher_takes_one_round_trip_per_call_at_concurrency_on
 
 async def test_a_wake_tokens_claim_sends_round_behind_it_only_when_the_reap_is_due(aredis, keys) -> None:
     """The claim reports the backlog its pop left (none here), so ROUND behind it would find the list
-    empty: it rides along only to reap (every REAP_INTERVAL_S). Before: one ROUND per call."""
+    empty: it rides along to reap (every REAP_INTERVAL_S), or while a call still runs (here: the last
+    one's span after its reply, now and then). Before: one ROUND per call."""
     async with one_pool_stack(aredis, keys, **NO_POLL) as (dispatcher, producer):
         await producer.submit(CALL, pool_id="default", timeout=10)
         sent, started = dispatcher.queue.rounds_sent, time.monotonic()
