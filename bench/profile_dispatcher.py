@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -79,7 +80,8 @@ async def run(args: argparse.Namespace) -> None:
     with private_valkey() as url, simulator_proc() as sim_url, scratch() as tmp:
         keys = new_keys()
         config = group(sim_url, [PoolConfig("default", max_concurrent=SLOTS)], policy="fifo", total=SLOTS)
-        env: dict[str, str] = {}
+        stats_path = tmp / "stats.json"
+        env: dict[str, str] = {"BENCH_STATS": str(stats_path)}
         wrapper: list[str] = []
         if args.profile:
             env["BENCH_PROFILE"] = str(Path(args.profile).resolve())
@@ -110,6 +112,14 @@ async def run(args: argparse.Namespace) -> None:
             if args.keep:
                 shutil.copy(dumps[0], args.keep)
             line += f", {total / args.calls / 1e6:.3f} M instructions/call ({total} over the measured calls)"
+        if stats_path.exists():  # whole run, warm-up included: rounds and round trips per call
+            stats = json.loads(stats_path.read_text())
+            calls = max(1, stats["completed"])
+            line += (
+                f"; per call over the whole run: {stats['rounds'] / calls:.2f} rounds,"
+                f" {stats['round_trips'] / calls:.2f} round trips,"
+                f" {stats['wake_tokens'] / calls:.2f} wake tokens"
+            )
         print(line, flush=True)
 
 

@@ -98,9 +98,7 @@ class Rounds(Observing):
         # whose requests wait in their tenants' lists and leave in the tenants' order.
         hinted = seen is None and not fair and token is not None and self._hinted(policy, plan, token)
         if hinted:
-            assert token is not None
             seen = self._hinted_view(policy, token)
-            self.group_in_flight = seen.group_in_flight
         if seen is None:
             seen = await self._observe(policy, plan, planned_free, holder, fair)
             if seen is None:
@@ -169,7 +167,12 @@ class Rounds(Observing):
         # slots full, the turn's release woke another dispatcher. Rounds of our own beyond that would
         # take every freed slot for the finisher, and the work would not spread over the fleet.
         room = self.group_in_flight + claimed < policy.total_concurrency and local_free > claimed
-        return dropped or claim_dropped or (claimed > 0 and room and self._backlog_may_remain(seen.views))
+        more = (
+            self._after_hinted_claim(seen, token, claimed, room, stale)  # sent without ROUND behind it
+            if hinted
+            else claimed > 0 and room and self._backlog_may_remain(seen.views)
+        )
+        return dropped or claim_dropped or more
 
     async def give_back_unanswered(self) -> None:
         """The requests of claim pipelines cut off unanswered (a frozen Valkey) whose claims ran after
@@ -196,6 +199,23 @@ class Rounds(Observing):
         if seen is None or frozenset(seen.fair) != fair:
             return None
         return seen if seen.views.keys() == {p.pool_id for p in policy.pools} else None
+
+    def _after_hinted_claim(
+        self, seen: Observation, token: tuple[str, bytes] | None, claimed: int, room: bool, stale: int
+    ) -> bool:
+        """Takes in what a wake token's claim says of its pool, the backlog its pop left; True when a
+        round of its own should follow: backlog left (no push brings a token for it) and room to
+        launch it, or a claim that took nothing of a stale token (a fresh ROUND reads the list)."""
+        assert token is not None
+        pool_id = token[0]
+        left = self.queue.backlog_after_claim.get(pool_id)
+        if not claimed or left is None:
+            return self.stats.claim_lost + self.stats.stale_tokens > stale
+        view = seen.views[pool_id]
+        self.group_in_flight = seen.group_in_flight + claimed
+        self.last_views = {**seen.views, pool_id: QueueView(left, (), view.in_flight + claimed)}
+        self._remember_heads(pool_id, self.last_views[pool_id])
+        return left > 0 and room
 
     def _backlog_may_remain(self, views: dict[str, QueueView]) -> bool:
         """False when every pool's list was empty as of this round: its observation, or, for a pool
@@ -347,7 +367,8 @@ class Rounds(Observing):
             chosen.append((launch, item, request, endpoint))
         if not chosen and end_turn is None:
             return 0, False
-        then = self._then(policy, ahead_free, len(chosen), fair) if chosen else None
+        behind = chosen and self._round_behind(hinted)
+        then = self._then(policy, ahead_free, len(chosen), fair) if behind else None
         try:
             results = await self.queue.claim(
                 [request for _, _, request, _ in chosen], self.settings.lease_s, end_turn=end_turn, then=then,
@@ -399,6 +420,8 @@ class Rounds(Observing):
     ) -> None:
         envelope = item.envelope
         assert envelope is not None and self.config is not None
+        if hinted:  # what the next wake token's claim expects (Observing._round_behind); 1: unknown
+            self._hinted_left = self.queue.backlog_after_claim.get(launch.pool_id, 1)
         if code == scripts.CLAIMED:
             self._peek.forget(item.raw)
             self._start(envelope, launch.pool_id, request.lease_member, launch.cost, token=token)

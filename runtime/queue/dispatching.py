@@ -68,8 +68,8 @@ __all__ = [
 # measured in seconds, so reaping on every round would only add work to the hot path.
 REAP_INTERVAL_S = 0.25
 HEADS_FOR_DISPLAY = 2  # OBSERVE read only the first item, to show its age
-# FINISH key tuples kept (pool, producer, backend): producers come and go, so the cache is bounded.
-FINISH_KEYS_KEPT = 4096
+# CLAIM and FINISH key tuples kept (pool, producer, backend): producers come and go, so the cache is bounded.
+CALL_KEYS_KEPT = 4096
 
 
 class QueueOps(Upkeep):
@@ -100,9 +100,10 @@ class QueueOps(Upkeep):
         self._reaped_at = float("-inf")
         self.has_turn = False  # whether the last observe took the group's scheduling turn
         self.trips = 0  # round trips of the scheduling rounds (observe, ROUND, claim pipelines)
+        self.rounds_sent = 0  # ROUND scripts sent, on their own or behind claims
         self._durable = keys.durable_leases(group_id)
         self._tokens = keys.lease_tokens(group_id)
-        self._finish_keys_of: dict[tuple[str, str, str], tuple[str, ...]] = {}
+        self._call_keys_of: dict[tuple[str, str, str], tuple[tuple[str, ...], ...]] = {}
         self._fence = keys.fencing_counter(group_id)
         self._promote = script("promote")
         self._bury = script("bury")
@@ -184,10 +185,15 @@ class QueueOps(Upkeep):
         return Observation(views, int(results[-1]), lost, requeued, fair_views)
 
     def _reap_due(self) -> bool:
-        if time.monotonic() - self._reaped_at < REAP_INTERVAL_S:
+        if not self.reap_due:
             return False
         self._reaped_at = time.monotonic()
         return True
+
+    @property
+    def reap_due(self) -> bool:
+        """Whether the next observation (observe, or a ROUND) would reap expired leases."""
+        return time.monotonic() - self._reaped_at >= REAP_INTERVAL_S
 
     def _unfair(self, reads: Sequence[PoolRead]) -> list[str]:
         """Pools read first come, first served whose tenants' lists may still hold work: a dispatcher
@@ -217,6 +223,7 @@ class QueueOps(Upkeep):
         if reap:
             self._queue_reap(pipe, nxt.reads, backend_ids)
         self._round.queue(pipe, *round_args(self.keys, self.group_id, nxt))
+        self.rounds_sent += 1
 
     def _round_seen(self, nxt: NextRound, results: list[Any], reap: bool) -> Observation:
         lost, requeued, left, results = self._reaped(nxt.reads, results) if reap else ((), (), {}, results)
@@ -265,18 +272,7 @@ class QueueOps(Upkeep):
         def build(pipe: Any) -> None:
             for req in requests:
                 pick = self.fair_picks.get(req.pool_id, {}).get(req.raw)
-                keys = [
-                    self.keys.requests(req.pool_id),
-                    self._group_inflight,
-                    self.keys.pool_inflight(req.pool_id),
-                    self.keys.producer_alive(req.producer_id),
-                    self._lease_records,
-                    self._tokens,
-                    self._durable,
-                    self._fence,
-                    self.keys.backend_inflight(req.backend_id),
-                    self.keys.pool_drain(req.pool_id),
-                ]
+                keys = [*self._call_keys(req.pool_id, req.producer_id, req.backend_id)[0]]
                 args: list[object] = [
                     item_digest(req.raw),
                     req.mode,
@@ -339,14 +335,14 @@ class QueueOps(Upkeep):
     ) -> list[Any]:
         """The claim pipeline's answers. Lost (an error, a cancel), its launches are remembered: Valkey
         may still run them (runtime.queue.unanswered)."""
-        launches = [
-            UnansweredClaim(req, self.fair_picks.get(req.pool_id, {}).get(req.raw))
-            for req in requests
-            if req.mode == "launch"
-        ]
         try:
             return await run_pipeline(self.client, used, build)
-        except BaseException:
+        except BaseException:  # the picks are still those the pipeline was built from
+            launches = [
+                UnansweredClaim(req, self.fair_picks.get(req.pool_id, {}).get(req.raw))
+                for req in requests
+                if req.mode == "launch"
+            ]
             self.unanswered.update(dict.fromkeys(launches, math.inf))
             raise
 
@@ -425,7 +421,7 @@ class QueueOps(Upkeep):
         fair = pool_id in self.fair_pools or charged is not None
         pick = charged[1] if charged is not None else None
         code = await self._finishes.run(
-            [*self._finish_keys(pool_id, producer_id, backend_id), *map(self._backlog_key, group_pools)],
+            [*self._call_keys(pool_id, producer_id, backend_id)[1], *map(self._backlog_key, group_pools)],
             [
                 reply, int(reply_ttl_s * 1000), member, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, token, settlement,
                 payload, due_at,
@@ -434,30 +430,27 @@ class QueueOps(Upkeep):
         )  # fmt: skip
         return int(code)
 
-    def _finish_keys(self, pool_id: str, producer_id: str, backend_id: str) -> tuple[str, ...]:
-        """FINISH's keys up to the group's backlog keys: the same for every call of a pool, producer
-        and backend, so each tuple is built once (ten key names a call otherwise)."""
-        known = self._finish_keys_of.get((pool_id, producer_id, backend_id))
+    def _call_keys(self, pool_id: str, producer_id: str, backend_id: str) -> tuple[tuple[str, ...], ...]:
+        """CLAIM's and FINISH's fixed keys: the same for every call of a pool, producer and backend, so
+        each pair of tuples is built once (fifteen key names a call otherwise)."""
+        known = self._call_keys_of.get((pool_id, producer_id, backend_id))
         if known is not None:
             return known
-        if len(self._finish_keys_of) >= FINISH_KEYS_KEPT:
-            self._finish_keys_of.clear()
-        known = self._finish_keys_of[(pool_id, producer_id, backend_id)] = (
-            self.keys.producer_alive(producer_id),
-            self.keys.replies(producer_id),
-            self._group_inflight,
-            self.keys.pool_inflight(pool_id),
-            self._lease_records,
-            self.keys.wake_list(pool_id),
-            self._tokens,
-            self._durable,
-            self.keys.delayed(pool_id),
-            self.keys.dead_letters(pool_id),
-            self.keys.backend_inflight(backend_id),
-            self.keys.requests(pool_id),
-            self._turn,
-            self._again,
-        )
+        if len(self._call_keys_of) >= CALL_KEYS_KEPT:
+            self._call_keys_of.clear()
+        requests, pool_inflight = self.keys.requests(pool_id), self.keys.pool_inflight(pool_id)
+        alive = self.keys.producer_alive(producer_id)
+        backend_inflight = self.keys.backend_inflight(backend_id)
+        claim = (
+            requests, self._group_inflight, pool_inflight, alive, self._lease_records, self._tokens,
+            self._durable, self._fence, backend_inflight, self.keys.pool_drain(pool_id),
+        )  # fmt: skip
+        finish = (
+            alive, self.keys.replies(producer_id), self._group_inflight, pool_inflight, self._lease_records,
+            self.keys.wake_list(pool_id), self._tokens, self._durable, self.keys.delayed(pool_id),
+            self.keys.dead_letters(pool_id), backend_inflight, requests, self._turn, self._again,
+        )  # fmt: skip
+        known = self._call_keys_of[(pool_id, producer_id, backend_id)] = (claim, finish)
         return known
 
     def _queue_forgets(self, pipe: Any, unfair: Sequence[str]) -> None:

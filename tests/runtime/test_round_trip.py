@@ -6,12 +6,13 @@ claims it in its first round trip; a dispatcher with no free slot runs no round.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from runtime.policy.reads import PoolRead
 from runtime.producer import Producer
 from runtime.queue import registry
 from runtime.queue.deciding import TURN_ELSEWHERE, TURN_NONE, TURN_OURS, NextRound
-from runtime.queue.dispatching import QueueOps
+from runtime.queue.dispatching import REAP_INTERVAL_S, QueueOps
 from runtime.queue.keys import WAKE_HEAD_MAX_BYTES, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.support.dispatching import (
@@ -117,6 +118,24 @@ async def test_a_lone_dispatcher_takes_one_round_trip_per_call_at_concurrency_on
         assert dispatcher.stats.rounds - rounds == 20
         assert dispatcher.queue.trips - trips == 20  # the claim and ROUND in one pipeline, nothing else
         assert dispatcher.stats.claim_lost == lost, dispatcher.stats
+
+
+async def test_a_wake_tokens_claim_sends_round_behind_it_only_when_the_reap_is_due(aredis, keys) -> None:
+    """The claim reports the backlog its pop left (none here), so ROUND behind it would find the list
+    empty: it rides along to reap (every REAP_INTERVAL_S), or while a call still runs (here: the last
+    one's span after its reply, now and then). Before: one ROUND per call."""
+    async with one_pool_stack(aredis, keys, **NO_POLL) as (dispatcher, producer):
+        await producer.submit(CALL, pool_id="default", timeout=10)
+        sent, started = dispatcher.queue.rounds_sent, time.monotonic()
+        await submit_one_at_a_time(producer, 20)
+        elapsed = time.monotonic() - started
+        rounds = dispatcher.queue.rounds_sent - sent
+        assert rounds <= 1 + elapsed / REAP_INTERVAL_S, (rounds, elapsed, dispatcher.stats)
+        # Pushed together, the second may land behind the first's token (no token of its own): the
+        # claim's count then brings a round of the dispatcher's own, not the idle poll a minute away.
+        await asyncio.gather(*(producer.submit(CALL, pool_id="default", timeout=5) for _ in range(4)))
+        [pool] = dispatcher.snapshot()["pools"]  # as the claims left it: nothing queued
+        assert pool["queue_depth"] == 0 and pool["oldest_pending_age_s"] is None, pool
 
 
 async def test_rounds_after_a_claim_decide_from_the_observation_the_claim_brought_back(aredis, keys) -> None:
