@@ -62,10 +62,9 @@ class Observing:
             return False
         return not any(v.backlog for p, v in self.last_views.items() if p != pool_id)
 
-    def _hinted_view(self, policy: scheduler.GroupPolicy, token: tuple[str, bytes] | None) -> Observation:
+    def _hinted_view(self, policy: scheduler.GroupPolicy, token: tuple[str, bytes]) -> Observation:
         """The observation a wake token stands for: its request at the head of an otherwise empty group,
         this lone dispatcher's own calls in flight (the claim checks the real counts)."""
-        assert token is not None
         pool_id, raw = token
         in_flight: dict[str, int] = {}  # a plain loop: Counter's constructor costs more than the count
         for run in self.running.values():

@@ -85,6 +85,7 @@ class Rounds(Claiming):
         # whose requests wait in their tenants' lists and leave in the tenants' order.
         hinted = seen is None and not fair and token is not None and self._hinted(policy, plan, token)
         if hinted:
+            assert token is not None
             seen = self._hinted_view(policy, token)
         if seen is None:
             seen = await self._observe(policy, plan, planned_free, holder, fair)
