@@ -268,7 +268,9 @@ class Dispatcher(Rounds, Configuring):
                 await self._wake.wait()
             return True
         except TimeoutError:
-            return False
+            # A token taken in the loop turn that ended the wait set ``_wake`` but could not end it:
+            # it is a wake-up all the same (dropped, its request would wait for the next idle poll).
+            return self._wake.is_set()
         finally:
             self._waiting = False
             self._idle.clear()
