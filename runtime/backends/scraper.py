@@ -49,6 +49,7 @@ CLOSE_WAIT_S = 2.0
 
 __all__ = ["SCRAPE_INTERVAL_S", "BackendScraper", "ScraperStats", "failure_words", "read_bounded"]
 
+
 @dataclass(slots=True)
 class ScraperStats:
     scrapes: int = 0

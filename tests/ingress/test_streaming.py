@@ -18,6 +18,8 @@ from tests.support.streaming import HELLO, assert_a_client_gone_mid_stream_cance
 from tests.support.waiting import wait_until_sync
 
 pytestmark = pytest.mark.slow
+
+
 def test_chunks_arrive_before_the_call_ends(stack: Stack, alice_key: str) -> None:
     api = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=alice_key, max_retries=0)
     started = time.monotonic()

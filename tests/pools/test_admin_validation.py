@@ -21,8 +21,6 @@ pytestmark = pytest.mark.django_db
 GROUP_ADD = "/admin/pools/fabricgroup/add/"
 
 
-
-
 @pytest.mark.parametrize(
     ("values", "message"),
     [
