@@ -5,9 +5,15 @@ Run: ``python bench/bench_ingress.py [--quick] [--runs N] [--server daphne|uvico
 Processes: the simulator (latency 0), one dispatcher (``bench._dispatcher_proc``) and the ingress
 servers asked for, each one process over the same SQLite and producer key: daphne serving
 ``dispatch_project.asgi`` (the web process) and ``manage.py runingress`` (uvicorn, uvloop, httptools).
-This process is the client: the same ``httpx.AsyncClient`` posts the same body either to the simulator
-(direct, the baseline) or to an ingress with a producer key (``/v1/chat/completions`` -> Valkey ->
-dispatcher -> simulator -> back). Each run measures every path, interleaved (the order rotates).
+This process is the client: it posts the same body either to the simulator (direct, the baseline) or
+to an ingress with a producer key (``/v1/chat/completions`` -> Valkey -> dispatcher -> simulator ->
+back). Each run measures every path, interleaved (the order rotates).
+
+The client is an aiohttp session opened fresh for each path, figure and run, with as many connections
+as the figure's concurrency, warmed before it is timed; direct and every ingress get the same kind.
+One ``httpx.AsyncClient`` kept for the whole bench used to be the client, and after the loops at 16
+and 64 its pool held 64 connections whose scan cost ~2 ms of CPU per call at concurrency 1, more than
+the ingress hop being measured (RESULTS.md, issue 23 session 11); aiohttp costs ~0.2 ms per call.
 
 * complete calls: closed loop at concurrency 1 and 16, p50/p99 per path; added = ingress - direct;
 * throughput of one ingress process: calls/s of the closed loops at concurrency 16 and 64, against
@@ -27,7 +33,8 @@ and ingress-added (ingress - queued: what the web process itself adds).
 
 ``--before REF`` adds a third ingress, ``before``: ``manage.py runingress`` of git revision ``REF``
 exported with ``git archive``, over the same SQLite, key, Valkey, dispatcher and simulator, measured
-in the same rotation; the report then gives uvicorn (this checkout) against it, run by run.
+in the same rotation; the report then gives uvicorn (this checkout) against it, run by run. The
+client is this process's, so both trees are measured with the same one.
 """
 
 from __future__ import annotations
@@ -40,13 +47,14 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import aiohttp
 import httpx
 import orjson
 
@@ -166,11 +174,28 @@ def wait_up(port: int, proc: subprocess.Popen[str], server: str) -> None:
             time.sleep(0.1)
 
 
+CLIENT = (
+    f"aiohttp {aiohttp.__version__}, a fresh session per path, figure and run with as many connections "
+    "as the concurrency, warmed (direct and every ingress alike); queued: a Producer in this process"
+)
+
+
+@asynccontextmanager
+async def http_session(concurrency: int) -> AsyncIterator[aiohttp.ClientSession]:
+    """A fresh aiohttp session of ``concurrency`` connections, the client of one path for one figure.
+
+    Sized to the figure so that no pool grown by an earlier, wider loop is carried into a narrower one."""
+    connector = aiohttp.TCPConnector(limit=concurrency, keepalive_timeout=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+        yield session
+
+
 async def closed_loop(
-    http: httpx.AsyncClient, url: str, headers: dict[str, str], concurrency: int, total: int
-):  # type: ignore[no-untyped-def]
+    http: aiohttp.ClientSession, url: str, headers: dict[str, str], concurrency: int, total: int
+) -> tuple[list[float], float]:
     """Latencies (s) of ``total`` calls made by ``concurrency`` back-to-back workers, and the wall time."""
     content = orjson.dumps(BODY)
+    headers = {"content-type": "application/json", **headers}
     latencies: list[float] = []
     remaining = total
 
@@ -179,25 +204,26 @@ async def closed_loop(
         while remaining > 0:
             remaining -= 1
             started = time.perf_counter()
-            response = await http.post(f"{url}/chat/completions", content=content, headers=headers)
+            async with http.post(f"{url}/chat/completions", data=content, headers=headers) as response:
+                reply = await response.read()
             latencies.append(time.perf_counter() - started)
-            assert response.status_code == 200, response.text
+            assert response.status == 200, reply
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return latencies, time.perf_counter() - started
 
 
-async def stream_once(http: httpx.AsyncClient, url: str, headers: dict[str, str]) -> list[float]:
+async def stream_once(http: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> list[float]:
     """Arrival times (s after sending) of each SSE data event of one streamed call, [DONE] excluded."""
     arrivals: list[float] = []
+    headers = {"content-type": "application/json", **headers}
     started = time.perf_counter()
-    async with http.stream(
-        "POST", f"{url}/chat/completions", content=orjson.dumps(STREAM_BODY), headers=headers
-    ) as r:
-        assert r.status_code == 200
-        async for line in r.aiter_lines():
-            if line.startswith("data:") and line != "data: [DONE]":
+    async with http.post(f"{url}/chat/completions", data=orjson.dumps(STREAM_BODY), headers=headers) as r:
+        assert r.status == 200
+        async for raw in r.content:
+            line = raw.rstrip(b"\r\n")
+            if line.startswith(b"data:") and line != b"data: [DONE]":
                 arrivals.append(time.perf_counter() - started)
     return arrivals
 
@@ -220,17 +246,35 @@ def rotated(items: list[Any], run: int) -> list[Any]:
     return items[shift:] + items[:shift]
 
 
-class Paths:
-    """Every path a run measures, by name: direct and the ingresses over HTTP (``http``), and ``queued``
-    through ``producer`` in this process. ``pid``: the process whose CPU per call is counted, or 0."""
+class Caller:
+    """One path's calls through one client: ``http`` (an aiohttp session) for direct and the ingresses,
+    or ``producer`` in this process for ``queued`` (``http`` None)."""
 
     def __init__(
-        self,
-        http: httpx.AsyncClient,
-        producer: Producer,
-        http_paths: dict[str, tuple[str, dict[str, str], int]],
+        self, producer: Producer, http: aiohttp.ClientSession | None, url: str, headers: dict[str, str]
     ) -> None:
+        self.producer = producer
         self.http = http
+        self.url = url
+        self.headers = headers
+
+    async def loop(self, concurrency: int, total: int) -> tuple[list[float], float]:
+        if self.http is None:
+            return await producer_closed_loop(self.producer, "default", concurrency, total)
+        return await closed_loop(self.http, self.url, self.headers, concurrency, total)
+
+    async def streamed(self) -> list[float]:
+        if self.http is None:
+            return await producer_stream_once(self.producer)
+        return await stream_once(self.http, self.url, self.headers)
+
+
+class Paths:
+    """Every path a run measures, by name: direct and the ingresses over HTTP (``http_paths``), and
+    ``queued`` through ``producer`` in this process. ``pid``: the process whose CPU per call is counted,
+    or 0."""
+
+    def __init__(self, producer: Producer, http_paths: dict[str, tuple[str, dict[str, str], int]]) -> None:
         self.producer = producer
         self.http_paths = http_paths
         self.names = [*http_paths, QUEUED]
@@ -238,17 +282,20 @@ class Paths:
     def pid(self, name: str) -> int:
         return self.http_paths[name][2] if name in self.http_paths else 0
 
-    async def loop(self, name: str, concurrency: int, total: int) -> tuple[list[float], float]:
+    @asynccontextmanager
+    async def caller(self, name: str, concurrency: int) -> AsyncIterator[Caller]:
+        """``name``'s caller with a client of its own for ``concurrency`` workers, warmed: each of its
+        connections open and every process on the path just used."""
         if name == QUEUED:
-            return await producer_closed_loop(self.producer, "default", concurrency, total)
+            caller = Caller(self.producer, None, "", {})
+            await caller.loop(concurrency, 2 * concurrency)
+            yield caller
+            return
         url, headers, _ = self.http_paths[name]
-        return await closed_loop(self.http, url, headers, concurrency, total)
-
-    async def streamed(self, name: str) -> list[float]:
-        if name == QUEUED:
-            return await producer_stream_once(self.producer)
-        url, headers, _ = self.http_paths[name]
-        return await stream_once(self.http, url, headers)
+        async with http_session(concurrency) as http:
+            caller = Caller(self.producer, http, url, headers)
+            await caller.loop(concurrency, 2 * concurrency)
+            yield caller
 
 
 async def measure(
@@ -268,14 +315,11 @@ async def measure(
                 name: (url, {"authorization": f"Bearer {key}"}, pid)
                 for name, (url, key, pid) in ingresses.items()
             }
-            limits = httpx.Limits(max_connections=SLOTS, max_keepalive_connections=SLOTS)
-            async with (
-                httpx.AsyncClient(limits=limits, timeout=60) as http,
-                Producer(connect(valkey_url), keys=keys, producer_id="bench-queued") as producer,
-            ):
-                paths = Paths(http, producer, http_paths)
-                for name in paths.names:  # warm connections, the key cache, the producers
-                    await paths.loop(name, 16, 200)
+            async with Producer(connect(valkey_url), keys=keys, producer_id="bench-queued") as producer:
+                paths = Paths(producer, http_paths)
+                for name in paths.names:  # warm the key cache, the producers, the dispatcher
+                    async with paths.caller(name, 16) as caller:
+                        await caller.loop(16, 200)
                 for run in range(runs):
                     await one_run(paths, rotated(paths.names, run), quick, out)
     return out
@@ -290,12 +334,14 @@ async def one_run(paths: Paths, order: list[str], quick: bool, out: dict[str, li
     streams = 20 if quick else 60
     for level in (1, 16, SLOTS):
         for name in order:
-            pid = paths.pid(name)
-            cpu_before = cpu_seconds(pid) if pid else 0.0
-            # This process is every path's client (httpx, or the producer for ``queued``).
-            client_before = time.process_time()
-            lat, wall = await paths.loop(name, level, calls(level, quick))
-            note(f"{name}:client_cpu_ms:{level}", (time.process_time() - client_before) * 1000 / len(lat))
+            async with paths.caller(name, level) as caller:
+                pid = paths.pid(name)
+                cpu_before = cpu_seconds(pid) if pid else 0.0
+                # This process is every path's client (aiohttp, or the producer for ``queued``).
+                client_before = time.process_time()
+                lat, wall = await caller.loop(level, calls(level, quick))
+                client_ms = (time.process_time() - client_before) * 1000 / len(lat)
+            note(f"{name}:client_cpu_ms:{level}", client_ms)
             if pid:
                 note(f"{name}:cpu_ms:{level}", (cpu_seconds(pid) - cpu_before) * 1000 / len(lat))
             ms = [x * 1000 for x in lat]
@@ -304,21 +350,23 @@ async def one_run(paths: Paths, order: list[str], quick: bool, out: dict[str, li
             note(f"{name}:{level}:rate", len(lat) / wall)
     for name in order:
         ttft, gaps, last = [], [], []
-        for _ in range(streams):
-            arrivals = await paths.streamed(name)
-            ttft.append(arrivals[0] * 1000)
-            last.append(arrivals[-1] * 1000)
-            gaps += [(b - a) * 1000 for a, b in itertools.pairwise(arrivals)]
-            note(f"{name}:chunks", len(arrivals))
+        async with paths.caller(name, 1) as caller:
+            for _ in range(streams):
+                arrivals = await caller.streamed()
+                ttft.append(arrivals[0] * 1000)
+                last.append(arrivals[-1] * 1000)
+                gaps += [(b - a) * 1000 for a, b in itertools.pairwise(arrivals)]
+                note(f"{name}:chunks", len(arrivals))
         for label, values in (("ttft", ttft), ("gap", gaps), ("last", last)):
             note(f"{name}:{label}:p50", pct(values, 0.5))
             note(f"{name}:{label}:p99", pct(values, 0.99))
     for name in order:
         idle = []
-        for _ in range(streams):
-            await asyncio.sleep(IDLE_S)
-            lat, _wall = await paths.loop(name, 1, 1)
-            idle.append(lat[0] * 1000)
+        async with paths.caller(name, 1) as caller:
+            for _ in range(streams):
+                await asyncio.sleep(IDLE_S)
+                lat, _wall = await caller.loop(1, 1)
+                idle.append(lat[0] * 1000)
         note(f"{name}:idle:p50", pct(idle, 0.5))
         note(f"{name}:idle:p99", pct(idle, 0.99))
 
@@ -351,6 +399,7 @@ def report(out: dict[str, list[float]], runs: int, quick: bool) -> dict[str, flo
     mode = " (quick)" if quick else ""
     print(f"# ingress vs direct, zero-latency simulator, median of {runs} runs{mode}")
     print(f"# {machine()}")
+    print(f"# client: {CLIENT}")
     columns = [s for s in (QUEUED, *servers) if f"{s}:1:p50" in out]
     rows = []
     for figure, what in FIGURES:
@@ -418,7 +467,7 @@ def ingress_share(out: dict[str, list[float]], servers: list[str]) -> dict[str, 
           + f"; at 16: {rate:.2f}x direct")  # fmt: skip
     summary = {f"{QUEUED}:{label}": value for label, value in queued.items()}
     m = {k: median(v) for k, v in out.items()}
-    print("client CPU per call (this process: httpx, or the producer for queued), at 1 / 16: "
+    print("client CPU per call (this process: aiohttp, or the producer for queued), at 1 / 16: "
           + ", ".join(f"{name} {m[f'{name}:client_cpu_ms:1']:.2f} / {m[f'{name}:client_cpu_ms:16']:.2f} ms"
                       for name in ("direct", QUEUED, *servers)))  # fmt: skip
     for server in servers:

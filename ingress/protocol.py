@@ -26,26 +26,29 @@ class HeadHeldTransport:
     """A connection's transport as one response cycle sees it: its head (the cycle's first write once
     its response started) waits for the cycle's next write or for the end of this loop turn."""
 
-    __slots__ = ("_cycle", "_head_seen", "_held", "_loop", "_transport", "writes")
+    __slots__ = ("_cycle", "_held", "_loop", "_transport", "writes")
 
     def __init__(
         self, transport: asyncio.Transport, cycle: RequestResponseCycle, loop: asyncio.AbstractEventLoop
     ) -> None:
         self._transport = transport
-        self._cycle = cycle
+        # Until its head is seen (None after): the cycle holds this transport, and a reference back
+        # for the cycle's whole life made every request (its cycle, scope, headers, body, event: ~14
+        # objects) garbage that only the cyclic GC frees, a young collection every ~40 requests and an
+        # older one every ~400 (bench/RESULTS.md, issue 23 session 11).
+        self._cycle: RequestResponseCycle | None = cycle
         self._loop = loop
         self._held: bytes | None = None
-        self._head_seen = False
         self.writes = 0  # system writes asked of the transport for this cycle
 
     def __repr__(self) -> str:
         return f"<HeadHeldTransport writes={self.writes} holding={self._held is not None}>"
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not self._head_seen and self._cycle.response_started:
+        if self._cycle is not None and self._cycle.response_started:
             # uvicorn flags the response started right before it writes the head: this is the head.
             # (A "100 Continue" is written before that, and goes out at once.)
-            self._head_seen = True
+            self._cycle = None
             self._held = bytes(data)
             self._loop.call_soon(self._release)
             return

@@ -2,20 +2,24 @@
 
 Each response's head leaves in the same write as its first body bytes (one write for a complete
 answer, one for a stream's head and first chunk); a head the app sends before it waits still leaves
-at once; ``Expect: 100-continue`` and keep-alive work as with uvicorn's own httptools protocol.
+at once; ``Expect: 100-continue`` and keep-alive work as with uvicorn's own httptools protocol; a
+finished request's cycle is freed by reference counting, without the cyclic GC.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import time
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 from uvicorn.server import ServerState
 
 from ingress.protocol import HeadHeldTransport, HeadWithBodyProtocol
@@ -59,21 +63,25 @@ class Server:
         self.state = ServerState()
         self.protocols: list[HeadWithBodyProtocol] = []
         self.transports: list[HeadHeldTransport] = []
+        self.cycles: list[weakref.ref[RequestResponseCycle]] = []  # every request's, weakly
 
     def protocol(self) -> HeadWithBodyProtocol:
         made = _Recording(self.config, self.state, {}, asyncio.get_running_loop())
         made.recorded = self.transports
+        made.cycles = self.cycles
         self.protocols.append(made)
         return made
 
 
 class _Recording(HeadWithBodyProtocol):
     recorded: list[HeadHeldTransport]
+    cycles: list[weakref.ref[RequestResponseCycle]]
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         assert isinstance(self.cycle.transport, HeadHeldTransport)
         self.recorded.append(self.cycle.transport)
+        self.cycles.append(weakref.ref(self.cycle))
 
 
 @pytest.fixture
@@ -148,3 +156,22 @@ async def test_expect_100_continue_is_answered_before_the_body_is_sent(
 
     answer = await asyncio.to_thread(talk)
     assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and b"x-size: 3\r\n" in answer
+
+
+async def test_a_finished_requests_cycle_is_freed_without_the_cyclic_gc(
+    served: tuple[Server, str],
+) -> None:
+    # A cycle and its transport referring to each other made every request (its cycle, scope, headers,
+    # body and event, ~14 objects) garbage that only the cyclic GC frees: a young collection every
+    # ~40 requests, and an older one every ~400 (bench/RESULTS.md, issue 23 session 11).
+    server, url = served
+    gc.disable()
+    try:
+        async with httpx.AsyncClient() as http:
+            for path in ("/complete", "/stream", "/complete"):  # keep-alive: the next one drops the last
+                response = await http.post(f"{url}{path}", content=b"12345")
+                assert response.status_code == 200
+        await asyncio.sleep(0)  # the last request's task lets go of its cycle
+        assert [cycle() is None for cycle in server.cycles] == [True, True, False]
+    finally:
+        gc.enable()
