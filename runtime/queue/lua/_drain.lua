@@ -8,8 +8,10 @@ do
   local slot = dsec % $DRAIN_RING
   if redis.call('HGET', $key, 's' .. slot) ~= tostring(dsec) then
     redis.call('HSET', $key, 's' .. slot, dsec, 'c' .. slot, 0)
+    -- The TTL is renewed as a second's bucket starts (a new hash included), not at every count: one
+    -- command less per claim, and the hash outlives its last drain by DRAIN_TTL_S less under a second.
+    redis.call('EXPIRE', $key, $DRAIN_TTL_S)
   end
   redis.call('HINCRBY', $key, 'c' .. slot, $count)
   redis.call('HSET', $key, 'last', tonumber(dt[1]) + tonumber(dt[2]) / 1000000)
-  redis.call('EXPIRE', $key, $DRAIN_TTL_S)
 end
