@@ -29,15 +29,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from runtime.backoff import Backoff
+from runtime.queue.keys import KeySpace
 from runtime.valkey.client import REDIS_ERRORS, dedicated_connection, failing_over
+from runtime.wire.groupconfig import GroupConfig
 
 # How long one BLPOP blocks; short, so a finished dispatcher's waiter returns soon.
 WAKE_BLOCK_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class WakeLists:
+    """The wake lists of one configuration's enabled pools: the names the waiter BLPOPs, and each
+    list's pool by the name as BLPOP answers it (bytes). Built once per configuration: the waiter asks
+    for the names before every BLPOP and each token looks its pool up, once per call at concurrency 1.
+    """
+
+    config: GroupConfig | None  # the configuration they belong to (compared by identity)
+    names: tuple[str, ...]
+    pools: dict[bytes, str]
+
+    @classmethod
+    def of(cls, config: GroupConfig | None, keys: KeySpace) -> WakeLists:
+        pools = [p.pool_id for p in config.enabled_pools] if config is not None else []
+        names = tuple(keys.wake_list(pool_id) for pool_id in pools)
+        by_name = {name.encode(): pool_id for name, pool_id in zip(names, pools, strict=True)}
+        return cls(config, names, by_name)
 
 
 class WakeWaiter:

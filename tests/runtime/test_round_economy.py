@@ -9,8 +9,11 @@ would visibly stall the tests instead of being picked up by the poll.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from runtime.producer import Producer
+from runtime.queue import groups
+from runtime.wire.groupconfig import PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.support.dispatching import (
     CALL,
@@ -73,3 +76,27 @@ async def test_a_burst_into_free_slots_starts_in_a_handful_of_rounds(aredis, key
             assert all(not c.done() for c in calls)  # all started together: none finished yet
             results = await asyncio.gather(*calls)
     assert len({r.request_id for r in results}) == burst
+
+
+async def test_a_pool_a_new_configuration_adds_is_woken_by_its_own_tokens(aredis, keys) -> None:
+    """The wake lists are built once per configuration: one that adds a pool has the waiter block on
+    the new pool's list too, and its tokens' requests are claimed at once (one round trip each), not
+    left for the minute-long poll."""
+    async with (
+        SimulatorServer(SimulatorConfig()) as sim,
+        running_dispatcher(aredis, keys, one_pool_group(sim.url), **NO_POLL) as dispatcher,
+        Producer(aredis, keys=keys) as producer,
+    ):
+        await producer.submit(CALL, pool_id="default", timeout=10)
+        first = one_pool_group(sim.url)
+        added = dataclasses.replace(first, pools=(*first.pools, PoolConfig(pool_id="added")), version=2)
+        await groups.publish(aredis, keys, added)
+        await wait_until(lambda: dispatcher.config is not None and dispatcher.config.version == 2)
+        assert keys.wake_list("added") in dispatcher._wake_lists()
+        await producer.submit(CALL, pool_id="added", timeout=10)  # the first round after the change
+        rounds, trips = dispatcher.stats.rounds, dispatcher.queue.trips
+        async with asyncio.timeout(20):  # a request whose token nobody waits for stalls for the poll
+            for _ in range(10):
+                await producer.submit(CALL, pool_id="added", timeout=10)
+        assert dispatcher.stats.rounds - rounds == 10
+        assert dispatcher.queue.trips - trips == 10  # each claimed from its wake token, no read first

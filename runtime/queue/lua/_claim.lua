@@ -7,7 +7,7 @@ if not head then return {'moved', 0, 0} end
 if redis.sha1hex(head) ~= ARGV[1] then return {'moved', 0, 0} end
 if ARGV[2] == 'drop' then
   $drop
---! drain key=KEYS[10] count=1
+--! drain key=KEYS[10] count=1 time=redis.call('TIME')
   return {'dropped', 0, 0}
 end
 local in_pool = redis.call('ZCARD', KEYS[3])
@@ -33,7 +33,7 @@ if $last > 10 and in_pool >= tonumber(ARGV[8]) then
   end
   if in_group >= limit - reserved then return {'reserved', in_pool, 0} end
 end
-local t = redis.call('TIME')
+local t = redis.call('TIME')  -- the one TIME of a launch: its drain count reuses it
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local backend_limit = tonumber(ARGV[10])
 if backend_limit then
@@ -52,5 +52,5 @@ if ARGV[9] ~= '' then
   redis.call('HSET', KEYS[6], ARGV[3], token)
   redis.call('HSET', KEYS[7], ARGV[3], ARGV[9])
 end
---! drain key=KEYS[10] count=1
+--! drain key=KEYS[10] count=1 time=t
 return {'claimed', in_pool + 1, token, $left}

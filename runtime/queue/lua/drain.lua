@@ -1,4 +1,4 @@
 -- DRAIN: the drain count on its own (tests of the ring that admission control reads).
 -- KEYS: the pool's drain hash
 -- ARGV: how many requests left the queue
---! drain key=KEYS[1] count=ARGV[1]
+--! drain key=KEYS[1] count=ARGV[1] time=redis.call('TIME')

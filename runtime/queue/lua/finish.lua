@@ -22,8 +22,13 @@ if ARGV[6] ~= '' and redis.call('HGET', KEYS[7], ARGV[3]) ~= ARGV[6] then return
 redis.call('ZREM', KEYS[3], ARGV[3])
 redis.call('ZREM', KEYS[4], ARGV[3])
 redis.call('HDEL', KEYS[5], ARGV[3])
-redis.call('HDEL', KEYS[7], ARGV[3])
-redis.call('HDEL', KEYS[8], ARGV[3])
+if ARGV[6] ~= '' then
+  -- Only a fenced (durable) claim wrote a token and an envelope (lua/_claim.lua): an unfenced claim's
+  -- member has neither, since a live durable lease of the same member refuses its claim (duplicate)
+  -- and every end of one (FINISH, REAP, GIVE_BACK) deletes both.
+  redis.call('HDEL', KEYS[7], ARGV[3])
+  redis.call('HDEL', KEYS[8], ARGV[3])
+end
 redis.call('ZREM', KEYS[11], ARGV[3])
 if ARGV[14] then
 --! tenant_correct zset=ARGV[11] counters=ARGV[12] served=ARGV[17] tenant=ARGV[14] charge=ARGV[15] cost=ARGV[16]
