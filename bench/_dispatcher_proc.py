@@ -2,10 +2,8 @@
 
 Usage: ``python -m bench._dispatcher_proc VALKEY_URL KEY_PREFIX GROUP_ID CONCURRENCY DISPATCHER_ID``.
 Prints ``ready`` once it runs. ``BENCH_LEASE_S`` sets its in-flight lease (default: the setting's).
-Like ``manage.py rundispatcher`` it freezes its start-up objects out of the cyclic GC before it serves
-(``BENCH_GC_FREEZE=0``: it does not, the "before" of that change). With ``BENCH_PROFILE=path`` it
-writes a cProfile (CPU time) of its whole run there; with ``BENCH_STATS=path`` it writes its CPU
-seconds and completions there on exit.
+With ``BENCH_PROFILE=path`` it writes a cProfile (CPU time) of its whole run there; with
+``BENCH_STATS=path`` it writes its CPU seconds and completions there on exit.
 """
 
 from __future__ import annotations
@@ -32,8 +30,6 @@ async def main(url: str, prefix: str, group_id: str, concurrency: int, dispatche
         group_id=group_id, dispatcher_id=dispatcher_id, concurrency=concurrency, shutdown_grace_s=5.0, **lease
     )
     dispatcher = Dispatcher(conn, settings, keys=KeySpace(prefix))
-    if os.environ.get("BENCH_GC_FREEZE", "1") == "1":  # as manage.py rundispatcher does; 0: the "before"
-        eventloop.freeze_start_up()
     print("ready", flush=True)
     try:
         await dispatcher.run()

@@ -6,6 +6,7 @@ producer (``ingress-{host}-{pid}``) and its spans go to Valkey like the web proc
 
 from __future__ import annotations
 
+import gc
 import os
 
 import django
@@ -16,7 +17,6 @@ django.setup()
 from ingress.build import build_ingress  # noqa: E402
 from ingress.http import Receive, Scope, Send  # noqa: E402
 from ops.runtime_settings import start_tracing  # noqa: E402
-from runtime.eventloop import freeze_start_up  # noqa: E402
 
 # Same service name as daphne's ingress: history shows one ingress whichever server carries it.
 start_tracing("llm-dispatch-ingress")
@@ -39,7 +39,8 @@ async def lifespan(receive: Receive, send: Send) -> None:
             # process; frozen, a full collection no longer walks it: a pause of whatever requests are
             # in flight, 220-370 ms at load 10-18 on the 2-core bench machine, <1 ms once frozen
             # (bench/RESULTS.md, issue 23 session 7).
-            freeze_start_up()
+            gc.collect()
+            gc.freeze()
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             await ingress.aclose()

@@ -5,13 +5,11 @@ and writes per call) it takes a visible share of CPU off each call (bench/RESULT
 It is an optional speed-up, never a requirement: without it every entry point runs on asyncio.
 Code that runs inside someone else's loop (the async :class:`~runtime.producer.Producer`) does not
 choose a loop; only the processes and threads we start do, through these two functions.
-:func:`freeze_start_up` is the other process-wide choice those processes make before they serve.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -37,13 +35,3 @@ def run(coro: Coroutine[Any, Any, _T]) -> _T:
     """``asyncio.run`` on the preferred loop."""
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(coro)
-
-
-def freeze_start_up() -> None:
-    """Moves everything alive now (modules, imports, the built engine) out of the cyclic GC's reach,
-    for a process about to serve: a full collection otherwise walks all of it, a pause of every call in
-    flight (dispatcher: 65-107 ms, 20-26 ms once frozen, at 2,000 calls in flight; ingress: 220-370
-    ms at load 10-18; bench/RESULTS.md, issue 23). Process-wide: only our own entry points call it,
-    never library code."""
-    gc.collect()
-    gc.freeze()

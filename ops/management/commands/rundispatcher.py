@@ -109,7 +109,6 @@ class Command(BaseCommand):
             stop = asyncio.Event()
             by = f"dispatcher {settings.dispatcher_id}"
             watching = asyncio.create_task(ConfigGuard(settings.group_id, by=by).run(stop)) if guard else None
-            eventloop.freeze_start_up()
             try:
                 await dispatcher.run()
             finally:
