@@ -1,7 +1,8 @@
 """Shared plumbing of the benchmarks: a private Valkey, the simulator and dispatchers as processes.
 
 Everything listens on 127.0.0.1 and lives under a ``/tmp/bench-*`` scratch directory that is removed
-afterwards. Child processes are started with their own process group and stopped by pid.
+afterwards. Child processes are started with their own process group and stopped by pid; on Linux
+they are also stopped (SIGTERM) when the benchmark's process dies, even killed outright.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import os
 import platform
 import shutil
@@ -109,6 +111,28 @@ def private_valkey_server() -> Iterator[embedded.EmbeddedValkey]:
             embedded.stop(data_dir)
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def _dies_with(parent_pid: int) -> Callable[[], None] | None:
+    """For ``Popen(preexec_fn=...)``: the child is sent SIGTERM when ``parent_pid`` is gone. A bench
+    killed outright (SIGKILL, a lost session) otherwise left its dispatchers, simulators and producers
+    running, an hour of a core in one case, under every later measurement (bench/RESULTS.md, issue 23
+    session 11). ``start_new_session`` keeps them out of the bench's Ctrl-C; this keeps them from
+    outliving it. The signal follows the thread that forks: benchmarks spawn from their main thread."""
+    if _LIBC is None:
+        return None
+    prctl = _LIBC.prctl
+
+    def set_up_child() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:  # gone between the fork and the prctl: the signal never comes
+            os._exit(1)
+
+    return set_up_child
+
+
 def spawn(
     args: Sequence[str], *, env: dict[str, str] | None = None, root: Path = ROOT
 ) -> subprocess.Popen[str]:
@@ -121,6 +145,7 @@ def spawn(
         text=True,
         start_new_session=True,
         env={**os.environ, "PYTHONPATH": str(root), **(env or {})},
+        preexec_fn=_dies_with(os.getpid()),
     )
 
 
