@@ -115,8 +115,8 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
-def _dies_with(parent_pid: int) -> Callable[[], None] | None:
-    """For ``Popen(preexec_fn=...)``: the child is sent SIGTERM when ``parent_pid`` is gone. A bench
+def stops_with_this_process() -> Callable[[], None] | None:
+    """For ``Popen(preexec_fn=...)``: the child is sent SIGTERM when this process is gone. A bench
     killed outright (SIGKILL, a lost session) otherwise left its dispatchers, simulators and producers
     running, an hour of a core in one case, under every later measurement (bench/RESULTS.md, issue 23
     session 11). ``start_new_session`` keeps them out of the bench's Ctrl-C; this keeps them from
@@ -124,6 +124,7 @@ def _dies_with(parent_pid: int) -> Callable[[], None] | None:
     if _LIBC is None:
         return None
     prctl = _LIBC.prctl
+    parent_pid = os.getpid()
 
     def set_up_child() -> None:
         prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -145,7 +146,7 @@ def spawn(
         text=True,
         start_new_session=True,
         env={**os.environ, "PYTHONPATH": str(root), **(env or {})},
-        preexec_fn=_dies_with(os.getpid()),
+        preexec_fn=stops_with_this_process(),
     )
 
 

@@ -74,6 +74,7 @@ from bench._common import (
     scratch,
     simulator_proc,
     stop_proc,
+    stops_with_this_process,
     table,
 )
 from bench._common import closed_loop as producer_closed_loop
@@ -152,6 +153,7 @@ def ingress_procs(
                 proc = subprocess.Popen(
                     server_argv(kind, port), cwd=root, env={**run_env, "PYTHONPATH": str(root)},
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+                    preexec_fn=stops_with_this_process(),
                 )  # fmt: skip
                 procs.append(proc)
                 wait_up(port, proc, server)

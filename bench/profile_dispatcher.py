@@ -36,6 +36,7 @@ from bench._common import (
     scratch,
     simulator_proc,
     stop_proc,
+    stops_with_this_process,
 )
 from runtime.producer import Producer
 from runtime.wire.groupconfig import PoolConfig
@@ -55,6 +56,7 @@ def dispatcher(
         text=True,
         start_new_session=True,
         env={**os.environ, "PYTHONPATH": str(root), **env},
+        preexec_fn=stops_with_this_process(),
     )
     assert proc.stdout is not None
     if "ready" not in proc.stdout.readline():

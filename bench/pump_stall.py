@@ -25,7 +25,16 @@ from typing import Any
 
 import redis
 
-from bench._common import ROOT, client, group, new_keys, private_valkey_server, publish, simulator_proc
+from bench._common import (
+    ROOT,
+    client,
+    group,
+    new_keys,
+    private_valkey_server,
+    publish,
+    simulator_proc,
+    stops_with_this_process,
+)
 from runtime.producer import Producer
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 
@@ -125,9 +134,15 @@ async def run(fairness: str, outstanding: int, seconds: float, busy: int) -> dic
                     [sys.executable, *args],
                     cwd=ROOT, stdout=subprocess.PIPE, stderr=log_file, text=True, start_new_session=True,
                     env={**os.environ, "PYTHONPATH": str(ROOT), "BENCH_STATS": STATS},
+                    preexec_fn=stops_with_this_process(),
                 )  # fmt: skip
                 assert proc.stdout is not None and "ready" in proc.stdout.readline()
-                loops = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(busy)]
+                loops = [
+                    subprocess.Popen(
+                        [sys.executable, "-c", "while 1: pass"], preexec_fn=stops_with_this_process()
+                    )
+                    for _ in range(busy)
+                ]
                 try:
                     async with Producer(conn, keys=keys) as producer:
                         watch = _AliveWatch(server.url, producer.keys.producer_alive(producer.producer_id))
