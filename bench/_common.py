@@ -135,11 +135,12 @@ def stops_with_this_process() -> Callable[[], None] | None:
 
 
 def spawn(
-    args: Sequence[str], *, env: dict[str, str] | None = None, root: Path = ROOT
+    args: Sequence[str], *, env: dict[str, str] | None = None, root: Path = ROOT, wrapper: Sequence[str] = ()
 ) -> subprocess.Popen[str]:
-    """``python *args`` importing the project from ``root`` (another checkout for before/after runs)."""
+    """``python *args`` importing the project from ``root`` (another checkout for before/after runs),
+    run under ``wrapper`` if given (e.g. valgrind)."""
     return subprocess.Popen(
-        [sys.executable, *args],
+        [*wrapper, sys.executable, *args],
         cwd=root,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

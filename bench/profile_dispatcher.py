@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -35,8 +34,8 @@ from bench._common import (
     publish,
     scratch,
     simulator_proc,
+    spawn,
     stop_proc,
-    stops_with_this_process,
 )
 from runtime.producer import Producer
 from runtime.wire.groupconfig import PoolConfig
@@ -48,16 +47,7 @@ def dispatcher(
     url: str, prefix: str, group_id: str, root: Path, env: dict[str, str], wrapper: list[str]
 ) -> subprocess.Popen[str]:
     args = ["-m", "bench._dispatcher_proc", url, prefix, group_id, str(SLOTS), "d0"]
-    proc = subprocess.Popen(
-        [*wrapper, sys.executable, *args],
-        cwd=root,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "PYTHONPATH": str(root), **env},
-        preexec_fn=stops_with_this_process(),
-    )
+    proc = spawn(args, env=env, root=root, wrapper=wrapper)
     assert proc.stdout is not None
     if "ready" not in proc.stdout.readline():
         raise RuntimeError("dispatcher did not start")

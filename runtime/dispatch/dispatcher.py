@@ -47,9 +47,7 @@ from runtime.dispatch.listener import ChangeListener
 from runtime.dispatch.peek import PeekCache, PeekedItem
 from runtime.dispatch.rounds import Rounds
 from runtime.dispatch.snapshot import DispatcherSnapshot, SnapshotSink, SnapshotStore, build_snapshot
-from runtime.dispatch.stats import (
-    DispatcherStats,
-)
+from runtime.dispatch.stats import DispatcherStats
 from runtime.dispatch.wakeup import WakeLists, WakeWaiter
 from runtime.errors import DispatchError
 from runtime.policy import scheduler
@@ -125,7 +123,7 @@ class Dispatcher(Rounds, Configuring):
         self._heads_seen: dict[str, tuple[bytes, ...]] = {}
         self._deeper: dict[str, int] = {}
         self._head_token: tuple[str, bytes] | None = None  # the last wake token's request, by pool
-        self._wake_of = WakeLists.of(None, keys)  # the current configuration's (see _wake_lists_now)
+        self._wake_lists_of = WakeLists(keys)
         self._rejected_config: bytes | str | None = None
         self._policy: scheduler.GroupPolicy | None = None
         self._state = scheduler.SchedulerState()
@@ -279,7 +277,7 @@ class Dispatcher(Rounds, Configuring):
     def _woken(self, wake_list: bytes, token: bytes) -> None:
         self._idle.clear()  # one token per wait: the next is for another dispatcher
         if token != b"1" and self.config is not None:  # a push's request, maybe claimable at once
-            pool_id = self._wake_lists_now().pools.get(wake_list)
+            pool_id = self._wake_lists_of.of(self.config).pools.get(wake_list)
             self._head_token = (pool_id, token) if pool_id is not None else None
         self._wake.set()
 
@@ -362,13 +360,7 @@ class Dispatcher(Rounds, Configuring):
 
     def _wake_lists(self) -> tuple[str, ...]:
         """The wake-up token list of every enabled pool of the group."""
-        return self._wake_lists_now().names
-
-    def _wake_lists_now(self) -> WakeLists:
-        """The wake lists of the configuration in force, built again only when it is replaced."""
-        if self._wake_of.config is not self.config:
-            self._wake_of = WakeLists.of(self.config, self.keys)
-        return self._wake_of
+        return self._wake_lists_of.of(self.config).names
 
     def _on_message(self, channel: str, data: bytes) -> None:
         if channel == self.keys.config_channel(self.settings.group_id):

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -43,23 +42,28 @@ from runtime.wire.groupconfig import GroupConfig
 WAKE_BLOCK_S = 0.5
 
 
-@dataclass(frozen=True, slots=True)
 class WakeLists:
-    """The wake lists of one configuration's enabled pools: the names the waiter BLPOPs, and each
-    list's pool by the name as BLPOP answers it (bytes). Built once per configuration: the waiter asks
-    for the names before every BLPOP and each token looks its pool up, once per call at concurrency 1.
-    """
+    """The wake lists of the configuration in force: the names the waiter BLPOPs, and each list's pool
+    by its name as BLPOP answers it (bytes). Built again only when the configuration is replaced: the
+    waiter asks for the names before every BLPOP and each token looks its pool up, once per call at
+    concurrency 1."""
 
-    config: GroupConfig | None  # the configuration they belong to (compared by identity)
-    names: tuple[str, ...]
-    pools: dict[bytes, str]
+    __slots__ = ("_config", "_keys", "names", "pools")
 
-    @classmethod
-    def of(cls, config: GroupConfig | None, keys: KeySpace) -> WakeLists:
-        pools = [p.pool_id for p in config.enabled_pools] if config is not None else []
-        names = tuple(keys.wake_list(pool_id) for pool_id in pools)
-        by_name = {name.encode(): pool_id for name, pool_id in zip(names, pools, strict=True)}
-        return cls(config, names, by_name)
+    def __init__(self, keys: KeySpace) -> None:
+        self._keys = keys
+        self._config: GroupConfig | None = None
+        self.names: tuple[str, ...] = ()
+        self.pools: dict[bytes, str] = {}
+
+    def of(self, config: GroupConfig | None) -> WakeLists:
+        """These lists for ``config`` (by identity), rebuilt first if they follow another one."""
+        if config is not self._config:
+            pools = [p.pool_id for p in config.enabled_pools] if config is not None else []
+            self.names = tuple(self._keys.wake_list(pool_id) for pool_id in pools)
+            self.pools = {name.encode(): pool_id for name, pool_id in zip(self.names, pools, strict=True)}
+            self._config = config
+        return self
 
 
 class WakeWaiter:
