@@ -1,6 +1,7 @@
 """Dispatcher CPU per call and throughput against direct: this checkout against a "before" variant.
 
-Run: ``python bench/bench_dispatcher_cpu.py [--quick] [--runs N] [--before REF] [--before-loop asyncio]``.
+Run: ``python bench/bench_dispatcher_cpu.py [--quick] [--runs N] [--before REF] [--before-loop asyncio]
+[--backend-row]``.
 
 The same-run before/after figure of each hot-path change (issue 13). Variants: ``after`` (this
 checkout) and ``before``: the git revision ``--before`` exported to a scratch directory, and/or this
@@ -13,7 +14,10 @@ Valkey's from ``INFO cpu``, and Valkey's commands (and scripts) per call from ``
 (the producer's share is the same for every variant; unlike CPU time, these do not move with the
 machine's load). At concurrency 1 each run also measures a bare Valkey hop
 (``bench._bare_hop_proc``: RPUSH, a worker's BLPOP and RPUSH of the reply, the caller's BLPOP), the
-floor the added latency is compared with.
+floor the added latency is compared with. With ``--backend-row`` the pool's calls go through a
+backend row, as the demo's and the admin's do (kind vLLM: load gate, shared breaker, the fleet's
+scraper on the simulator's ``/metrics``), its gate set never to hold, so that only what a backend row
+costs each round shows; without it, through a bare endpoint URL.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import sys
 import uuid
 from collections.abc import Iterator
@@ -55,7 +60,8 @@ from bench._common import (
 )
 from runtime.backends.adapter import OpenAIBackend
 from runtime.producer import Producer
-from runtime.wire.groupconfig import PoolConfig
+from runtime.wire.backendconfig import BackendConfig
+from runtime.wire.groupconfig import GroupConfig, PoolConfig
 
 LEVELS = (1, 16, 64)
 SLOTS = 64
@@ -85,7 +91,20 @@ class BareHop:
         await self.conn.aclose()
 
 
-async def measure(variants: dict[str, tuple[Path, dict[str, str]]], quick: bool, runs: int) -> dict:
+def bench_group(sim_url: str, backend_row: bool) -> GroupConfig:
+    config = group(sim_url, [PoolConfig("default", max_concurrent=SLOTS)], policy="fifo", total=SLOTS)
+    if not backend_row:
+        return config
+    backend = BackendConfig(
+        "sim", base_url=sim_url, kind="vllm", max_in_flight=4 * SLOTS, max_waiting=1_000_000,
+        max_kv_cache_usage=1.0,
+    )  # fmt: skip
+    return dataclasses.replace(config, default_endpoint_url="", backend_id="sim", backends=(backend,))
+
+
+async def measure(
+    variants: dict[str, tuple[Path, dict[str, str]]], quick: bool, runs: int, backend_row: bool = False
+) -> dict:
     results: dict[tuple[int, str], list[dict[str, float]]] = {}
     with private_valkey() as valkey_url, simulator_proc() as sim_url, contextlib.ExitStack() as stack:
         backend = OpenAIBackend(sim_url, max_connections=SLOTS)
@@ -99,9 +118,7 @@ async def measure(variants: dict[str, tuple[Path, dict[str, str]]], quick: bool,
             paths["direct"] = (await producers.enter_async_context(direct), no_cpu)
             for name, (root, env) in variants.items():
                 keys = new_keys()
-                config = group(
-                    sim_url, [PoolConfig("default", max_concurrent=SLOTS)], policy="fifo", total=SLOTS
-                )
+                config = bench_group(sim_url, backend_row)
                 await publish(conn, keys, config)
                 (proc,) = stack.enter_context(
                     dispatcher_procs(valkey_url, keys.prefix, config.group_id, 1, SLOTS, env=env, root=root)
@@ -162,9 +179,13 @@ def worker(args: list[str]) -> Iterator[None]:
         stop_proc(proc)
 
 
-def report(results: dict, variants: list[str], runs: int, quick: bool) -> dict[str, dict[str, float]]:
+def report(
+    results: dict, variants: list[str], runs: int, quick: bool, backend_row: bool = False
+) -> dict[str, dict[str, float]]:
     print(f"# dispatcher CPU per call and throughput, median of {runs} runs{' (quick)' if quick else ''}")
     print(f"# {machine()}")
+    route = "a backend row (kind vLLM)" if backend_row else "a bare endpoint URL"
+    print(f"# the pool's calls go through {route}")
     rows: list[list[object]] = []
     summary: dict[str, dict[str, float]] = {}
     for level in LEVELS:
@@ -232,6 +253,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--before", help="git revision to compare against (exported with git archive)")
     parser.add_argument("--before-loop", choices=["asyncio"], help="run the 'before' dispatcher on asyncio")
+    parser.add_argument(
+        "--backend-row", action="store_true", help="route the pool through a backend row, as the demo does"
+    )
     args = parser.parse_args(argv)
     runs = args.runs or (1 if args.quick else 5)
     with contextlib.ExitStack() as stack:
@@ -246,8 +270,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                 env,
             )
         variants["after (this checkout)"] = (ROOT, {})
-        results = asyncio.run(measure(variants, args.quick, runs))
-    return report(results, list(variants), runs, args.quick)
+        results = asyncio.run(measure(variants, args.quick, runs, args.backend_row))
+    return report(results, list(variants), runs, args.quick, args.backend_row)
 
 
 if __name__ == "__main__":

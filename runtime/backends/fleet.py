@@ -1,11 +1,15 @@
 """A dispatcher's view of its group's backends: load gate, shared breaker and scraper together.
 
-Once per scheduling round :meth:`BackendFleet.refresh` reads, in one pipeline, each backend's shared
-load, shared breaker state and the fleet's in-flight leases to it, and turns them into a
-:class:`~runtime.backends.status.BackendStatus` (the pure gate's decision included). Before deciding,
-the dispatcher asks :meth:`blocked` (a skip reason for the backend's pools) and :meth:`allowance`
-(how many heads a pool on it may be offered); its claim script then enforces :meth:`limit`
-atomically across the fleet.
+Each backend's shared load, shared breaker state and the fleet's in-flight leases to it are read at
+the end of every pipeline a scheduling round sends (:meth:`BackendFleet.queue_reads`, riding with the
+observation the next decision is made from) and turned into a
+:class:`~runtime.backends.status.BackendStatus` (the pure gate's decision included). A round reads
+them in a round trip of its own (:meth:`BackendFleet.refresh`) only when the last reading is older
+than :data:`STATUS_MAX_AGE_S` or refuses something: a refusal is always decided from a fresh
+reading, and a stale "room" lets at most that much older news through (the claim enforces the
+in-flight limit atomically whatever the reading said). Before deciding, the dispatcher asks
+:meth:`blocked` (a skip reason for the backend's pools) and :meth:`allowance` (how many heads a
+pool on it may be offered); its claim script then enforces :meth:`limit` atomically across the fleet.
 
 It is also the one place the dispatcher asks about breakers: a pool on a backend row uses the
 fleet's shared breaker, a pool with a bare endpoint URL (no backend row) this process's own
@@ -17,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -25,7 +30,8 @@ from runtime.backends.gate import SKIP_BACKEND_CAP, hold_ms
 from runtime.backends.health import EndpointBreakers
 from runtime.backends.scraper import SCRAPE_INTERVAL_S, BackendScraper
 from runtime.backends.shared_breaker import SharedBreakers
-from runtime.backends.status import READS, BackendStatus, queue_reads, status_from_replies
+from runtime.backends.status import READS, BackendStatus, status_from_replies
+from runtime.backends.status import queue_reads as queue_backend_reads
 from runtime.errors import BackendHTTPError, DispatchError
 from runtime.queue.keys import KeySpace
 from runtime.valkey.client import REDIS_ERRORS
@@ -33,7 +39,14 @@ from runtime.wire.backendconfig import BackendConfig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BackendFleet"]
+__all__ = ["STATUS_MAX_AGE_S", "BackendFleet"]
+
+# How old a reading that refuses nothing may be and still decide a round. Under load rounds follow
+# each other within milliseconds, each bringing the next reading. Load metrics are scraped every
+# SCRAPE_INTERVAL_S and accepted up to a second old, so this bounds only how much later a breaker
+# opened or a 429's hold set by another dispatcher (or group) is seen than when every round read
+# them itself; a failure of one of its own calls makes a dispatcher read afresh at once.
+STATUS_MAX_AGE_S = 0.010
 
 
 class BackendFleet:
@@ -46,6 +59,7 @@ class BackendFleet:
         local: EndpointBreakers,
         clock: Callable[[], float] = time.time,
         scrape_interval_s: float = SCRAPE_INTERVAL_S,
+        status_max_age_s: float = STATUS_MAX_AGE_S,
     ) -> None:
         """``local``: the process's breakers of bare endpoint URLs."""
         self.client = client
@@ -56,6 +70,10 @@ class BackendFleet:
         self.scraper = BackendScraper(client, keys, owner_id=owner_id, interval_s=scrape_interval_s)
         self.backends: dict[str, BackendConfig] = {}
         self.statuses: dict[str, BackendStatus] = {}
+        self.status_max_age_s = status_max_age_s
+        self.read_at = float("-inf")  # when the last reading was sent (this clock)
+        self.refreshes = 0  # readings that took a round trip of their own
+        self._riding: tuple[list[str], float] = ([], 0.0)  # the reading queue_reads last queued
 
     def __repr__(self) -> str:
         held = {b: s.held for b, s in self.statuses.items() if s.held}
@@ -68,19 +86,51 @@ class BackendFleet:
         self.statuses = {b: s for b, s in self.statuses.items() if b in self.backends}
 
     async def refresh(self) -> None:
-        """Each backend's load, breaker and fleet in-flight count (one pipeline)."""
+        """Each backend's load, breaker and fleet in-flight count, in a pipeline of their own."""
         if not self.backends:
             return
+        self.refreshes += 1
+        async with self.client.pipeline(transaction=False) as pipe:
+            replies = self.queue_reads(pipe)
+            results = await pipe.execute()
+        self.take_replies(results[-replies:])
+
+    async def refresh_unless_fresh(self) -> None:
+        """:meth:`refresh`, unless the last reading may still decide a round: at most
+        :attr:`status_max_age_s` old, of every backend, refusing none."""
+        if self.clock() - self.read_at > self.status_max_age_s or not self._refuses_none():
+            await self.refresh()
+
+    def queue_reads(self, pipe: Any) -> int:
+        """Queues a reading of every backend on ``pipe`` (a round's, see the module doc); how many
+        replies it makes, for :meth:`take_replies`."""
+        if not self.backends:
+            return 0
         now = self.clock()
         ids = sorted(self.backends)
-        async with self.client.pipeline(transaction=False) as pipe:
-            for backend_id in ids:
-                queue_reads(pipe, self.keys, backend_id, now)
-            replies = await pipe.execute()
+        for backend_id in ids:
+            queue_backend_reads(pipe, self.keys, backend_id, now)
+        self._riding = (ids, now)
+        return READS * len(ids)
+
+    def take_replies(self, replies: list[Any]) -> None:
+        ids, now = self._riding
         for i, backend_id in enumerate(ids):
+            backend = self.backends.get(backend_id)  # None: removed by a configuration meanwhile
+            if backend is None:
+                continue
             mine = replies[READS * i : READS * i + READS]
-            self.statuses[backend_id] = status_from_replies(self.backends[backend_id], mine, now)
+            self.statuses[backend_id] = status_from_replies(backend, mine, now)
             self.breakers.update(backend_id, mine[1])
+        self.read_at = now
+
+    def _refuses_none(self) -> bool:
+        if self.statuses.keys() != self.backends.keys():
+            return False  # a backend never read (just configured)
+        return not any(
+            self.blocked(backend_id) or self.breakers.state(backend_id).mode != CLOSED
+            for backend_id in self.backends
+        )
 
     def blocked(self, backend_id: str) -> str | None:
         """The skip reason for a pool on this backend now (breaker first), None when one may launch."""
@@ -176,6 +226,8 @@ class BackendFleet:
             await self.breakers.record(backend_id, error)
         except REDIS_ERRORS as exc:  # the call's reply matters more than the breaker's bookkeeping
             log.warning("backend %s: outcome not recorded in the shared breaker (%s)", backend_id, exc)
+        if error is not None:  # its breaker or hold may refuse now: the next round reads them afresh
+            self.read_at = float("-inf")
 
     async def hold(self, backend_id: str, retry_after_s: float | None) -> None:
         """Holds the backend's pools across the fleet until its Retry-After is over: the key expires

@@ -7,8 +7,8 @@ A change is an optimistic transaction (WATCH, read, pure transition, MULTI/SET/E
 conflict): of two dispatchers asking for the one half-open probe at the same instant, exactly one
 gets it. Times are wall-clock seconds, the only clock processes share.
 
-Reads are cheap: the dispatcher reads every state of interest once per scheduling round, in the
-pipeline that reads the backends' load (:mod:`runtime.backends.fleet`), and hands them over with
+Reads are cheap: the dispatcher reads every state of interest with the backends' load, at the end of
+each pipeline a scheduling round sends (:mod:`runtime.backends.fleet`), and hands them over with
 :meth:`SharedBreakers.update`; the before-deciding questions (:meth:`blocked`, :meth:`allowance`)
 answer from that copy. Writes happen only when a state changes: a healthy backend costs no write
 per call.

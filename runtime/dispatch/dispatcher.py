@@ -103,6 +103,7 @@ class Dispatcher(Rounds, Configuring):
         # Backend rows: load gate, shared breaker and the fleet's scraper; bare endpoint URLs keep
         # the per-process breakers above. Every breaker question goes through it.
         self.fleet = BackendFleet(client, keys, owner_id=settings.dispatcher_id, local=self.breakers)
+        self.queue.riding = self.fleet  # its readings ride in the rounds' pipelines
         self.executor = Executor(
             queue=self.queue, settings=settings, backends=self.backends, breakers=self.fleet,
             stats=self.stats, tracer=self.tracer, identity=self.identity, secrets=dict(secrets or {}),

@@ -68,7 +68,7 @@ class Rounds(Claiming):
         await self.give_back_unanswered()
         policy = self._policy
         planned_free = max(0, self._slots - len(self.running))
-        await self.fleet.refresh()
+        await self.fleet.refresh_unless_fresh()  # mostly read by the last pipeline (queue.riding)
         plan = self._plan(policy, planned_free)
         # A pool whose backend has no room is refused for the backend's own reason (breaker open,
         # saturated, at its max in flight).

@@ -1,10 +1,11 @@
 """Valkey operations of the dispatcher: observe the queues, claim exactly what was peeked, finish.
 
 Each operation is one round trip: observation is one pipeline over every pool of the group, a batch
-of claims is one pipeline of atomic scripts, and finishing a request (liveness check, reply,
-lease release, waking one idle dispatcher) is one script, the finishes that happen together sent in
-one pipeline (:mod:`runtime.queue.finishing`). Scripts run by SHA (loaded once, reloaded on
-NOSCRIPT), so no pipeline pays redis-py's SCRIPT EXISTS round trip.
+of claims is one pipeline of atomic scripts (reads the round wants as fresh as its observation, the
+backends' statuses, ride at the end of each: :class:`RidingReads`), and finishing a request
+(liveness check, reply, lease release, waking one idle dispatcher) is one script, the finishes that
+happen together sent in one pipeline (:mod:`runtime.queue.finishing`). Scripts run by SHA (loaded
+once, reloaded on NOSCRIPT), so no pipeline pays redis-py's SCRIPT EXISTS round trip.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 
@@ -54,6 +55,7 @@ __all__ = [
     "Observation",
     "QueueOps",
     "QueueView",
+    "RidingReads",
     "ScriptArgs",
     "TurnEnd",
     "bury_args",
@@ -68,6 +70,18 @@ __all__ = [
 # measured in seconds, so reaping on every round would only add work to the hot path.
 REAP_INTERVAL_S = 0.25
 HEADS_FOR_DISPLAY = 2  # OBSERVE read only the first item, to show its age
+
+
+class RidingReads(Protocol):
+    """Reads another part of the dispatcher wants as fresh as a round's observation (the backends'
+    statuses: :class:`~runtime.backends.fleet.BackendFleet`). They go at the end of every pipeline a
+    round sends (observe, ROUND, claims) rather than in a round trip of their own."""
+
+    def queue_reads(self, pipe: Any) -> int:
+        """Queues the reads on ``pipe``; how many replies they make."""
+
+    def take_replies(self, replies: list[Any]) -> None:
+        """Takes in those replies, in the order queued."""
 
 
 class QueueOps(Upkeep, Finishing):
@@ -98,6 +112,7 @@ class QueueOps(Upkeep, Finishing):
         self._reaped_at = float("-inf")
         self.has_turn = False  # whether the last observe took the group's scheduling turn
         self.trips = 0  # round trips of the scheduling rounds (observe, ROUND, claim pipelines)
+        self.riding: RidingReads | None = None  # reads sent at the end of each of those pipelines
         self.rounds_sent = 0  # ROUND scripts sent, on their own or behind claims
         self._durable = keys.durable_leases(group_id)
         self._tokens = keys.lease_tokens(group_id)
@@ -162,7 +177,7 @@ class QueueOps(Upkeep, Finishing):
 
         scripts_used = [self._reap, self._tenant_forget, self._observe, self._tenant_observe]
         self.trips += 1
-        results = await run_pipeline(self.client, scripts_used, build)
+        results = await self._run_round_pipeline(scripts_used, build)
         lost, requeued, left, results = self._reaped(reads, results) if reap else ((), (), {}, results)
         views: dict[str, QueueView] = {}
         fair_views: dict[str, FairView] = {}
@@ -234,8 +249,7 @@ class QueueOps(Upkeep, Finishing):
         tenant (their views' heads stay empty and ``Observation.fair`` holds their tenants)."""
         reap = self._reap_due()
         self.trips += 1
-        results = await run_pipeline(
-            self.client,
+        results = await self._run_round_pipeline(
             [self._reap, self._tenant_forget, self._round],
             lambda p: self._queue_round(p, nxt, backend_ids, reap),
         )
@@ -329,7 +343,7 @@ class QueueOps(Upkeep, Finishing):
         """The claim pipeline's answers. Lost (an error, a cancel), its launches are remembered: Valkey
         may still run them (runtime.queue.unanswered)."""
         try:
-            return await run_pipeline(self.client, used, build)
+            return await self._run_round_pipeline(used, build)
         except BaseException:  # the picks are still those the pipeline was built from
             launches = [
                 UnansweredClaim(req, self.fair_picks.get(req.pool_id, {}).get(req.raw))
@@ -338,6 +352,24 @@ class QueueOps(Upkeep, Finishing):
             ]
             self.unanswered.update(dict.fromkeys(launches, math.inf))
             raise
+
+    async def _run_round_pipeline(self, used: Sequence[LuaScript], build: Callable[[Any], None]) -> list[Any]:
+        """A round's pipeline, :attr:`riding`'s reads at its end (their replies handed over, not returned)."""
+        riding = self.riding
+        if riding is None:
+            return await run_pipeline(self.client, used, build)
+        replies = 0
+
+        def build_then_read(pipe: Any) -> None:
+            nonlocal replies
+            build(pipe)
+            replies = riding.queue_reads(pipe)
+
+        results = await run_pipeline(self.client, used, build_then_read)
+        if replies:
+            riding.take_replies(results[-replies:])
+            del results[-replies:]
+        return results
 
     async def answer_gone(self, replies: Sequence[tuple[str, bytes]], reply_ttl_s: float) -> None:
         """Queues each (producer id, reply) whatever the producer's liveness (lua/answer_gone.lua): the

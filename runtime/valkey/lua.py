@@ -49,6 +49,12 @@ class Commands:
     def get(self, key: str) -> None:
         self.calls.append(("GET", key))
 
+    def zcount(self, key: str, low: str, high: str) -> None:
+        self.calls.append(("ZCOUNT", key, low, high))
+
+    def pttl(self, key: str) -> None:
+        self.calls.append(("PTTL", key))
+
     def set_nx(self, key: str, value: bytes, px: int) -> None:
         """SET ``key`` ``value`` NX PX ``px``: answers OK when set, None when the key existed."""
         self.calls.append(("SET", key, value, "NX", "PX", px))

@@ -1,5 +1,6 @@
 """BackendFleet's breaker questions against a real Valkey: the synchronous answer (acquire_now)
-never contradicts the awaited one, for bare URLs (local breakers) and backend rows (shared)."""
+never contradicts the awaited one, for bare URLs (local breakers) and backend rows (shared); and
+when a round may decide from the reading the last pipeline brought instead of reading its own."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from runtime.backends.fleet import BackendFleet
 from runtime.backends.gate import RETRY_AFTER_HOLD_MAX_S, SKIP_BACKEND_RETRY_AFTER
 from runtime.backends.health import EndpointBreakers
 from runtime.errors import BackendConnectError, BackendHTTPError
+from runtime.queue.dispatching import QueueOps, TurnEnd
 from runtime.queue.keys import KeySpace
 from runtime.wire.backendconfig import BackendConfig, BreakerPolicy
 from tests.support.waiting import wait_until_equal
@@ -123,3 +125,74 @@ async def test_a_huge_retry_after_holds_at_most_the_cap(aredis: aioredis.Redis, 
         "ollama", OLLAMA.base_url, BackendHTTPError("x", status_code=429, retry_after_s=1e12)
     )
     assert 0 < await aredis.pttl(keys.backend_hold("ollama")) <= RETRY_AFTER_HOLD_MAX_S * 1000
+
+
+# --- issue 23: the reading rides in a round's pipelines; a round reads afresh only when it must --------
+async def test_a_reading_that_refuses_nothing_decides_rounds_until_it_is_too_old(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
+    clock = Clock()
+    backends = fleet(aredis, keys, clock)
+    backends.configure((OLLAMA,))
+    await backends.refresh_unless_fresh()  # never read: read now
+    assert backends.refreshes == 1 and backends.refusal("ollama", OLLAMA.base_url) is None
+    await aredis.set(keys.backend_hold("ollama"), "30", px=30_000)  # another dispatcher's 429
+    clock.now += backends.status_max_age_s
+    await backends.refresh_unless_fresh()  # still young enough: the hold is not seen yet
+    assert backends.refreshes == 1 and backends.refusal("ollama", OLLAMA.base_url) is None
+    clock.now += 0.001
+    await backends.refresh_unless_fresh()
+    assert backends.refreshes == 2
+    assert backends.refusal("ollama", OLLAMA.base_url) == SKIP_BACKEND_RETRY_AFTER
+
+
+async def test_a_reading_that_refuses_is_read_afresh_by_every_round(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
+    """Only "room" is taken on trust: a refusal that has ended meanwhile must not hold work back."""
+    clock = Clock()
+    backends = fleet(aredis, keys, clock)
+    backends.configure((OLLAMA,))
+    await aredis.set(keys.backend_hold("ollama"), "30", px=30_000)
+    for refreshes in (1, 2, 3):
+        await backends.refresh_unless_fresh()  # the clock stands still: the reading is never old
+        assert backends.refreshes == refreshes
+        assert backends.refusal("ollama", OLLAMA.base_url) == SKIP_BACKEND_RETRY_AFTER
+    await aredis.delete(keys.backend_hold("ollama"))
+    await backends.refresh_unless_fresh()
+    assert backends.refreshes == 4 and backends.refusal("ollama", OLLAMA.base_url) is None
+    await backends.refresh_unless_fresh()
+    assert backends.refreshes == 4
+
+
+async def test_a_failed_call_of_its_own_has_the_next_round_read_afresh(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
+    clock = Clock()
+    backends = fleet(aredis, keys, clock)
+    backends.configure((OLLAMA,))
+    await backends.refresh()
+    await backends.record("ollama", OLLAMA.base_url, None)  # a success changes no refusal
+    await backends.refresh_unless_fresh()
+    assert backends.refreshes == 1
+    limited = BackendHTTPError("slow down", status_code=429, retry_after_s=30.0)
+    await backends.record("ollama", OLLAMA.base_url, limited)
+    await backends.refresh_unless_fresh()  # as young as before, but its own call just failed
+    assert backends.refreshes == 2
+    assert backends.refusal("ollama", OLLAMA.base_url) == SKIP_BACKEND_RETRY_AFTER
+
+
+async def test_the_reading_rides_at_the_end_of_a_rounds_pipeline(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
+    clock = Clock()
+    backends = fleet(aredis, keys, clock)
+    backends.configure((GPU, OLLAMA))
+    queue = QueueOps(aredis, keys, "g")
+    queue.riding = backends
+    await aredis.set(keys.backend_hold("ollama"), "30", px=30_000)
+    end = TurnEnd(holder="d1", left_work=False, wake_pool="default")
+    assert await queue.claim([], 30.0, end_turn=end) == []  # the pipeline's own answers, the reads' taken off
+    assert queue.trips == 1 and backends.refreshes == 0 and backends.read_at == clock.now
+    assert backends.refusal("ollama", OLLAMA.base_url) == SKIP_BACKEND_RETRY_AFTER
+    assert backends.refusal("gpu", GPU.base_url) is None and backends.limit("gpu") == GPU.max_in_flight

@@ -13,6 +13,7 @@ import dataclasses
 
 from runtime.producer import Producer
 from runtime.queue import groups
+from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.groupconfig import PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.support.dispatching import (
@@ -100,3 +101,28 @@ async def test_a_pool_a_new_configuration_adds_is_woken_by_its_own_tokens(aredis
                 await producer.submit(CALL, pool_id="added", timeout=10)
         assert dispatcher.stats.rounds - rounds == 10
         assert dispatcher.queue.trips - trips == 10  # each claimed from its wake token, no read first
+
+
+async def test_a_backend_row_costs_its_rounds_no_round_trip_of_their_own(aredis, keys) -> None:
+    """A pool routed through a backend row (load gate, shared breaker) was read in a pipeline of its own
+    before every round: one round trip more per call at concurrency 1. Its reading now rides in the
+    pipelines the rounds send anyway, and decides the next round while young (issue 23)."""
+    async with SimulatorServer(SimulatorConfig(kind="openai")) as sim:
+        backend = BackendConfig("sim", sim.url, kind="openai", load_gating=False, max_in_flight=16)
+        plain = one_pool_group(sim.url)
+        config = dataclasses.replace(plain, default_endpoint_url="", backend_id="sim", backends=(backend,))
+        async with (
+            running_dispatcher(aredis, keys, config, **NO_POLL) as dispatcher,
+            Producer(aredis, keys=keys) as producer,
+        ):
+            await producer.submit(CALL, pool_id="default", timeout=10)
+            fleet = dispatcher.fleet
+            # Every reading counts as young, whatever this machine's speed: the counts are exact.
+            fleet.status_max_age_s = 60.0
+            refreshes, trips, read_at = fleet.refreshes, dispatcher.queue.trips, fleet.read_at
+            await submit_one_at_a_time(producer, 20)
+            assert dispatcher.queue.trips - trips == 20  # one pipeline per call, as without a backend row
+            assert fleet.refreshes == refreshes and fleet.read_at > read_at  # read by those pipelines
+            fleet.status_max_age_s = 0.0  # as before: every round reads in a round trip of its own
+            await submit_one_at_a_time(producer, 20)
+            assert fleet.refreshes - refreshes == 20
