@@ -1,9 +1,10 @@
 """A dispatcher's view of its group's backends: load gate, shared breaker and scraper together.
 
 Each backend's shared load, shared breaker state and the fleet's in-flight leases to it are read at
-the end of every pipeline a scheduling round sends (:meth:`BackendFleet.queue_reads`, riding with the
-observation the next decision is made from) and turned into a
-:class:`~runtime.backends.status.BackendStatus` (the pure gate's decision included). A round reads
+the end of every pipeline a scheduling round sends (:meth:`BackendFleet.queue_reads`, riding with
+the observation the next decision is made from) and turned into a
+:class:`~runtime.backends.status.BackendStatus` (the pure gate's decision included).
+A round reads
 them in a round trip of its own (:meth:`BackendFleet.refresh`) only when the last reading is older
 than :data:`STATUS_MAX_AGE_S` or refuses something: a refusal is always decided from a fresh
 reading, and a stale "room" lets at most that much older news through (the claim enforces the
@@ -18,6 +19,7 @@ fleet's shared breaker, a pool with a bare endpoint URL (no backend row) this pr
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -35,6 +37,7 @@ from runtime.backends.status import queue_reads as queue_backend_reads
 from runtime.errors import BackendHTTPError, DispatchError
 from runtime.queue.keys import KeySpace
 from runtime.valkey.client import REDIS_ERRORS
+from runtime.valkey.lua import Commands, run_pipeline
 from runtime.wire.backendconfig import BackendConfig
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,10 @@ __all__ = ["STATUS_MAX_AGE_S", "BackendFleet"]
 # opened or a 429's hold set by another dispatcher (or group) is seen than when every round read
 # them itself; a failure of one of its own calls makes a dispatcher read afresh at once.
 STATUS_MAX_AGE_S = 0.010
+
+
+def _nothing_else(pipe: Commands) -> None:
+    """A pipeline of the riding reads alone (:meth:`BackendFleet.refresh`)."""
 
 
 class BackendFleet:
@@ -73,7 +80,7 @@ class BackendFleet:
         self.status_max_age_s = status_max_age_s
         self.read_at = float("-inf")  # when the last reading was sent (this clock)
         self.refreshes = 0  # readings that took a round trip of their own
-        self._riding: tuple[list[str], float] = ([], 0.0)  # the reading queue_reads last queued
+        self._distrusted_before = float("-inf")  # readings sent earlier decide no round
 
     def __repr__(self) -> str:
         held = {b: s.held for b, s in self.statuses.items() if s.held}
@@ -90,10 +97,7 @@ class BackendFleet:
         if not self.backends:
             return
         self.refreshes += 1
-        async with self.client.pipeline(transaction=False) as pipe:
-            replies = self.queue_reads(pipe)
-            results = await pipe.execute()
-        self.take_replies(results[-replies:])
+        await run_pipeline(self.client, (), _nothing_else, self)
 
     async def refresh_unless_fresh(self) -> None:
         """:meth:`refresh`, unless the last reading may still decide a round: at most
@@ -101,20 +105,23 @@ class BackendFleet:
         if self.clock() - self.read_at > self.status_max_age_s or not self._refuses_none():
             await self.refresh()
 
-    def queue_reads(self, pipe: Any) -> int:
-        """Queues a reading of every backend on ``pipe`` (a round's, see the module doc); how many
-        replies it makes, for :meth:`take_replies`."""
+    def queue_reads(self, pipe: Commands) -> Callable[[list[Any]], None] | None:
+        """Queues a reading of every backend on ``pipe`` (see the module doc); what takes its replies."""
         if not self.backends:
-            return 0
+            return None
         now = self.clock()
         ids = sorted(self.backends)
         for backend_id in ids:
             queue_backend_reads(pipe, self.keys, backend_id, now)
-        self._riding = (ids, now)
-        return READS * len(ids)
+        return functools.partial(self._take_reading, ids, now)
 
-    def take_replies(self, replies: list[Any]) -> None:
-        ids, now = self._riding
+    def _take_reading(self, ids: list[str], now: float, replies: list[Any]) -> None:
+        """A reading sent at ``now``; one older than the last taken (answered out of order) is
+        dropped. One sent before a failure of this dispatcher's own was recorded (by a call's task,
+        while the round's pipeline was on the wire) may not show its hold or breaker: it is taken in
+        but decides no round."""
+        if now < self.read_at:
+            return
         for i, backend_id in enumerate(ids):
             backend = self.backends.get(backend_id)  # None: removed by a configuration meanwhile
             if backend is None:
@@ -122,7 +129,8 @@ class BackendFleet:
             mine = replies[READS * i : READS * i + READS]
             self.statuses[backend_id] = status_from_replies(backend, mine, now)
             self.breakers.update(backend_id, mine[1])
-        self.read_at = now
+        if now >= self._distrusted_before:
+            self.read_at = now
 
     def _refuses_none(self) -> bool:
         if self.statuses.keys() != self.backends.keys():
@@ -228,6 +236,7 @@ class BackendFleet:
             log.warning("backend %s: outcome not recorded in the shared breaker (%s)", backend_id, exc)
         if error is not None:  # its breaker or hold may refuse now: the next round reads them afresh
             self.read_at = float("-inf")
+            self._distrusted_before = self.clock()
 
     async def hold(self, backend_id: str, retry_after_s: float | None) -> None:
         """Holds the backend's pools across the fleet until its Retry-After is over: the key expires

@@ -1,11 +1,12 @@
 """Valkey operations of the dispatcher: observe the queues, claim exactly what was peeked, finish.
 
 Each operation is one round trip: observation is one pipeline over every pool of the group, a batch
-of claims is one pipeline of atomic scripts (reads the round wants as fresh as its observation, the
-backends' statuses, ride at the end of each: :class:`RidingReads`), and finishing a request
-(liveness check, reply, lease release, waking one idle dispatcher) is one script, the finishes that
-happen together sent in one pipeline (:mod:`runtime.queue.finishing`). Scripts run by SHA (loaded
-once, reloaded on NOSCRIPT), so no pipeline pays redis-py's SCRIPT EXISTS round trip.
+of claims is one pipeline of atomic scripts (reads a round wants as fresh as its observation, the
+backends' statuses, ride at the end of each of a round's pipelines: :attr:`QueueOps.riding`), and
+finishing a request (liveness check, reply, lease release, waking one idle dispatcher) is one
+script, the finishes that happen together sent in one pipeline (:mod:`runtime.queue.finishing`).
+Scripts run by SHA (loaded once, reloaded on NOSCRIPT), so no pipeline pays redis-py's SCRIPT
+EXISTS round trip.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -46,7 +47,7 @@ from runtime.queue.tenant_dispatch import (
 from runtime.queue.unanswered import UnansweredClaim, give_back_args
 from runtime.queue.upkeep import Upkeep
 from runtime.valkey.batch import ScriptBatcher
-from runtime.valkey.lua import LuaScript, run_pipeline
+from runtime.valkey.lua import LuaScript, RidingReads, run_pipeline
 
 __all__ = [
     "HEADS_FOR_DISPLAY",
@@ -55,7 +56,6 @@ __all__ = [
     "Observation",
     "QueueOps",
     "QueueView",
-    "RidingReads",
     "ScriptArgs",
     "TurnEnd",
     "bury_args",
@@ -70,18 +70,6 @@ __all__ = [
 # measured in seconds, so reaping on every round would only add work to the hot path.
 REAP_INTERVAL_S = 0.25
 HEADS_FOR_DISPLAY = 2  # OBSERVE read only the first item, to show its age
-
-
-class RidingReads(Protocol):
-    """Reads another part of the dispatcher wants as fresh as a round's observation (the backends'
-    statuses: :class:`~runtime.backends.fleet.BackendFleet`). They go at the end of every pipeline a
-    round sends (observe, ROUND, claims) rather than in a round trip of their own."""
-
-    def queue_reads(self, pipe: Any) -> int:
-        """Queues the reads on ``pipe``; how many replies they make."""
-
-    def take_replies(self, replies: list[Any]) -> None:
-        """Takes in those replies, in the order queued."""
 
 
 class QueueOps(Upkeep, Finishing):
@@ -177,7 +165,7 @@ class QueueOps(Upkeep, Finishing):
 
         scripts_used = [self._reap, self._tenant_forget, self._observe, self._tenant_observe]
         self.trips += 1
-        results = await self._run_round_pipeline(scripts_used, build)
+        results = await run_pipeline(self.client, scripts_used, build, self.riding)
         lost, requeued, left, results = self._reaped(reads, results) if reap else ((), (), {}, results)
         views: dict[str, QueueView] = {}
         fair_views: dict[str, FairView] = {}
@@ -249,9 +237,11 @@ class QueueOps(Upkeep, Finishing):
         tenant (their views' heads stay empty and ``Observation.fair`` holds their tenants)."""
         reap = self._reap_due()
         self.trips += 1
-        results = await self._run_round_pipeline(
+        results = await run_pipeline(
+            self.client,
             [self._reap, self._tenant_forget, self._round],
             lambda p: self._queue_round(p, nxt, backend_ids, reap),
+            self.riding,
         )
         return self._round_seen(nxt, results, reap)
 
@@ -343,7 +333,7 @@ class QueueOps(Upkeep, Finishing):
         """The claim pipeline's answers. Lost (an error, a cancel), its launches are remembered: Valkey
         may still run them (runtime.queue.unanswered)."""
         try:
-            return await self._run_round_pipeline(used, build)
+            return await run_pipeline(self.client, used, build, self.riding)
         except BaseException:  # the picks are still those the pipeline was built from
             launches = [
                 UnansweredClaim(req, self.fair_picks.get(req.pool_id, {}).get(req.raw))
@@ -352,24 +342,6 @@ class QueueOps(Upkeep, Finishing):
             ]
             self.unanswered.update(dict.fromkeys(launches, math.inf))
             raise
-
-    async def _run_round_pipeline(self, used: Sequence[LuaScript], build: Callable[[Any], None]) -> list[Any]:
-        """A round's pipeline, :attr:`riding`'s reads at its end (their replies handed over, not returned)."""
-        riding = self.riding
-        if riding is None:
-            return await run_pipeline(self.client, used, build)
-        replies = 0
-
-        def build_then_read(pipe: Any) -> None:
-            nonlocal replies
-            build(pipe)
-            replies = riding.queue_reads(pipe)
-
-        results = await run_pipeline(self.client, used, build_then_read)
-        if replies:
-            riding.take_replies(results[-replies:])
-            del results[-replies:]
-        return results
 
     async def answer_gone(self, replies: Sequence[tuple[str, bytes]], reply_ttl_s: float) -> None:
         """Queues each (producer id, reply) whatever the producer's liveness (lua/answer_gone.lua): the

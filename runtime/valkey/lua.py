@@ -22,12 +22,12 @@ import functools
 import hashlib
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
-__all__ = ["BoundScript", "Commands", "LuaScript", "run_pipeline"]
+__all__ = ["BoundScript", "Commands", "LuaScript", "RidingReads", "run_pipeline"]
 
 # Per client: the SCRIPT LOADs under way and when each script last finished loading.
 _LOADS: weakref.WeakKeyDictionary[Any, _Loads] = weakref.WeakKeyDictionary()
@@ -98,16 +98,35 @@ class BoundScript:
         return result
 
 
+class RidingReads(Protocol):
+    """Reads another part of the process wants as fresh as a pipeline's own answers (the backends'
+    statuses: :class:`~runtime.backends.fleet.BackendFleet`), sent at the end of pipelines that go
+    out anyway rather than in a round trip of their own."""
+
+    def queue_reads(self, pipe: Commands) -> Callable[[list[Any]], None] | None:
+        """Queues the reads on ``pipe``; what takes their replies, in order (None: nothing queued)."""
+
+
 async def run_pipeline(
-    client: aioredis.Redis, scripts: Sequence[LuaScript], build: Callable[[Any], None]
+    client: aioredis.Redis,
+    scripts: Sequence[LuaScript],
+    build: Callable[[Any], None],
+    riding: RidingReads | None = None,
 ) -> list[Any]:
     """Runs the commands ``build`` records in one non-transactional pipeline; reloads on NOSCRIPT.
+    ``riding``'s reads go at its end: their replies are handed to it, not returned.
 
     Other errors are raised, like ``pipe.execute()`` does.
     """
     commands = Commands()
     build(commands)
-    return await _run(client, scripts, commands.calls)
+    own = len(commands.calls)
+    take = riding.queue_reads(commands) if riding is not None else None
+    results = await _run(client, scripts, commands.calls)
+    if take is not None:
+        take(results[own:])
+        del results[own:]
+    return results
 
 
 async def _run(

@@ -13,6 +13,7 @@ from runtime.backends.health import EndpointBreakers
 from runtime.errors import BackendConnectError, BackendHTTPError
 from runtime.queue.dispatching import QueueOps, TurnEnd
 from runtime.queue.keys import KeySpace
+from runtime.valkey.lua import Commands
 from runtime.wire.backendconfig import BackendConfig, BreakerPolicy
 from tests.support.waiting import wait_until_equal
 
@@ -128,15 +129,25 @@ async def test_a_huge_retry_after_holds_at_most_the_cap(aredis: aioredis.Redis, 
 
 
 # --- issue 23: the reading rides in a round's pipelines; a round reads afresh only when it must --------
+def ollama_fleet(client: aioredis.Redis, keys: KeySpace) -> tuple[Clock, BackendFleet]:
+    clock = Clock()
+    backends = fleet(client, keys, clock)
+    backends.configure((OLLAMA,))
+    return clock, backends
+
+
+async def held_elsewhere(client: aioredis.Redis, keys: KeySpace) -> None:
+    """The ollama backend held as another dispatcher's 429 holds it."""
+    await client.set(keys.backend_hold("ollama"), "30", px=30_000)
+
+
 async def test_a_reading_that_refuses_nothing_decides_rounds_until_it_is_too_old(
     aredis: aioredis.Redis, keys: KeySpace
 ) -> None:
-    clock = Clock()
-    backends = fleet(aredis, keys, clock)
-    backends.configure((OLLAMA,))
+    clock, backends = ollama_fleet(aredis, keys)
     await backends.refresh_unless_fresh()  # never read: read now
     assert backends.refreshes == 1 and backends.refusal("ollama", OLLAMA.base_url) is None
-    await aredis.set(keys.backend_hold("ollama"), "30", px=30_000)  # another dispatcher's 429
+    await held_elsewhere(aredis, keys)
     clock.now += backends.status_max_age_s
     await backends.refresh_unless_fresh()  # still young enough: the hold is not seen yet
     assert backends.refreshes == 1 and backends.refusal("ollama", OLLAMA.base_url) is None
@@ -150,10 +161,8 @@ async def test_a_reading_that_refuses_is_read_afresh_by_every_round(
     aredis: aioredis.Redis, keys: KeySpace
 ) -> None:
     """Only "room" is taken on trust: a refusal that has ended meanwhile must not hold work back."""
-    clock = Clock()
-    backends = fleet(aredis, keys, clock)
-    backends.configure((OLLAMA,))
-    await aredis.set(keys.backend_hold("ollama"), "30", px=30_000)
+    _, backends = ollama_fleet(aredis, keys)
+    await held_elsewhere(aredis, keys)
     for refreshes in (1, 2, 3):
         await backends.refresh_unless_fresh()  # the clock stands still: the reading is never old
         assert backends.refreshes == refreshes
@@ -168,17 +177,37 @@ async def test_a_reading_that_refuses_is_read_afresh_by_every_round(
 async def test_a_failed_call_of_its_own_has_the_next_round_read_afresh(
     aredis: aioredis.Redis, keys: KeySpace
 ) -> None:
-    clock = Clock()
-    backends = fleet(aredis, keys, clock)
-    backends.configure((OLLAMA,))
+    clock, backends = ollama_fleet(aredis, keys)
     await backends.refresh()
     await backends.record("ollama", OLLAMA.base_url, None)  # a success changes no refusal
     await backends.refresh_unless_fresh()
     assert backends.refreshes == 1
+    # A reading sent before the failure was recorded, answered after it (a pipeline running beside
+    # the call's): it may not show the failure's hold, so it decides no round.
+    before = Commands()
+    take = backends.queue_reads(before)
+    assert take is not None
     limited = BackendHTTPError("slow down", status_code=429, retry_after_s=30.0)
+    clock.now += 0.001
     await backends.record("ollama", OLLAMA.base_url, limited)
+    take([None, None, 0, -2])  # its replies: no load, no breaker state, nothing in flight, no hold
+    assert backends.refusal("ollama", OLLAMA.base_url) is None
     await backends.refresh_unless_fresh()  # as young as before, but its own call just failed
     assert backends.refreshes == 2
+    assert backends.refusal("ollama", OLLAMA.base_url) == SKIP_BACKEND_RETRY_AFTER
+
+
+async def test_a_reading_answered_after_a_later_one_is_dropped(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
+    clock, backends = ollama_fleet(aredis, keys)
+    older = backends.queue_reads(Commands())
+    clock.now += 0.001
+    await held_elsewhere(aredis, keys)
+    await backends.refresh()  # the later reading, answered first: held
+    assert older is not None
+    older([None, None, 0, -2])
+    assert backends.read_at == clock.now
     assert backends.refusal("ollama", OLLAMA.base_url) == SKIP_BACKEND_RETRY_AFTER
 
 
@@ -190,9 +219,9 @@ async def test_the_reading_rides_at_the_end_of_a_rounds_pipeline(
     backends.configure((GPU, OLLAMA))
     queue = QueueOps(aredis, keys, "g")
     queue.riding = backends
-    await aredis.set(keys.backend_hold("ollama"), "30", px=30_000)
+    await held_elsewhere(aredis, keys)
     end = TurnEnd(holder="d1", left_work=False, wake_pool="default")
-    assert await queue.claim([], 30.0, end_turn=end) == []  # the pipeline's own answers, the reads' taken off
+    assert await queue.claim([], 30.0, end_turn=end) == []  # its own answers: the reads' are taken off
     assert queue.trips == 1 and backends.refreshes == 0 and backends.read_at == clock.now
     assert backends.refusal("ollama", OLLAMA.base_url) == SKIP_BACKEND_RETRY_AFTER
     assert backends.refusal("gpu", GPU.base_url) is None and backends.limit("gpu") == GPU.max_in_flight
