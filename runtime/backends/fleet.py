@@ -3,14 +3,14 @@
 Each backend's shared load, shared breaker state and the fleet's in-flight leases to it are read at
 the end of every pipeline a scheduling round sends (:meth:`BackendFleet.queue_reads`, riding with
 the observation the next decision is made from) and turned into a
-:class:`~runtime.backends.status.BackendStatus` (the pure gate's decision included).
-A round reads
+:class:`~runtime.backends.status.BackendStatus` (the pure gate's decision included). A round reads
 them in a round trip of its own (:meth:`BackendFleet.refresh`) only when the last reading is older
 than :data:`STATUS_MAX_AGE_S` or refuses something: a refusal is always decided from a fresh
-reading, and a stale "room" lets at most that much older news through (the claim enforces the
-in-flight limit atomically whatever the reading said). Before deciding, the dispatcher asks
-:meth:`blocked` (a skip reason for the backend's pools) and :meth:`allowance` (how many heads a
-pool on it may be offered); its claim script then enforces :meth:`limit` atomically across the fleet.
+reading, and a stale "room" lets at most that much older news through: the claim enforces the
+in-flight limit and a 429's hold atomically whatever the reading said, so only a breaker opened by
+another dispatcher is seen that much later. Before deciding, the dispatcher asks :meth:`blocked` (a
+skip reason for the backend's pools) and :meth:`allowance` (how many heads a pool on it may be
+offered); its claim script then enforces :meth:`limit` atomically across the fleet.
 
 It is also the one place the dispatcher asks about breakers: a pool on a backend row uses the
 fleet's shared breaker, a pool with a bare endpoint URL (no backend row) this process's own
@@ -46,9 +46,10 @@ __all__ = ["STATUS_MAX_AGE_S", "BackendFleet"]
 
 # How old a reading that refuses nothing may be and still decide a round. Under load rounds follow
 # each other within milliseconds, each bringing the next reading. Load metrics are scraped every
-# SCRAPE_INTERVAL_S and accepted up to a second old, so this bounds only how much later a breaker
-# opened or a 429's hold set by another dispatcher (or group) is seen than when every round read
-# them itself; a failure of one of its own calls makes a dispatcher read afresh at once.
+# SCRAPE_INTERVAL_S and accepted up to a second old, the claim checks the in-flight limit and a
+# 429's hold itself, so this bounds only how much later a breaker opened by another dispatcher (or
+# group) is seen than when every round read it itself; a failure of one of its own calls makes a
+# dispatcher read afresh at once.
 STATUS_MAX_AGE_S = 0.010
 
 
@@ -234,9 +235,13 @@ class BackendFleet:
             await self.breakers.record(backend_id, error)
         except REDIS_ERRORS as exc:  # the call's reply matters more than the breaker's bookkeeping
             log.warning("backend %s: outcome not recorded in the shared breaker (%s)", backend_id, exc)
-        if error is not None:  # its breaker or hold may refuse now: the next round reads them afresh
-            self.read_at = float("-inf")
-            self._distrusted_before = self.clock()
+        if error is not None:  # its breaker or hold may refuse now
+            self.read_again()
+
+    def read_again(self) -> None:
+        """The next round reads the backends afresh; a reading already on the wire decides no round."""
+        self.read_at = float("-inf")
+        self._distrusted_before = self.clock()
 
     async def hold(self, backend_id: str, retry_after_s: float | None) -> None:
         """Holds the backend's pools across the fleet until its Retry-After is over: the key expires

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from runtime.backends.breaker import BLOCKED_REASON
+from runtime.backends.gate import SKIP_BACKEND_RETRY_AFTER
 from runtime.dispatch import redelivery
 from runtime.dispatch.drops import gone_reply
 from runtime.dispatch.observing import Observing
@@ -176,6 +177,9 @@ class Claiming(Observing):
             self.stats.skips[(launch.pool_id, code)] += 1
         elif code == scripts.CLAIM_BACKEND_CAP:
             self.stats.skips[(launch.pool_id, self.fleet.skip_reason(request.backend_id))] += 1
+        elif code == scripts.CLAIM_BACKEND_HELD:  # held since the reading the round decided from
+            self.stats.skips[(launch.pool_id, SKIP_BACKEND_RETRY_AFTER)] += 1
+            self.fleet.read_again()
         elif hinted:  # the token's request was taken since (by this dispatcher's own round, mostly)
             self._peek.forget(item.raw)
             self.stats.stale_tokens += 1

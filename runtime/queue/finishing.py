@@ -98,6 +98,7 @@ class Finishing:
         claim = (
             requests, self._group_inflight, pool_inflight, alive, self._lease_records, self._tokens,
             self._durable, self._fence, backend_inflight, self.keys.pool_drain(pool_id),
+            self.keys.backend_hold(backend_id),
         )  # fmt: skip
         finish = (
             alive, self.keys.replies(producer_id), self._group_inflight, pool_inflight, self._lease_records,

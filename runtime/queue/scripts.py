@@ -84,6 +84,7 @@ CLAIM_POOL_CAP = "pool_cap"
 CLAIM_GROUP_CAP = "group_cap"
 CLAIM_RESERVED = "reserved"
 CLAIM_BACKEND_CAP = "backend_cap"  # the backend's in-flight limit; the dispatcher names the reason
+CLAIM_BACKEND_HELD = "backend_held"  # the backend's 429 Retry-After hold
 
 FINISH_DELIVERED = 1
 FINISH_PRODUCER_GONE = 0

@@ -25,7 +25,7 @@ from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.support.dispatcher_process import start_dispatcher, start_dispatchers, stop
-from tests.support.dispatching import CALL
+from tests.support.dispatching import CALL, running_dispatcher
 from tests.support.loop_thread import simulator_thread
 from tests.support.waiting import wait_until
 
@@ -245,3 +245,30 @@ async def live_status(client: aioredis.Redis, keys: KeySpace, backend: BackendCo
         queue_reads(pipe, keys, backend.backend_id, now)
         replies = await pipe.execute()
     return status_from_replies(backend, replies, now)
+
+
+async def test_a_hold_set_elsewhere_stops_the_next_claim_though_the_reading_says_room(
+    aredis: aioredis.Redis, keys: KeySpace
+) -> None:
+    """Issue 23: a round decides from the reading its last pipeline brought while that is young; the
+    claim checks the hold itself, so a 429's Retry-After set by another dispatcher a moment ago is
+    kept all the same. Here the reading is kept young whatever the time (a max age of a minute)."""
+    async with SimulatorServer(SimulatorConfig(kind="openai")) as sim:
+        backend = BackendConfig("sim", sim.url, kind="openai", load_gating=False, max_in_flight=8)
+        config = replace(two_pools(backend, total=8), pools=(PoolConfig("backfill", max_concurrent=8),))
+        async with (
+            running_dispatcher(aredis, keys, config) as dispatcher,
+            Producer(aredis, keys=keys) as producer,
+        ):
+            await producer.submit(CALL, pool_id="backfill", timeout=10)
+            dispatcher.fleet.status_max_age_s = 60.0
+            await aredis.set(keys.backend_hold("sim"), "0.5", px=500)  # another dispatcher's 429
+            before_read = time.monotonic()
+            hold_ends = before_read + await aredis.pttl(keys.backend_hold("sim")) / 1000  # at the earliest
+            served = sim.requests_by_path[CHAT]
+            first_seen = asyncio.create_task(first_call_after(sim, served))
+            result = await producer.submit(CALL, pool_id="backfill", timeout=10)
+            seen_at = await first_seen
+            assert dispatcher.stats.skips[("backfill", "backend_retry_after")] >= 1
+    assert result.completion["choices"]
+    assert seen_at >= hold_ends, f"a call reached the backend {hold_ends - seen_at:.3f}s before it ended"

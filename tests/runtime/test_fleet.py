@@ -212,6 +212,27 @@ async def test_one_claim_checks_protected_slots_and_stores_lease_records_for_the
     assert (seen.group_in_flight, seen.views["vip"].heads_read) == (0, True)
 
 
+async def test_a_backend_held_by_a_429_takes_no_claim_whatever_the_dispatchers_reading_said(
+    aredis, keys
+) -> None:
+    """Issue 23: a round may decide from a reading up to STATUS_MAX_AGE_S old, so the claim checks the
+    backend's Retry-After hold itself, as it checks the in-flight limit: set by any dispatcher of any
+    group, it refuses every claim on that backend until Valkey expires it, and nothing leaves the list."""
+    queue = QueueOps(aredis, keys, "g")
+    raws = await _queued(aredis, keys, "bulk", 2)
+    await aredis.set(keys.backend_hold("gpu"), "30", px=30_000)
+    held = [_launch("bulk", raws[0], 0, backend_id="gpu", backend_limit=2)]
+    plain = [_launch("bulk", raws[0], 0)]  # a bare endpoint URL: no backend row, no hold of its own
+    assert [code for code, _, _ in await queue.claim(held, lease_s=30)] == [scripts.CLAIM_BACKEND_HELD]
+    assert await aredis.llen(keys.requests("bulk")) == 2
+    assert await aredis.zcard(keys.backend_inflight("gpu")) == 0
+    assert [code for code, _, _ in await queue.claim(plain, lease_s=30)] == [scripts.CLAIMED]
+    await aredis.delete(keys.backend_hold("gpu"))
+    again = [_launch("bulk", raws[1], 1, backend_id="gpu", backend_limit=2)]
+    assert [code for code, _, _ in await queue.claim(again, lease_s=30)] == [scripts.CLAIMED]
+    assert await aredis.zcard(keys.backend_inflight("gpu")) == 1
+
+
 async def test_durable_claims_hold_backend_leases_that_finish_fences_and_reap_requeues(aredis, keys) -> None:
     """The durable and backend duties in one set of scripts: a durable claim takes a fencing token
     and a backend lease under the backend's fleet-wide limit; a stale FINISH releases nothing (not the

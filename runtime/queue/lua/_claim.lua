@@ -23,11 +23,11 @@ if in_pool >= tonumber(ARGV[5]) then return {'pool_cap', in_pool, 0} end
 local in_group = redis.call('ZCARD', KEYS[2])
 local limit = tonumber(ARGV[6])
 if in_group >= limit then return {'group_cap', in_pool, 0} end
-if $last > 10 and in_pool >= tonumber(ARGV[8]) then
+if $last > 11 and in_pool >= tonumber(ARGV[8]) then
   local reserved = 0
-  for i = 11, $last, 2 do
+  for i = 12, $last, 2 do
     if redis.call('EXISTS', KEYS[i]) == 1 then
-      local owed = tonumber(ARGV[11 + (i - 11) / 2]) - redis.call('ZCARD', KEYS[i + 1])
+      local owed = tonumber(ARGV[11 + (i - 12) / 2]) - redis.call('ZCARD', KEYS[i + 1])
       if owed > 0 then reserved = reserved + owed end
     end
   end
@@ -37,6 +37,7 @@ local t = redis.call('TIME')  -- the one TIME of a launch: its drain count reuse
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local backend_limit = tonumber(ARGV[10])
 if backend_limit then
+  if redis.call('EXISTS', KEYS[11]) == 1 then return {'backend_held', in_pool, 0} end
   redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', now)
   if redis.call('ZCARD', KEYS[9]) >= backend_limit then return {'backend_cap', in_pool, 0} end
 end

@@ -1,8 +1,8 @@
 -- CLAIM: takes exactly the request the dispatcher peeked (by the SHA-1 of the list head).
 -- KEYS: requests list, group lease zset, pool lease zset, producer alive key, lease records hash,
 --       fencing tokens hash, durable envelopes hash, fencing counter, backend lease zset, pool drain
---       hash, then per other protected pool: its requests list (a fair pool: its backlogged tenants zset),
---       its pool lease zset
+--       hash, backend hold key (a 429's Retry-After), then per other protected pool: its requests list
+--       (a fair pool: its backlogged tenants zset), its pool lease zset
 -- ARGV: expected sha1, mode ("launch" | "drop"), lease member, lease seconds, pool max, group limit,
 --       lease record, this pool's protected slots, the envelope to requeue if the lease expires ('' in
 --       lists mode), backend in-flight limit ('' = none: no backend row), then per other protected
@@ -15,6 +15,9 @@
 -- Protected slots as in the scheduler: outside its own protected slots a pool may take a group slot
 -- only if the slots still owed to the other backlogged protected pools stay free.
 -- The backend's limit (max_in_flight, or less while the load gate holds work) is checked against
--- the backend's fleet-wide leases, across every group that uses it. A request that leaves the queue
--- (launched or dropped) is counted in the pool's drain ring, which admission control reads.
+-- the backend's fleet-wide leases, across every group that uses it, and a backend held by a 429's
+-- Retry-After (set by any dispatcher of any group) takes nothing until the hold expires: the
+-- dispatcher's reading of it may be up to runtime.backends.fleet.STATUS_MAX_AGE_S old. A request
+-- that leaves the queue (launched or dropped) is counted in the pool's drain ring, which admission
+-- control reads.
 --! claim last=#KEYS drop=redis.call('LPOP',KEYS[1]) launch=redis.call('LPOP',KEYS[1]) left=redis.call('LLEN',KEYS[1])
