@@ -235,7 +235,7 @@ class BackendFleet:
             await self.breakers.record(backend_id, error)
         except REDIS_ERRORS as exc:  # the call's reply matters more than the breaker's bookkeeping
             log.warning("backend %s: outcome not recorded in the shared breaker (%s)", backend_id, exc)
-        if error is not None:  # its breaker or hold may refuse now
+        if error is not None and error.retryable:  # its breaker (or a 429's hold) may refuse now
             self.read_again()
 
     def read_again(self) -> None:

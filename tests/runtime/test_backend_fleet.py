@@ -180,6 +180,8 @@ async def test_a_failed_call_of_its_own_has_the_next_round_read_afresh(
     clock, backends = ollama_fleet(aredis, keys)
     await backends.refresh()
     await backends.record("ollama", OLLAMA.base_url, None)  # a success changes no refusal
+    refused = BackendHTTPError("bad request", status_code=400)  # nor does the caller's own mistake
+    await backends.record("ollama", OLLAMA.base_url, refused)
     await backends.refresh_unless_fresh()
     assert backends.refreshes == 1
     # A reading sent before the failure was recorded, answered after it (a pipeline running beside
