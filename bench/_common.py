@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import os
 import platform
 import shutil
@@ -35,6 +36,7 @@ from runtime.queue import groups  # noqa: E402
 from runtime.queue.keys import KeySpace  # noqa: E402
 from runtime.valkey import embedded  # noqa: E402
 from runtime.valkey.client import connect  # noqa: E402
+from runtime.wire.backendconfig import BackendConfig  # noqa: E402
 from runtime.wire.contract import ChatCall, Envelope, Metadata  # noqa: E402
 from runtime.wire.groupconfig import GroupConfig, PoolConfig  # noqa: E402
 
@@ -261,6 +263,17 @@ def group(
         pools=tuple(pools),
         version=1,
     )
+
+
+def through_backend_row(config: GroupConfig, base_url: str, max_in_flight: int) -> GroupConfig:
+    """``config`` with its pools' calls going through a backend row, as the demo's and the admin's do
+    (kind vLLM: load gate, shared breaker, the fleet's scraper on the simulator's ``/metrics``), its
+    gate set never to hold, so that only what a backend row costs each call shows."""
+    backend = BackendConfig(
+        "sim", base_url=base_url, kind="vllm", max_in_flight=max_in_flight, max_waiting=1_000_000,
+        max_kv_cache_usage=1.0,
+    )  # fmt: skip
+    return dataclasses.replace(config, default_endpoint_url="", backend_id="sim", backends=(backend,))
 
 
 @contextlib.asynccontextmanager

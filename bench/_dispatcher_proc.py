@@ -48,6 +48,8 @@ async def main(url: str, prefix: str, group_id: str, concurrency: int, dispatche
                         "turn_busy": stats.turn_busy,
                         "stale_tokens": stats.stale_tokens,
                         "round_trips": getattr(dispatcher.queue, "trips", -1),
+                        # a backend row's readings in trips of their own (older trees: none counted)
+                        "backend_reads": getattr(dispatcher.fleet, "refreshes", -1),
                         "finish_trips": dispatcher.queue.finishes.batches,
                         "finishes": dispatcher.queue.finishes.calls,
                         "wake_tokens": dispatcher.waiter.tokens,

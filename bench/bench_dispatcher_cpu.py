@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import sys
 import uuid
 from collections.abc import Iterator
@@ -56,11 +55,11 @@ from bench._common import (
     spawn,
     stop_proc,
     table,
+    through_backend_row,
     valkey_cpu_ms,
 )
 from runtime.backends.adapter import OpenAIBackend
 from runtime.producer import Producer
-from runtime.wire.backendconfig import BackendConfig
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 
 LEVELS = (1, 16, 64)
@@ -93,13 +92,7 @@ class BareHop:
 
 def bench_group(sim_url: str, backend_row: bool) -> GroupConfig:
     config = group(sim_url, [PoolConfig("default", max_concurrent=SLOTS)], policy="fifo", total=SLOTS)
-    if not backend_row:
-        return config
-    backend = BackendConfig(
-        "sim", base_url=sim_url, kind="vllm", max_in_flight=4 * SLOTS, max_waiting=1_000_000,
-        max_kv_cache_usage=1.0,
-    )  # fmt: skip
-    return dataclasses.replace(config, default_endpoint_url="", backend_id="sim", backends=(backend,))
+    return through_backend_row(config, sim_url, 4 * SLOTS) if backend_row else config
 
 
 async def measure(

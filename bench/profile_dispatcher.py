@@ -36,6 +36,7 @@ from bench._common import (
     simulator_proc,
     spawn,
     stop_proc,
+    through_backend_row,
 )
 from runtime.producer import Producer
 from runtime.wire.groupconfig import PoolConfig
@@ -72,6 +73,8 @@ async def run(args: argparse.Namespace) -> None:
     with private_valkey() as url, simulator_proc() as sim_url, scratch() as tmp:
         keys = new_keys()
         config = group(sim_url, [PoolConfig("default", max_concurrent=SLOTS)], policy="fifo", total=SLOTS)
+        if args.backend_row:
+            config = through_backend_row(config, sim_url, 4 * SLOTS)
         stats_path = tmp / "stats.json"
         env: dict[str, str] = {"BENCH_STATS": str(stats_path)}
         wrapper: list[str] = []
@@ -109,7 +112,8 @@ async def run(args: argparse.Namespace) -> None:
             calls = max(1, stats["completed"])
             line += (
                 f"; per call over the whole run: {stats['rounds'] / calls:.2f} rounds,"
-                f" {stats['round_trips'] / calls:.2f} round trips,"
+                f" {stats['round_trips'] / calls:.2f} round trips"
+                f" (+{max(0, stats.get('backend_reads', 0)) / calls:.2f} for backend readings alone),"
                 f" {stats['wake_tokens'] / calls:.2f} wake tokens"
             )
         print(line, flush=True)
@@ -124,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", help="write a cProfile (CPU time) of the dispatcher's run here")
     parser.add_argument("--callgrind", action="store_true", help="count the dispatcher's instructions")
     parser.add_argument("--keep", help="with --callgrind: keep the dump here")
+    parser.add_argument("--backend-row", action="store_true", help="the pool's calls through a backend row")
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run(args))
