@@ -67,7 +67,6 @@ class BackendFleet:
         local: EndpointBreakers,
         clock: Callable[[], float] = time.time,
         scrape_interval_s: float = SCRAPE_INTERVAL_S,
-        status_max_age_s: float = STATUS_MAX_AGE_S,
     ) -> None:
         """``local``: the process's breakers of bare endpoint URLs."""
         self.client = client
@@ -78,7 +77,7 @@ class BackendFleet:
         self.scraper = BackendScraper(client, keys, owner_id=owner_id, interval_s=scrape_interval_s)
         self.backends: dict[str, BackendConfig] = {}
         self.statuses: dict[str, BackendStatus] = {}
-        self.status_max_age_s = status_max_age_s
+        self.status_max_age_s = STATUS_MAX_AGE_S
         self.read_at = float("-inf")  # when the last reading was sent (this clock)
         self.refreshes = 0  # readings that took a round trip of their own
         self._distrusted_before = float("-inf")  # readings sent earlier decide no round

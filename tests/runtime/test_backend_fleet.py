@@ -141,20 +141,23 @@ async def held_elsewhere(client: aioredis.Redis, keys: KeySpace) -> None:
     await client.set(keys.backend_hold("ollama"), "30", px=30_000)
 
 
+async def before_a_round(backends: BackendFleet) -> tuple[int, str | None]:
+    """What a round does first (read unless the reading is fresh): the readings taken in a round trip
+    of their own so far, and the ollama backend's refusal as the round then sees it."""
+    await backends.refresh_unless_fresh()
+    return backends.refreshes, backends.refusal("ollama", OLLAMA.base_url)
+
+
 async def test_a_reading_that_refuses_nothing_decides_rounds_until_it_is_too_old(
     aredis: aioredis.Redis, keys: KeySpace
 ) -> None:
     clock, backends = ollama_fleet(aredis, keys)
-    await backends.refresh_unless_fresh()  # never read: read now
-    assert backends.refreshes == 1 and backends.refusal("ollama", OLLAMA.base_url) is None
+    assert await before_a_round(backends) == (1, None)  # never read: read now
     await held_elsewhere(aredis, keys)
     clock.now += backends.status_max_age_s
-    await backends.refresh_unless_fresh()  # still young enough: the hold is not seen yet
-    assert backends.refreshes == 1 and backends.refusal("ollama", OLLAMA.base_url) is None
+    assert await before_a_round(backends) == (1, None)  # still young enough: the hold is not seen yet
     clock.now += 0.001
-    await backends.refresh_unless_fresh()
-    assert backends.refreshes == 2
-    assert backends.refusal("ollama", OLLAMA.base_url) == SKIP_BACKEND_RETRY_AFTER
+    assert await before_a_round(backends) == (2, SKIP_BACKEND_RETRY_AFTER)
 
 
 async def test_a_reading_that_refuses_is_read_afresh_by_every_round(
@@ -163,15 +166,11 @@ async def test_a_reading_that_refuses_is_read_afresh_by_every_round(
     """Only "room" is taken on trust: a refusal that has ended meanwhile must not hold work back."""
     _, backends = ollama_fleet(aredis, keys)
     await held_elsewhere(aredis, keys)
-    for refreshes in (1, 2, 3):
-        await backends.refresh_unless_fresh()  # the clock stands still: the reading is never old
-        assert backends.refreshes == refreshes
-        assert backends.refusal("ollama", OLLAMA.base_url) == SKIP_BACKEND_RETRY_AFTER
+    for refreshes in (1, 2, 3):  # the clock stands still: the reading is never old
+        assert await before_a_round(backends) == (refreshes, SKIP_BACKEND_RETRY_AFTER)
     await aredis.delete(keys.backend_hold("ollama"))
-    await backends.refresh_unless_fresh()
-    assert backends.refreshes == 4 and backends.refusal("ollama", OLLAMA.base_url) is None
-    await backends.refresh_unless_fresh()
-    assert backends.refreshes == 4
+    assert await before_a_round(backends) == (4, None)
+    assert await before_a_round(backends) == (4, None)
 
 
 async def test_a_failed_call_of_its_own_has_the_next_round_read_afresh(
@@ -182,8 +181,7 @@ async def test_a_failed_call_of_its_own_has_the_next_round_read_afresh(
     await backends.record("ollama", OLLAMA.base_url, None)  # a success changes no refusal
     refused = BackendHTTPError("bad request", status_code=400)  # nor does the caller's own mistake
     await backends.record("ollama", OLLAMA.base_url, refused)
-    await backends.refresh_unless_fresh()
-    assert backends.refreshes == 1
+    assert (await before_a_round(backends))[0] == 1
     # A reading sent before the failure was recorded, answered after it (a pipeline running beside
     # the call's): it may not show the failure's hold, so it decides no round.
     before = Commands()
@@ -194,9 +192,8 @@ async def test_a_failed_call_of_its_own_has_the_next_round_read_afresh(
     await backends.record("ollama", OLLAMA.base_url, limited)
     take([None, None, 0, -2])  # its replies: no load, no breaker state, nothing in flight, no hold
     assert backends.refusal("ollama", OLLAMA.base_url) is None
-    await backends.refresh_unless_fresh()  # as young as before, but its own call just failed
-    assert backends.refreshes == 2
-    assert backends.refusal("ollama", OLLAMA.base_url) == SKIP_BACKEND_RETRY_AFTER
+    # As young as before, but its own call just failed:
+    assert await before_a_round(backends) == (2, SKIP_BACKEND_RETRY_AFTER)
 
 
 async def test_a_reading_answered_after_a_later_one_is_dropped(
