@@ -8,6 +8,7 @@ under hashed names) and the live feed over the proxied websocket.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,18 @@ import httpx
 import pytest
 
 from runtime.valkey.embedded import free_port
-from tests.support.browser import BROWSER_MARKS, CHROMIUM, CHROMIUM_ARGS, demo_stack, logged_in_page
+from tests.support.browser import BROWSER_MARKS, CHROMIUM, CHROMIUM_ARGS, demo_stack, log_in
 from tests.support.production_profile import production_env
 from tests.support.tls_proxy import tls_proxy
 
 pytestmark = BROWSER_MARKS
+
+
+async def _settled(in_flight: set[Any], within_s: float = 15.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within_s
+    while in_flight:
+        assert asyncio.get_running_loop().time() < deadline, [r.url for r in in_flight]
+        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
@@ -46,11 +54,21 @@ async def test_the_dashboard_works_with_debug_off_behind_a_tls_proxy(production:
     async with tls_proxy(daphne, production["proxy_port"], production["logs"]) as base:
         static: dict[str, tuple[int, str]] = {}
         failed: list[str] = []
+        in_flight: set[Any] = set()
         async with async_playwright() as pw:
             browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
-                page = await logged_in_page(browser, base, ignore_https_errors=True)
-                page.on("requestfailed", lambda r: failed.append(r.url))
+                context = await browser.new_context(ignore_https_errors=True)
+                login = await context.new_page()
+                await log_in(login, base)
+                # A fresh tab of the logged-in session, hooked before it asks for anything: what the
+                # login tab still had on the wire (its favicon) is not this page's to fail.
+                page = await context.new_page()
+                page.on("request", lambda r: in_flight.add(r))
+                page.on("requestfinished", lambda r: in_flight.discard(r))
+                page.on(
+                    "requestfailed", lambda r: (in_flight.discard(r), failed.append(f"{r.url}: {r.failure}"))
+                )
                 page.on(
                     "response",
                     lambda r: (
@@ -59,12 +77,15 @@ async def test_the_dashboard_works_with_debug_off_behind_a_tls_proxy(production:
                     ),
                 )
                 # Every static file this logged-in page asks for, seen by the hooks.
-                dashboard = await page.reload()
+                dashboard = await page.goto(login.url)
                 await page.wait_for_selector("#feed.ok", timeout=15_000)  # script ran, websocket live
                 cookies = {c["name"]: c for c in await page.context.cookies()}
                 sheets = await page.evaluate(
                     "[...document.styleSheets].map(s => [s.href, s.cssRules.length])"
                 )
+                # Closing the browser cancels what is still loading (the favicon comes after the load
+                # event): every request the page made must have finished or failed on its own first.
+                await _settled(in_flight)
             finally:
                 await browser.close()
 

@@ -105,13 +105,18 @@ def demo_stack(
 async def logged_in_page(browser, base: str, *, width: int = 1440, height: int = 1000, **options: Any):
     """A new page (``options`` of ``new_page``) logged in as the demo admin, on the demo group's dashboard."""
     page = await browser.new_page(viewport={"width": width, "height": height}, **options)
+    await log_in(page, base)
+    return page
+
+
+async def log_in(page, base: str) -> None:  # type: ignore[no-untyped-def]
+    """Logs ``page`` in as the demo admin, through the login form, onto the demo group's dashboard."""
     await page.goto(f"{base}/")
     assert "/admin/login/" in page.url  # anonymous: to the login form
     await page.fill("#id_username", "admin")
     await page.fill("#id_password", PASSWORD)
     await page.click("input[type=submit]")
     await page.wait_for_url(f"{base}/fabric/demo/")
-    return page
 
 
 @contextlib.asynccontextmanager
