@@ -265,6 +265,17 @@ def group(
     )
 
 
+FAIR_TENANTS = 16  # the hot-path benchmarks' --fair: closed-loop worker i is tenant t<i mod 16>
+
+
+def hot_path_group(sim_url: str, slots: int, *, backend_row: bool = False, fair: bool = False) -> GroupConfig:
+    """The hot-path benchmarks' group: one FIFO pool of ``slots``, through a backend row (``backend_row``)
+    or a bare endpoint URL, its tenants sharing it (``fair``: ``tenant_fairness`` ``tokens``) or not."""
+    pool = PoolConfig("default", max_concurrent=slots, tenant_fairness="tokens" if fair else "off")
+    config = group(sim_url, [pool], policy="fifo", total=slots)
+    return through_backend_row(config, sim_url, 4 * slots) if backend_row else config
+
+
 def through_backend_row(config: GroupConfig, base_url: str, max_in_flight: int) -> GroupConfig:
     """``config`` with its pools' calls going through a backend row, as the demo's and the admin's do
     (kind vLLM: load gate, shared breaker, the fleet's scraper on the simulator's ``/metrics``), its
@@ -327,22 +338,29 @@ async def wait_for(predicate, timeout: float, interval: float = 0.02) -> None:  
 
 
 async def closed_loop(  # type: ignore[no-untyped-def]
-    producer, pool_id: str, concurrency: int, total: int, *, finished: list[tuple[float, Any]] | None = None
+    producer,
+    pool_id: str,
+    concurrency: int,
+    total: int,
+    *,
+    finished: list[tuple[float, Any]] | None = None,
+    tenants: int = 0,
 ) -> tuple[list[float], float]:
     """``concurrency`` workers submit back to back until ``total`` calls are done.
 
     Returns every call's latency (seconds) and the wall time of the whole load. ``finished``, when
     given, gets each call's (end time, ``perf_counter`` seconds; result) in the order they ended.
+    With ``tenants``, worker i's calls are tenant ``t<i mod tenants>``'s (else untagged).
     """
     latencies: list[float] = []
     remaining = total
 
-    async def worker() -> None:
+    async def worker(tagged: dict[str, str]) -> None:
         nonlocal remaining
         while remaining > 0:
             remaining -= 1
             started = time.perf_counter()
-            result = await producer.submit(CALL, pool_id=pool_id, timeout=120)
+            result = await producer.submit(CALL, pool_id=pool_id, timeout=120, **tagged)
             ended = time.perf_counter()
             latencies.append(ended - started)
             if finished is not None:
@@ -350,19 +368,22 @@ async def closed_loop(  # type: ignore[no-untyped-def]
 
     started = time.perf_counter()
     async with asyncio.TaskGroup() as tasks:
-        for _ in range(min(concurrency, total)):
-            tasks.create_task(worker())
+        for i in range(min(concurrency, total)):
+            tasks.create_task(worker({"tenant": f"t{i % tenants}"} if tenants else {}))
     return latencies, time.perf_counter() - started
 
 
 CpuMeters = Callable[[], Coroutine[Any, Any, dict[str, float]]]
 
 
-async def measured_load(producer, level: int, total: int, meters: CpuMeters) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    """``total`` closed-loop calls at ``level``: p50/p99 ms, completions/s (``rate``) and, per CPU
-    meter that ``meters()`` reads (CPU ms so far, by name), the CPU ms it spent per call."""
+async def measured_load(
+    producer, level: int, total: int, meters: CpuMeters, tenants: int = 0
+) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """``total`` closed-loop calls at ``level`` (``tenants``: as :func:`closed_loop`): p50/p99 ms,
+    completions/s (``rate``) and, per CPU meter that ``meters()`` reads (CPU ms so far, by name), the
+    CPU ms it spent per call."""
     before = await meters()
-    latencies, wall = await closed_loop(producer, "default", level, total)
+    latencies, wall = await closed_loop(producer, "default", level, total, tenants=tenants)
     after = await meters()
     ms = [x * 1000 for x in latencies]
     per_call = {name: (after[name] - before[name]) / total for name in after}

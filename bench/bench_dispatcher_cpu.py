@@ -1,7 +1,7 @@
 """Dispatcher CPU per call and throughput against direct: this checkout against a "before" variant.
 
 Run: ``python bench/bench_dispatcher_cpu.py [--quick] [--runs N] [--before REF] [--before-loop asyncio]
-[--backend-row]``.
+[--backend-row] [--fair]``.
 
 The same-run before/after figure of each hot-path change (issue 13). Variants: ``after`` (this
 checkout) and ``before``: the git revision ``--before`` exported to a scratch directory, and/or this
@@ -17,7 +17,9 @@ machine's load). At concurrency 1 each run also measures a bare Valkey hop
 floor the added latency is compared with. With ``--backend-row`` the pool's calls go through a
 backend row, as the demo's and the admin's do (kind vLLM: load gate, shared breaker, the fleet's
 scraper on the simulator's ``/metrics``), its gate set never to hold, so that only what a backend row
-costs each round shows; without it, through a bare endpoint URL.
+costs each round shows; without it, through a bare endpoint URL. With ``--fair`` the pool shares
+itself between its tenants (``tenant_fairness`` ``tokens``), each closed-loop worker a tenant of its
+own (of ``bench._common.FAIR_TENANTS``), as a pool behind the ingress with per-key tenants does.
 """
 
 from __future__ import annotations
@@ -38,13 +40,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import (
     CALL,
+    FAIR_TENANTS,
     ROOT,
     client,
     closed_loop,
     cpu_seconds,
     dispatcher_procs,
     exported,
-    group,
+    hot_path_group,
     machine,
     measured_load,
     median,
@@ -55,12 +58,10 @@ from bench._common import (
     spawn,
     stop_proc,
     table,
-    through_backend_row,
     valkey_cpu_ms,
 )
 from runtime.backends.adapter import OpenAIBackend
 from runtime.producer import Producer
-from runtime.wire.groupconfig import GroupConfig, PoolConfig
 
 LEVELS = (1, 16, 64)
 SLOTS = 64
@@ -90,13 +91,12 @@ class BareHop:
         await self.conn.aclose()
 
 
-def bench_group(sim_url: str, backend_row: bool) -> GroupConfig:
-    config = group(sim_url, [PoolConfig("default", max_concurrent=SLOTS)], policy="fifo", total=SLOTS)
-    return through_backend_row(config, sim_url, 4 * SLOTS) if backend_row else config
-
-
 async def measure(
-    variants: dict[str, tuple[Path, dict[str, str]]], quick: bool, runs: int, backend_row: bool = False
+    variants: dict[str, tuple[Path, dict[str, str]]],
+    quick: bool,
+    runs: int,
+    backend_row: bool = False,
+    fair: bool = False,
 ) -> dict:
     results: dict[tuple[int, str], list[dict[str, float]]] = {}
     with private_valkey() as valkey_url, simulator_proc() as sim_url, contextlib.ExitStack() as stack:
@@ -111,7 +111,7 @@ async def measure(
             paths["direct"] = (await producers.enter_async_context(direct), no_cpu)
             for name, (root, env) in variants.items():
                 keys = new_keys()
-                config = bench_group(sim_url, backend_row)
+                config = hot_path_group(sim_url, SLOTS, backend_row=backend_row, fair=fair)
                 await publish(conn, keys, config)
                 (proc,) = stack.enter_context(
                     dispatcher_procs(valkey_url, keys.prefix, config.group_id, 1, SLOTS, env=env, root=root)
@@ -127,8 +127,9 @@ async def measure(
                     }
 
                 paths[name] = (await producers.enter_async_context(Producer(conn, keys=keys)), cpu)
+            tenants = FAIR_TENANTS if fair else 0
             for producer, _ in paths.values():
-                await closed_loop(producer, "default", SLOTS, 4 * SLOTS)
+                await closed_loop(producer, "default", SLOTS, 4 * SLOTS, tenants=tenants)
             names = list(paths)
             requests = f"bare:{uuid.uuid4().hex}"
             stack.enter_context(worker(["-m", "bench._bare_hop_proc", valkey_url, requests]))
@@ -142,7 +143,7 @@ async def measure(
                         results.setdefault((1, BARE), []).append(sample)
                     for name in names[shift:] + names[:shift]:
                         producer, cpu_fn = paths[name]
-                        sample = await measured_load(producer, level, calls_at(level, quick), cpu_fn)
+                        sample = await measured_load(producer, level, calls_at(level, quick), cpu_fn, tenants)
                         results.setdefault((level, name), []).append(sample)
             await bare.aclose()
         await backend.aclose()
@@ -173,12 +174,14 @@ def worker(args: list[str]) -> Iterator[None]:
 
 
 def report(
-    results: dict, variants: list[str], runs: int, quick: bool, backend_row: bool = False
+    results: dict, variants: list[str], runs: int, quick: bool, backend_row: bool = False, fair: bool = False
 ) -> dict[str, dict[str, float]]:
     print(f"# dispatcher CPU per call and throughput, median of {runs} runs{' (quick)' if quick else ''}")
     print(f"# {machine()}")
     route = "a backend row (kind vLLM)" if backend_row else "a bare endpoint URL"
     print(f"# the pool's calls go through {route}")
+    if fair:
+        print(f"# the pool is shared fairly by {FAIR_TENANTS} tenants (tenant_fairness tokens), one a worker")
     rows: list[list[object]] = []
     summary: dict[str, dict[str, float]] = {}
     for level in LEVELS:
@@ -249,6 +252,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument(
         "--backend-row", action="store_true", help="route the pool through a backend row, as the demo does"
     )
+    parser.add_argument("--fair", action="store_true", help="the pool's tenants share it (tenant_fairness)")
     args = parser.parse_args(argv)
     runs = args.runs or (1 if args.quick else 5)
     with contextlib.ExitStack() as stack:
@@ -263,8 +267,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                 env,
             )
         variants["after (this checkout)"] = (ROOT, {})
-        results = asyncio.run(measure(variants, args.quick, runs, args.backend_row))
-    return report(results, list(variants), runs, args.quick, args.backend_row)
+        results = asyncio.run(measure(variants, args.quick, runs, args.backend_row, args.fair))
+    return report(results, list(variants), runs, args.quick, args.backend_row, args.fair)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Where one dispatcher process spends its CPU at a fixed workload: cProfile or callgrind.
 
-Run: ``python bench/profile_dispatcher.py --level 16 --calls 3500 [--root DIR] [--profile OUT.prof]``
+Run: ``python bench/profile_dispatcher.py --level 16 --calls 3500 [--root DIR] [--profile OUT.prof]
+[--backend-row] [--fair]``
 or ``... --callgrind`` (the dispatcher under ``valgrind --tool=callgrind``; its instruction count
 over the measured calls only, zeroed after the warm-up and dumped after the last call).
 
@@ -24,11 +25,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import (
+    FAIR_TENANTS,
     ROOT,
     client,
     closed_loop,
     cpu_seconds,
-    group,
+    hot_path_group,
     new_keys,
     private_valkey,
     publish,
@@ -36,10 +38,8 @@ from bench._common import (
     simulator_proc,
     spawn,
     stop_proc,
-    through_backend_row,
 )
 from runtime.producer import Producer
-from runtime.wire.groupconfig import PoolConfig
 
 SLOTS = 64
 
@@ -72,9 +72,8 @@ async def run(args: argparse.Namespace) -> None:
     root = Path(args.root).resolve() if args.root else ROOT
     with private_valkey() as url, simulator_proc() as sim_url, scratch() as tmp:
         keys = new_keys()
-        config = group(sim_url, [PoolConfig("default", max_concurrent=SLOTS)], policy="fifo", total=SLOTS)
-        if args.backend_row:
-            config = through_backend_row(config, sim_url, 4 * SLOTS)
+        config = hot_path_group(sim_url, SLOTS, backend_row=args.backend_row, fair=args.fair)
+        tenants = FAIR_TENANTS if args.fair else 0
         stats_path = tmp / "stats.json"
         env: dict[str, str] = {"BENCH_STATS": str(stats_path)}
         wrapper: list[str] = []
@@ -90,11 +89,11 @@ async def run(args: argparse.Namespace) -> None:
             proc = dispatcher(url, keys.prefix, config.group_id, root, env, wrapper)
             try:
                 async with Producer(conn, keys=keys) as producer:
-                    await closed_loop(producer, "default", args.level, args.warmup)
+                    await closed_loop(producer, "default", args.level, args.warmup, tenants=tenants)
                     if args.callgrind:
                         control(proc.pid, "--zero")
                     before = cpu_seconds(proc.pid)
-                    _, wall = await closed_loop(producer, "default", args.level, args.calls)
+                    _, wall = await closed_loop(producer, "default", args.level, args.calls, tenants=tenants)
                     cpu_ms = (cpu_seconds(proc.pid) - before) * 1000 / args.calls
                     if args.callgrind:
                         control(proc.pid, "--dump")
@@ -129,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--callgrind", action="store_true", help="count the dispatcher's instructions")
     parser.add_argument("--keep", help="with --callgrind: keep the dump here")
     parser.add_argument("--backend-row", action="store_true", help="the pool's calls through a backend row")
+    parser.add_argument("--fair", action="store_true", help="the pool's tenants share it (tenant_fairness)")
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run(args))
