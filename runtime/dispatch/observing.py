@@ -2,8 +2,8 @@
 
 A round decides from the observation its previous claim pipeline brought back (ROUND behind the
 claims, :mod:`runtime.queue.deciding`) when that one took the turn; else from a fresh ROUND (which
-reads a fair pool by tenant too); or, for a dispatcher alone in a group of plain pools woken by a push,
-from the wake token's own request (:mod:`runtime.dispatch.wakeup`). Every observation also brings
+reads a fair pool by tenant too); or, for a dispatcher alone in its group woken by a push, from the
+wake token's own request (:mod:`runtime.dispatch.wakeup`). Every observation also brings
 the group's counts, the heads to show, and the leases its reap found expired.
 
 :class:`Observing` is a part of :class:`~runtime.dispatch.dispatcher.Dispatcher` (through
@@ -21,6 +21,7 @@ from runtime.dispatch.peek import PeekCache
 from runtime.dispatch.stats import DispatcherStats
 from runtime.policy import scheduler
 from runtime.policy.reads import PoolRead, ReadPlan, base_depth, next_depth, plan_reads
+from runtime.policy.tenants import OFF
 from runtime.queue.deciding import TURN_ELSEWHERE, NextRound
 from runtime.queue.dispatching import Observation, QueueOps, QueueView
 from runtime.queue.leases import LeaseRecord, lease_member
@@ -51,21 +52,33 @@ class Observing:
     _deeper: dict[str, int]  # pools read deeper than peek_depth (runtime.policy.reads.next_depth)
     _hinted_left = 1  # the backlog the last wake token's claim left in its list (1: none made yet)
 
-    def _hinted(self, policy: scheduler.GroupPolicy, plan: ReadPlan, token: tuple[str, bytes]) -> bool:
-        """Whether to claim a wake token's request at once, without reading the heads first: only a
-        dispatcher alone in its group (as last seen), its pool not refused and every other pool empty
-        as last seen, so that no decision but this launch was possible (nothing to be fair about)."""
-        pool_id = token[0]
-        if len(self.queue.fleet_slots) > 1 or pool_id in plan.refusals:
-            return False
-        if not any(p.pool_id == pool_id for p in policy.pools):
-            return False
-        return not any(v.backlog for p, v in self.last_views.items() if p != pool_id)
-
-    def _hinted_view(self, policy: scheduler.GroupPolicy, token: tuple[str, bytes]) -> Observation:
-        """The observation a wake token stands for: its request at the head of an otherwise empty group,
-        this lone dispatcher's own calls in flight (the claim checks the real counts)."""
+    def _hinted_view(
+        self, policy: scheduler.GroupPolicy, plan: ReadPlan, token: tuple[str, bytes], fair: frozenset[str]
+    ) -> Observation | None:
+        """The observation a wake token stands for, when its request may be claimed at once without
+        reading the heads first: its request at the head of an otherwise empty group, this lone
+        dispatcher's own calls in flight (the claim checks the real counts). Only for a dispatcher
+        alone in its group (as last seen), the token's pool not refused and every other pool empty as
+        last seen, so that no decision but this launch was possible (nothing to be fair about). In a
+        fair pool the claim also checks that the token's tenant is the pool's pick; a pool read by
+        tenant only until its leftovers drain (fairness switched off) takes no hint."""
         pool_id, raw = token
+        if len(self.queue.fleet_slots) > 1 or pool_id in plan.refusals:
+            return None
+        pool = next((p for p in policy.pools if p.pool_id == pool_id), None)
+        if pool is None or any(v.backlog for p, v in self.last_views.items() if p != pool_id):
+            return None
+        self.queue.fair_picks = {}
+        if pool_id in fair:
+            assert self.config is not None
+            configured = self.config.pool(pool_id)
+            if configured is None or configured.tenant_fairness == OFF:
+                return None
+            hint = tenant_round.token_pick(self._peek, configured, raw)
+            if hint is None:
+                return None
+            raw, pick = hint
+            self.queue.fair_picks = {pool_id: {raw: pick}}
         in_flight: dict[str, int] = {}  # a plain loop: Counter's constructor costs more than the count
         for run in self.running.values():
             in_flight[run.pool_id] = in_flight.get(run.pool_id, 0) + 1

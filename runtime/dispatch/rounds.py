@@ -81,12 +81,10 @@ class Rounds(Claiming):
         ahead = bool(holder)  # one round trip per decision (runtime.queue.deciding)
         seen = self._ahead_seen(policy, fair)
         token, self._head_token = self._head_token, None
-        # A wake token's request is claimed from the seed's list: never in a group with fair pools,
-        # whose requests wait in their tenants' lists and leave in the tenants' order.
-        hinted = seen is None and not fair and token is not None and self._hinted(policy, plan, token)
-        if hinted:
-            assert token is not None
-            seen = self._hinted_view(policy, token)
+        hinted = False
+        if seen is None and token is not None:  # a wake token's request, claimed at once if it may be
+            seen = self._hinted_view(policy, plan, token, fair)
+            hinted = seen is not None
         if seen is None:
             seen = await self._observe(policy, plan, planned_free, holder, fair)
             if seen is None:

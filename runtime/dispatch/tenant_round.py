@@ -17,10 +17,11 @@ from runtime.dispatch.peek import PeekCache
 from runtime.policy.tenants import OFF, TenantCost, TenantLedger, plan_picks
 from runtime.policy.tokens import TokenCount, usage_tokens
 from runtime.queue.dispatching import Observation, QueueOps, QueueView
-from runtime.queue.tenant_dispatch import FairPick, FairView, TenantHeads
+from runtime.queue.keys import UNTAGGED
+from runtime.queue.tenant_dispatch import FairPick, FairView, TenantHeads, token_request
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 
-__all__ = ["correct", "fair_pools", "plan_fair"]
+__all__ = ["correct", "fair_pools", "plan_fair", "token_pick"]
 
 
 def fair_pools(config: GroupConfig | None, queue: QueueOps | None = None) -> frozenset[str]:
@@ -76,6 +77,24 @@ def plan_pool(peek: PeekCache, pool: PoolConfig, view: QueueView, fair: FairView
         heads.append(raw)
         picks[raw] = FairPick(tenant, charged / seen.weight, estimate.prompt, estimate.output, seen.weight)
     return QueueView(view.backlog, tuple(heads), view.in_flight, True), picks
+
+
+def token_pick(peek: PeekCache, pool: PoolConfig, token: bytes) -> tuple[bytes, FairPick] | None:
+    """A fair pool's wake token as a planned head: its request, and the pick charging its tenant as a
+    view would (:func:`plan_pool`); None when the token holds no usable request (a slot's ``1``, a
+    plain pool's token, a malformed envelope). The claim launches it only while its tenant is the
+    pool's pick (``lua/tenant_claim.lua``)."""
+    request = token_request(token)
+    if request is None:
+        return None
+    weight, raw = request
+    envelope = peek.get(raw).envelope
+    if envelope is None:
+        return None
+    estimate, first = peek.estimate(raw, pool.tenant_default_output_tokens)
+    charge = (pool.tenant_cost() or TenantCost()).of(*estimate) if first else 0.0
+    tenant = UNTAGGED if envelope.tenant is None else envelope.tenant
+    return raw, FairPick(tenant, charge / weight, estimate.prompt, estimate.output, weight, from_token=True)
 
 
 def plan_fair(

@@ -18,8 +18,10 @@ A list holds at most :data:`~runtime.queue.keys.WAKE_TOKEN_CAP` tokens, so nobod
 nothing but one short key. A push's token is the request itself when it is small
 (:data:`~runtime.queue.keys.WAKE_HEAD_MAX_BYTES`): a dispatcher alone in its group then claims it in
 the round trip that would otherwise only have read it (the claim checks it is still the head).
-A dispatcher that gets no token still polls every ``idle_poll_s`` (deadlines, expired leases and
-breakers wake nobody).
+A fair pool's token (``tenant_fairness`` on) is the request with its tenant's weight ahead
+(``<weight> <envelope>``): the claim's charge is divided by it; that claim launches only while the
+request's tenant is the pool's pick. A dispatcher that gets no token still polls every
+``idle_poll_s`` (deadlines, expired leases and breakers wake nobody).
 
 The token push is one fragment (``runtime/queue/lua/_wake.lua``) that every waking script includes.
 """

@@ -290,7 +290,8 @@ class QueueOps(Upkeep, Finishing):
                     continue
                 keys[0], tenant_keys = claim_keys(self.keys, req.pool_id, pick)
                 charge = repr(pick.charge) if req.mode == "launch" else "0"
-                self._tenant_claim.queue(pipe, [*keys, *tenant_keys], [*args, pick.tenant, charge])
+                lead = "1" if pick.from_token else ""
+                self._tenant_claim.queue(pipe, [*keys, *tenant_keys], [*args, pick.tenant, charge, lead])
             if then is not None:
                 self._queue_round(pipe, then, backend_ids, reap)
             elif end_turn is not None:

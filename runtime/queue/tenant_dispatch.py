@@ -35,6 +35,7 @@ __all__ = [
     "parse_view",
     "promote_call",
     "reap_fair_args",
+    "token_request",
     "view_keys",
     "view_width",
 ]
@@ -76,6 +77,7 @@ class FairPick:
     prompt_tokens: int = 0
     output_tokens: int = 0
     weight: float = 1.0
+    from_token: bool = False  # planned from a wake token alone: claimed only while its tenant is the pick
 
 
 def _text(value: Any) -> str:
@@ -118,6 +120,17 @@ def _weight(raw: Any) -> float:
     except ValueError:
         return 1.0
     return weight if 0 < weight < float("inf") else 1.0
+
+
+def token_request(token: bytes) -> tuple[float, bytes] | None:
+    """The tenant's weight and the request of a fair pool's wake token (``lua/_tenant_queue.lua``:
+    ``<weight> <envelope>``); None for any other token (a plain pool's, a slot's ``1``)."""
+    weight, space, raw = token.partition(b" ")
+    try:
+        parsed = float(weight)
+    except ValueError:
+        return None
+    return (parsed, raw) if space and raw and 0 < parsed < float("inf") else None
 
 
 def parse_view(view: Sequence[Any], horizon: Sequence[Any]) -> FairView:

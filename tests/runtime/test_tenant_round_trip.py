@@ -6,16 +6,20 @@ from and gives it back in the script otherwise, so a fair group needs no observe
 from __future__ import annotations
 
 import asyncio
+import time
 
 from runtime.policy.admission import AdmissionLimits
 from runtime.policy.reads import PoolRead
 from runtime.producer import Producer
-from runtime.queue import groups
+from runtime.queue import groups, scripts
 from runtime.queue.deciding import TURN_ELSEWHERE, TURN_NONE, TURN_OURS, NextRound
-from runtime.queue.dispatching import QueueOps
+from runtime.queue.dispatching import ClaimRequest, QueueOps, lease_member
 from runtime.queue.producing import ProducerOps
-from runtime.queue.tenants import TenantPush
+from runtime.queue.tenant_dispatch import FairPick, token_request
+from runtime.queue.tenants import TenantPush, tenant_push_plain_args
+from runtime.wire.contract import ChatCall, Envelope
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
+from runtime.wire.reply import decode_reply_item
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.support.dispatching import CALL, NO_POLL, running_dispatcher, wait_until
 
@@ -105,3 +109,85 @@ async def test_a_fair_pools_rounds_take_one_round_trip_each(aredis, keys) -> Non
     assert rounds <= 15, rounds
     assert trips - rounds <= 3, (trips, rounds)
     assert sim.peak_active <= 64
+
+
+def _fair_request(request_id: str, tenant: str) -> bytes:
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": request_id}], "max_tokens": 8}
+    return Envelope(request_id, "p1", POOL, ChatCall.from_openai(body), time.time(), tenant=tenant).encode()
+
+
+def _launch(raw: bytes, request_id: str) -> ClaimRequest:
+    return ClaimRequest(
+        POOL, raw, "launch", lease_member=lease_member(POOL, request_id), producer_id="p1", pool_max=8,
+        group_limit=8, lease_record=b"{}",
+    )  # fmt: skip
+
+
+async def test_a_wake_tokens_request_launches_only_while_its_tenant_is_the_pick(aredis, keys) -> None:
+    """The pool's first queued request wakes a dispatcher with a token it can claim from (the request,
+    its tenant's weight ahead); that claim, decided without a view, holds only while the tenant is the
+    pick. Here a tenant with a lower id entered at the same counter meanwhile: it goes first."""
+    await aredis.set(keys.producer_alive("p1"), b"1", ex=60)
+    ops = ProducerOps(aredis, keys)
+    zeta, alpha = _fair_request("z1", "zeta"), _fair_request("a1", "alpha")
+    await ops.push(POOL, zeta, AdmissionLimits(), tenant=TenantPush("zeta", 2.0))
+    [token] = await aredis.lrange(keys.wake_list(POOL), 0, -1)
+    assert token_request(token) == (2.0, zeta)
+    await ops.push(POOL, alpha, AdmissionLimits(), tenant=TenantPush("alpha"))
+    assert await aredis.llen(keys.wake_list(POOL)) == 1  # the pool was not empty: no token
+    queue = QueueOps(aredis, keys, "g")
+    queue.fair_picks = {POOL: {zeta: FairPick("zeta", 5.0, 1, 8, 2.0, from_token=True)}}
+    assert await queue.claim([_launch(zeta, "z1")], 30.0) == [("moved", 0, "")]
+    assert await aredis.zrange(keys.tenants(POOL), 0, -1) == [b"alpha", b"zeta"]  # nothing charged
+    queue.fair_picks = {POOL: {alpha: FairPick("alpha", 3.0, from_token=True)}}
+    assert (await queue.claim([_launch(alpha, "a1")], 30.0))[0][0] == "claimed"
+    queue.fair_picks = {POOL: {zeta: FairPick("zeta", 5.0, 1, 8, 2.0, from_token=True)}}
+    assert (await queue.claim([_launch(zeta, "z1")], 30.0))[0][0] == "claimed"  # the pick now
+    assert float(await aredis.hget(keys.tenant_counters(POOL), "zeta")) == 5.0
+    # A token that is not a fair pool's request: a slot's, a plain pool's, a bad weight.
+    assert [token_request(t) for t in (b"1", alpha, b"0 " + alpha, b"nan " + alpha, b"2.0 ")] == [None] * 5
+
+
+async def test_a_lone_dispatcher_claims_a_fair_pools_call_from_its_wake_token(aredis, keys) -> None:
+    """One call at a time to a fair pool: each is claimed from its wake token, one round trip a call
+    (before: a ROUND to read the tenants, then the claim), charged as a view would have."""
+    async with SimulatorServer(SimulatorConfig()) as sim, Producer(aredis, keys=keys) as producer:
+        config = GroupConfig(
+            group_id="fair", policy="drr", total_concurrency=4, default_endpoint_url=sim.url, version=1,
+            pools=(PoolConfig(POOL, max_concurrent=4, tenant_fairness="requests"),),
+        )  # fmt: skip
+        async with running_dispatcher(aredis, keys, config, **NO_POLL) as dispatcher:
+            await producer.submit(CALL, pool_id=POOL, timeout=10, tenant="warm-up")
+            rounds, trips = dispatcher.stats.rounds, dispatcher.queue.trips
+            for i in range(20):  # t0 of weight 1, t1 of weight 2, in turns
+                tenant, weight = f"t{i % 2}", 1.0 + i % 2
+                await producer.submit(CALL, pool_id=POOL, timeout=10, tenant=tenant, tenant_weight=weight)
+            assert dispatcher.stats.rounds - rounds == 20
+            assert dispatcher.queue.trips - trips == 20
+            await wait_until(lambda: not dispatcher.queue.charges, timeout=10, what="corrections sent")
+    # Each call's tenant entered at the last leaver's counter and left at its launch, charged 1 / its
+    # weight: 1 for the warm-up, then 1 + 0.5 for each of the ten turns.
+    assert float(await aredis.hget(keys.tenant_counters(POOL), "*last")) == 16.0
+
+
+async def test_a_wake_token_whose_tenant_is_not_the_pick_is_served_in_the_tenants_order(aredis, keys) -> None:
+    """Two tenants' requests queued in one transaction while the dispatcher waits: it wakes with the
+    first one's token, but the other tenant is the pick (the same counter, a lower id). The claim from
+    the token refuses, a round reads the tenants, and the pick's call runs first."""
+    await aredis.set(keys.producer_alive("p1"), b"1", ex=60)
+    async with SimulatorServer(SimulatorConfig()) as sim:
+        config = GroupConfig(
+            group_id="fair", policy="drr", total_concurrency=1, default_endpoint_url=sim.url, version=1,
+            pools=(PoolConfig(POOL, max_concurrent=1, tenant_fairness="requests"),),
+        )  # fmt: skip
+        async with running_dispatcher(aredis, keys, config, concurrency=1, **NO_POLL) as dispatcher:
+            await wait_until(lambda: dispatcher._idle.is_set(), timeout=10, what="the dispatcher waits")
+            pushes = aredis.pipeline(transaction=True)
+            for request_id, tenant in (("z1", "zeta"), ("a1", "alpha")):
+                raw = _fair_request(request_id, tenant)
+                script_keys, args = tenant_push_plain_args(keys, POOL, raw, TenantPush(tenant))
+                pushes.eval(scripts.TENANT_PUSH_PLAIN, len(script_keys), *script_keys, *args)
+            await pushes.execute()
+            replies = [await aredis.blpop([keys.replies("p1")], timeout=10) for _ in range(2)]
+            assert dispatcher.stats.stale_tokens == 1
+    assert [decode_reply_item(raw).request_id for _, raw in replies] == ["a1", "z1"]

@@ -4,12 +4,18 @@
 -- tenant's counter (and its score while backlogged) by the dispatcher's estimate / weight (0 for a
 -- request charged at an earlier attempt); a drop charges nothing. What the call is served is counted
 -- by its FINISH (lua/_tenant_correct.lua).
+-- A wake token's request (its claim decided from the token, without a view of the tenants) launches
+-- only while its tenant is the pool's pick, the backlogged tenant with the lowest counter (ties: the
+-- lowest id, as the zset orders them); else it is `moved`, and the dispatcher reads the pool.
 -- KEYS: CLAIM's (the first: the tenant's list), then the backlogged tenants zset, the counters hash,
 --       the pool's queued count
--- ARGV: CLAIM's, then the tenant, the charge
+-- ARGV: CLAIM's, then the tenant, the charge, '1' for a wake token's request (else '')
 -- Returns as CLAIM; a launch's fourth element is the pool's queued count after it.
 local zset, counters, count = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
-local tenant, charge = ARGV[#ARGV - 1], ARGV[#ARGV]
+local tenant, charge = ARGV[#ARGV - 2], ARGV[#ARGV - 1]
+if ARGV[#ARGV] == '1' and ARGV[2] == 'launch' and redis.call('ZRANGE', zset, 0, 0)[1] ~= tenant then
+  return {'moved', 0, 0}
+end
 local left = 0
 local function popped(charged)
   redis.call('LPOP', KEYS[1])
