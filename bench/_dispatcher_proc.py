@@ -16,7 +16,7 @@ import time
 
 import orjson
 
-from runtime import eventloop
+from runtime import eventloop, gc_tuning
 from runtime.config import DispatcherSettings
 from runtime.dispatch.dispatcher import Dispatcher
 from runtime.queue.keys import KeySpace
@@ -30,6 +30,7 @@ async def main(url: str, prefix: str, group_id: str, concurrency: int, dispatche
         group_id=group_id, dispatcher_id=dispatcher_id, concurrency=concurrency, shutdown_grace_s=5.0, **lease
     )
     dispatcher = Dispatcher(conn, settings, keys=KeySpace(prefix))
+    gc_tuning.tune_for_service()  # as manage.py rundispatcher does
     print("ready", flush=True)
     try:
         await dispatcher.run()

@@ -1,7 +1,7 @@
 """Where one dispatcher process spends its CPU at a fixed workload: cProfile or callgrind.
 
 Run: ``python bench/profile_dispatcher.py --level 16 --calls 3500 [--root DIR] [--profile OUT.prof]
-[--backend-row] [--fair]``
+[--backend-row] [--fair] [--slots N] [--latency-ms MS]``
 or ``... --callgrind`` (the dispatcher under ``valgrind --tool=callgrind``; its instruction count
 over the measured calls only, zeroed after the warm-up and dumped after the last call).
 
@@ -45,9 +45,9 @@ SLOTS = 64
 
 
 def dispatcher(
-    url: str, prefix: str, group_id: str, root: Path, env: dict[str, str], wrapper: list[str]
+    url: str, prefix: str, group_id: str, root: Path, env: dict[str, str], wrapper: list[str], slots: int
 ) -> subprocess.Popen[str]:
-    args = ["-m", "bench._dispatcher_proc", url, prefix, group_id, str(SLOTS), "d0"]
+    args = ["-m", "bench._dispatcher_proc", url, prefix, group_id, str(slots), "d0"]
     proc = spawn(args, env=env, root=root, wrapper=wrapper)
     assert proc.stdout is not None
     if "ready" not in proc.stdout.readline():
@@ -70,9 +70,10 @@ def callgrind_total(path: Path) -> int:
 
 async def run(args: argparse.Namespace) -> None:
     root = Path(args.root).resolve() if args.root else ROOT
-    with private_valkey() as url, simulator_proc() as sim_url, scratch() as tmp:
+    latency = ("--latency-ms", str(args.latency_ms)) if args.latency_ms else ()
+    with private_valkey() as url, simulator_proc(*latency) as sim_url, scratch() as tmp:
         keys = new_keys()
-        config = hot_path_group(sim_url, SLOTS, backend_row=args.backend_row, fair=args.fair)
+        config = hot_path_group(sim_url, args.slots, backend_row=args.backend_row, fair=args.fair)
         tenants = FAIR_TENANTS if args.fair else 0
         stats_path = tmp / "stats.json"
         env: dict[str, str] = {"BENCH_STATS": str(stats_path)}
@@ -86,7 +87,7 @@ async def run(args: argparse.Namespace) -> None:
             env["BENCH_LEASE_S"] = "120"
         async with client(url) as conn:
             await publish(conn, keys, config)
-            proc = dispatcher(url, keys.prefix, config.group_id, root, env, wrapper)
+            proc = dispatcher(url, keys.prefix, config.group_id, root, env, wrapper, args.slots)
             try:
                 async with Producer(conn, keys=keys) as producer:
                     await closed_loop(producer, "default", args.level, args.warmup, tenants=tenants)
@@ -128,6 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--callgrind", action="store_true", help="count the dispatcher's instructions")
     parser.add_argument("--keep", help="with --callgrind: keep the dump here")
     parser.add_argument("--backend-row", action="store_true", help="the pool's calls through a backend row")
+    parser.add_argument("--slots", type=int, default=SLOTS, help="the group's and the dispatcher's slots")
+    parser.add_argument("--latency-ms", type=float, default=0, help="the simulator's latency per call")
     parser.add_argument("--fair", action="store_true", help="the pool's tenants share it (tenant_fairness)")
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from history import queries
 from history.client import HistoryClient
 from history.ingester import Ingester
+from runtime import gc_tuning
 from runtime.producer import Producer
 from runtime.queue import groups
 from runtime.queue.keys import KeySpace
@@ -133,6 +134,7 @@ async def test_rundispatcher_gateway_id_reaches_history_and_the_queueing_switch_
             code = await asyncio.to_thread(dispatcher.stop, signal.SIGTERM)
     assert code == 0, dispatcher.output()
     assert dispatcher.saw("(gateway gw-test-7)")
+    assert dispatcher.saw(f"gc thresholds {gc_tuning.YOUNG_THRESHOLD}/")  # its collector tuned at start
     drain(Ingester(sredis, history, keys=keys, block_ms=50))  # the dispatcher flushed its spans on exit
     detail = queries.execution_detail(client=history, request_id=result.request_id)
     assert detail is not None

@@ -14,7 +14,7 @@ from ops.config_guard import ConfigGuard
 from ops.queueing import OperatorDispatcher
 from ops.runtime_settings import dispatcher_settings, start_tracing
 from pools.connections import key_space, valkey_url
-from runtime import eventloop
+from runtime import eventloop, gc_tuning
 from runtime.config import DispatcherSettings
 from runtime.valkey.client import connect
 
@@ -102,9 +102,10 @@ class Command(BaseCommand):
                 snapshot_sink=_snapshot_sink(),
                 store_content=_store_content(),
             )
+            collector = gc_tuning.tune_for_service()  # after the imports and set-up: they stay frozen
             self.stdout.write(
                 f"dispatcher {settings.dispatcher_id} (gateway {settings.gateway_id}) "
-                f"serving fabric group {settings.group_id} on {eventloop.loop_name()}"
+                f"serving fabric group {settings.group_id} on {eventloop.loop_name()}, {collector}"
             )
             stop = asyncio.Event()
             by = f"dispatcher {settings.dispatcher_id}"
