@@ -115,6 +115,7 @@ async def run(args: argparse.Namespace) -> None:
                 f" {stats['round_trips'] / calls:.2f} round trips"
                 f" (+{max(0, stats.get('backend_reads', 0)) / calls:.2f} for backend readings alone),"
                 f" {stats['wake_tokens'] / calls:.2f} wake tokens"
+                f" ({stats.get('stale_tokens', 0) / calls:.3f} stale)"
             )
         print(line, flush=True)
 
