@@ -65,8 +65,9 @@ class Observing:
         pool_id, raw = token
         if len(self.queue.fleet_slots) > 1 or pool_id in plan.refusals:
             return None
-        pool = next((p for p in policy.pools if p.pool_id == pool_id), None)
-        if pool is None or any(v.backlog for p, v in self.last_views.items() if p != pool_id):
+        if not any(p.pool_id == pool_id for p in policy.pools):
+            return None
+        if any(v.backlog for p, v in self.last_views.items() if p != pool_id):
             return None
         self.queue.fair_picks = {}
         if pool_id in fair:
