@@ -8,9 +8,10 @@ a second, allocations outrun frees for the whole call: bench/bench_longcalls.py 
 collections in 3 runs of 8,000 calls, a fifth of the dispatcher's CPU, with single pauses up to
 130 ms that every call in flight waited through (bench/RESULTS.md, issue 23).
 
-So, once the process has started: freeze what exists (modules, settings, the app registry: alive for
-the process's life, never scanned again), and run a young collection every :data:`YOUNG_THRESHOLD`
-allocations. Cycles are still collected; they just wait longer.
+So, once the process has started: collect the set-up's garbage, freeze what is left (modules,
+settings, the app registry: alive for the process's life, never scanned again), and run a young
+collection every :data:`YOUNG_THRESHOLD` allocations. Cycles are still collected; they just wait
+longer.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ YOUNG_THRESHOLD = 50_000  # net container allocations between young collections 
 def tune_for_service() -> str:
     """Freezes the objects alive now and raises the young generation's threshold; what it set, for
     the process's start line."""
+    gc.collect()  # the set-up's own garbage first: frozen, a cycle would never be freed
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, middle, old)
