@@ -2,7 +2,8 @@
 
 Its packages form layers, and an import only ever points down (or within its own layer):
 
-    0  runtime.errors, runtime.backoff, runtime.eventloop      leaves
+    0  runtime.errors, runtime.backoff, runtime.eventloop,     leaves
+       runtime.gc_tuning
     1  runtime.policy                                          pure rules (no I/O)
     2  runtime.wire                                            the contract and configuration objects
     3  runtime.valkey, runtime.telemetry.{semconv,spans}       the connection, span records
@@ -36,7 +37,7 @@ print(len(names), leaked)
 """
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("runtime.errors", "runtime.backoff", "runtime.eventloop"),
+    ("runtime.errors", "runtime.backoff", "runtime.eventloop", "runtime.gc_tuning"),
     ("runtime.policy",),
     ("runtime.wire",),
     ("runtime.valkey", "runtime.telemetry.semconv", "runtime.telemetry.spans"),
