@@ -376,9 +376,9 @@ async def closed_loop(  # type: ignore[no-untyped-def]
 CpuMeters = Callable[[], Coroutine[Any, Any, dict[str, float]]]
 
 
-async def measured_load(
+async def measured_load(  # type: ignore[no-untyped-def]
     producer, level: int, total: int, meters: CpuMeters, tenants: int = 0
-) -> dict[str, float]:  # type: ignore[no-untyped-def]
+) -> dict[str, float]:
     """``total`` closed-loop calls at ``level`` (``tenants``: as :func:`closed_loop`): p50/p99 ms,
     completions/s (``rate``) and, per CPU meter that ``meters()`` reads (CPU ms so far, by name), the
     CPU ms it spent per call."""
