@@ -62,9 +62,9 @@ def plan_pool(peek: PeekCache, pool: PoolConfig, view: QueueView, fair: FairView
         counters[tenant], weights[tenant], queued[tenant], by_tenant[tenant] = (
             seen.counter, seen.weight, seen.queued, seen,
         )  # fmt: skip
-        counted = [peek.estimate(raw, default) for raw in seen.heads]
+        counted = [_launch_charge(peek, raw, cost, default) for raw in seen.heads]
         estimates[tenant] = [estimate for estimate, _ in counted]
-        costs[tenant] = [cost.of(*estimate) if first else 0.0 for estimate, first in counted]
+        costs[tenant] = [charge for _, charge in counted]
     ledger = TenantLedger(counters, list(counters), weights=weights)
     heads: list[bytes] = []
     picks: dict[bytes, FairPick] = {}
@@ -91,10 +91,17 @@ def token_pick(peek: PeekCache, pool: PoolConfig, token: bytes) -> tuple[bytes, 
     envelope = peek.get(raw).envelope
     if envelope is None:
         return None
-    estimate, first = peek.estimate(raw, pool.tenant_default_output_tokens)
-    charge = (pool.tenant_cost() or TenantCost()).of(*estimate) if first else 0.0
+    cost = pool.tenant_cost() or TenantCost()
+    estimate, charge = _launch_charge(peek, raw, cost, pool.tenant_default_output_tokens)
     tenant = UNTAGGED if envelope.tenant is None else envelope.tenant
     return raw, FairPick(tenant, charge / weight, estimate.prompt, estimate.output, weight, from_token=True)
+
+
+def _launch_charge(peek: PeekCache, raw: bytes, cost: TenantCost, default: int) -> tuple[TokenCount, float]:
+    """A head's token estimate and what its launch charges its tenant before the weight (see
+    :func:`plan_pool`: 0 for a later attempt)."""
+    estimate, first = peek.estimate(raw, default)
+    return estimate, cost.of(*estimate) if first else 0.0
 
 
 def plan_fair(

@@ -6,7 +6,6 @@ from and gives it back in the script otherwise, so a fair group needs no observe
 from __future__ import annotations
 
 import asyncio
-import time
 
 from runtime.policy.admission import AdmissionLimits
 from runtime.policy.reads import PoolRead
@@ -17,10 +16,11 @@ from runtime.queue.dispatching import ClaimRequest, QueueOps, lease_member
 from runtime.queue.producing import ProducerOps
 from runtime.queue.tenant_dispatch import FairPick, token_request
 from runtime.queue.tenants import TenantPush, tenant_push_plain_args
-from runtime.wire.contract import ChatCall, Envelope
 from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from runtime.wire.reply import decode_reply_item
 from simulator.server import SimulatorConfig, SimulatorServer
+from tests.runtime.test_tenant_dispatch import one_fair_pool
+from tests.runtime.test_tenant_redelivery import envelope
 from tests.support.dispatching import CALL, NO_POLL, running_dispatcher, wait_until
 
 POOL = "chat"
@@ -111,11 +111,6 @@ async def test_a_fair_pools_rounds_take_one_round_trip_each(aredis, keys) -> Non
     assert sim.peak_active <= 64
 
 
-def _fair_request(request_id: str, tenant: str) -> bytes:
-    body = {"model": "sim-model", "messages": [{"role": "user", "content": request_id}], "max_tokens": 8}
-    return Envelope(request_id, "p1", POOL, ChatCall.from_openai(body), time.time(), tenant=tenant).encode()
-
-
 def _launch(raw: bytes, request_id: str) -> ClaimRequest:
     return ClaimRequest(
         POOL, raw, "launch", lease_member=lease_member(POOL, request_id), producer_id="p1", pool_max=8,
@@ -129,7 +124,7 @@ async def test_a_wake_tokens_request_launches_only_while_its_tenant_is_the_pick(
     pick. Here a tenant with a lower id entered at the same counter meanwhile: it goes first."""
     await aredis.set(keys.producer_alive("p1"), b"1", ex=60)
     ops = ProducerOps(aredis, keys)
-    zeta, alpha = _fair_request("z1", "zeta"), _fair_request("a1", "alpha")
+    zeta, alpha = envelope("z1", "zeta").encode(), envelope("a1", "alpha").encode()
     await ops.push(POOL, zeta, AdmissionLimits(), tenant=TenantPush("zeta", 2.0))
     [token] = await aredis.lrange(keys.wake_list(POOL), 0, -1)
     assert token_request(token) == (2.0, zeta)
@@ -152,10 +147,7 @@ async def test_a_lone_dispatcher_claims_a_fair_pools_call_from_its_wake_token(ar
     """One call at a time to a fair pool: each is claimed from its wake token, one round trip a call
     (before: a ROUND to read the tenants, then the claim), charged as a view would have."""
     async with SimulatorServer(SimulatorConfig()) as sim, Producer(aredis, keys=keys) as producer:
-        config = GroupConfig(
-            group_id="fair", policy="drr", total_concurrency=4, default_endpoint_url=sim.url, version=1,
-            pools=(PoolConfig(POOL, max_concurrent=4, tenant_fairness="requests"),),
-        )  # fmt: skip
+        config = one_fair_pool(sim.url, "requests", slots=4)
         async with running_dispatcher(aredis, keys, config, **NO_POLL) as dispatcher:
             await producer.submit(CALL, pool_id=POOL, timeout=10, tenant="warm-up")
             rounds, trips = dispatcher.stats.rounds, dispatcher.queue.trips
@@ -176,15 +168,12 @@ async def test_a_wake_token_whose_tenant_is_not_the_pick_is_served_in_the_tenant
     the token refuses, a round reads the tenants, and the pick's call runs first."""
     await aredis.set(keys.producer_alive("p1"), b"1", ex=60)
     async with SimulatorServer(SimulatorConfig()) as sim:
-        config = GroupConfig(
-            group_id="fair", policy="drr", total_concurrency=1, default_endpoint_url=sim.url, version=1,
-            pools=(PoolConfig(POOL, max_concurrent=1, tenant_fairness="requests"),),
-        )  # fmt: skip
+        config = one_fair_pool(sim.url, "requests", slots=1)
         async with running_dispatcher(aredis, keys, config, concurrency=1, **NO_POLL) as dispatcher:
             await wait_until(lambda: dispatcher._idle.is_set(), timeout=10, what="the dispatcher waits")
             pushes = aredis.pipeline(transaction=True)
             for request_id, tenant in (("z1", "zeta"), ("a1", "alpha")):
-                raw = _fair_request(request_id, tenant)
+                raw = envelope(request_id, tenant).encode()
                 script_keys, args = tenant_push_plain_args(keys, POOL, raw, TenantPush(tenant))
                 pushes.eval(scripts.TENANT_PUSH_PLAIN, len(script_keys), *script_keys, *args)
             await pushes.execute()
