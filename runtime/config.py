@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from runtime.immutable import immutable
 from runtime.policy.cost import CostModel
 from runtime.queue import keys
 from runtime.valkey.pipelined import DEFAULT_HEALTH_S
@@ -17,7 +18,7 @@ from runtime.wire.backendconfig import BreakerPolicy
 from runtime.wire.contract import DEFAULT_MAX_ENVELOPE_BYTES
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProducerSettings:
     """How a producer submits work and stays visibly alive."""
 
@@ -47,7 +48,7 @@ class ProducerSettings:
         _check_health(self.valkey_health_s)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class DispatcherSettings:
     """One dispatcher process of a fabric group."""
 

@@ -7,15 +7,16 @@ import email.utils
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
 
+from runtime.immutable import immutable
+
 SNIPPET = 200
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Usage:
     """Token usage as the backend reported it; None where it did not."""
 
@@ -24,7 +25,7 @@ class Usage:
     total_tokens: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Completion:
     """A successful chat completion."""
 

@@ -26,10 +26,11 @@ Typical use::
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 
 import orjson
 
+from runtime.immutable import immutable
 from runtime.wire.backendconfig import BreakerPolicy
 
 __all__ = ["BLOCKED_REASON", "CLOSED", "HALF_OPEN", "OPEN", "Breaker", "BreakerPolicy", "BreakerState"]
@@ -40,7 +41,7 @@ HALF_OPEN = "half_open"
 BLOCKED_REASON = "breaker_open"  # the PoolObservation.blocked / skip reason while the breaker refuses
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class BreakerState:
     """One backend's breaker. ``since`` is when the current mode began (or the last probe round)."""
 
@@ -52,7 +53,7 @@ class BreakerState:
     trips: int = 0  # how many times the breaker opened (monotonic, for counters)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Breaker:
     """The breaker's transitions under one :class:`BreakerPolicy`."""
 

@@ -31,9 +31,9 @@ Total: the load comes from Valkey, so its fields may hold anything JSON can; a l
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from runtime.backends.metrics import BackendLoad, load_problem
+from runtime.immutable import immutable
 from runtime.wire.backendconfig import GateSettings
 
 __all__ = [
@@ -67,7 +67,7 @@ METRICS_REFUSED = "refused"  # the backend answered with metrics that cannot be 
 METRICS_NONE = "none"  # kind "openai": the backend exports no load metrics
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class GateDecision:
     """``limit``: calls the fleet may have in flight to the backend now; ``reason``: the skip reason
     while ``in_flight`` has reached it (None while there is room); ``metrics``: how the load was known;

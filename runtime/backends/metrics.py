@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.errors import MalformedEnvelope
+from runtime.immutable import immutable
 
 __all__ = [
     "MAX_REQUESTS",
@@ -56,7 +57,7 @@ class MetricsRefused(ValueError):
     """The backend answered, but its metrics are unusable; the message says why."""
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class MetricNames:
     """The three gauges gating reads, under one serving engine's names. ``kv_usage`` lists the
     KV-cache gauge's names, current first: the first one the server exports is read. Without
@@ -152,7 +153,7 @@ class SampleLines:
             raise MetricsRefused(f"the metrics hold over {MAX_SAMPLES} samples of the load gauges (absurd)")
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class BackendLoad:
     """One scrape of one backend, as shared through Valkey.
 

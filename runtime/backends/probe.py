@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 
 import httpx
 import orjson
@@ -19,6 +18,7 @@ import orjson
 from runtime.backends.metrics import BackendLoad, MetricsRefused, SampleLines, gauges_read, load_from_lines
 from runtime.backends.redact import redact_url
 from runtime.backends.scraper import failure_words, read_bounded
+from runtime.immutable import immutable
 from runtime.wire.backendconfig import BackendConfig
 
 __all__ = ["MODELS_MAX_BYTES", "MODELS_SHOWN", "ProbeResult", "models_url", "probe"]
@@ -31,7 +31,7 @@ MODELS_BUDGET_S = 5.0
 MODELS_SHOWN = 50
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProbeResult:
     """What one look at a backend read. ``models_error`` / ``metrics_error`` are empty when that part
     was read; ``metrics_refused`` tells unusable metrics from no answer; ``load`` is the parsed load."""

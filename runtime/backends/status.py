@@ -8,13 +8,13 @@ of a 429's Retry-After hold.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from runtime.backends.breaker import CLOSED, HALF_OPEN, Breaker, BreakerState, decode_state
 from runtime.backends.gate import METRICS_FRESH, METRICS_NONE, METRICS_REFUSED, METRICS_STALE, gate
 from runtime.backends.metrics import METRIC_NAMES, BackendLoad, load_problem
 from runtime.errors import MalformedEnvelope
+from runtime.immutable import immutable
 from runtime.queue.keys import KeySpace
 from runtime.wire.backendconfig import BackendConfig
 
@@ -34,7 +34,7 @@ READS = 4
 BREAKER_WORDS = {CLOSED: "healthy", "open": "failing (calls held)", HALF_OPEN: "probing"}
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class BackendStatus:
     backend_id: str
     name: str

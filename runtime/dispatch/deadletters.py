@@ -12,13 +12,13 @@ The list operations take a blocking redis-py client: their callers are the admin
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import redis
 
 from runtime.errors import MalformedEnvelope
+from runtime.immutable import immutable
 from runtime.queue.keys import KeySpace
 from runtime.queue.leases import item_digest
 from runtime.queue.scripts import DEAD_LETTER_TAKE, TENANT_DEAD_LETTER_TAKE
@@ -31,7 +31,7 @@ ATTEMPTS_EXHAUSTED = "attempts_exhausted"
 REQUEUES_EXHAUSTED = "requeues_exhausted"
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class DeadLetter:
     """One dead request: its envelope, why it died, its last error and when."""
 
@@ -80,7 +80,7 @@ class DeadLetter:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class StoredLetter:
     """A dead letter as listed, with the exact bytes that replay and discard name."""
 
@@ -93,7 +93,7 @@ class StoredLetter:
         return item_digest(self.raw)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class DeadLetterSummary:
     pool_id: str
     count: int

@@ -4,17 +4,17 @@ fair pool, its token estimate computed once)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
 
 from runtime.dispatch.stats import DROP_EXPIRED, DROP_MALFORMED
 from runtime.errors import MalformedEnvelope
+from runtime.immutable import immutable
 from runtime.policy.cost import CostModel, request_cost
 from runtime.policy.scheduler import HeadItem
 from runtime.policy.tokens import TokenCount
 from runtime.wire.contract import Envelope
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class PeekedItem:
     raw: bytes
     envelope: Envelope | None

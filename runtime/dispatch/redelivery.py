@@ -15,13 +15,13 @@ import dataclasses
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 
 from opentelemetry import trace
 
 from runtime.dispatch.deadletters import ATTEMPTS_EXHAUSTED, REQUEUES_EXHAUSTED, DeadLetter
 from runtime.dispatch.stats import DROP_REPLY_PRODUCER_GONE, DispatcherStats
 from runtime.errors import DeadLettered, DispatchError, StreamInterrupted
+from runtime.immutable import immutable
 from runtime.policy import retry
 from runtime.queue.dispatching import QueueOps
 from runtime.queue.leases import LeaseRecord
@@ -37,7 +37,7 @@ STATUS_REQUEUED = "requeued"
 SWEEP_S = 1.0
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Settlement:
     """How one finished attempt leaves Valkey: the reply, or the retry/dead letter stored with it."""
 

@@ -26,13 +26,14 @@ import redis.asyncio as aioredis
 
 from runtime.backends.adapter import Completion, OpenAIBackend, parse_usage
 from runtime.errors import BackendTimeout, Cancelled
+from runtime.immutable import immutable
 from runtime.queue import registry
 from runtime.queue.keys import KeySpace
 from runtime.queue.scripts import RELAY_STALE
 from runtime.wire.contract import CHAT_COMPLETIONS, Envelope, StreamChunk
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Fence:
     """The claim a streamed attempt relays under: its lease member and fencing token ("" unfenced), and
     the lease record marked streamed that its first chunk stores (b"" in lists mode)."""

@@ -27,7 +27,8 @@ stuck): the queue would then grow without bound, and it is refused.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+
+from runtime.immutable import immutable
 
 __all__ = [
     "DRAIN_WINDOW_S",
@@ -65,7 +66,7 @@ RETRY_AFTER_MIN_S = 0.5
 RETRY_AFTER_MAX_S = 300.0
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class AdmissionLimits:
     """A pool's admission limits; None means unbounded."""
 
@@ -88,7 +89,7 @@ class AdmissionLimits:
         return self.max_queued is not None or self.max_queue_wait_s is not None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Stall:
     """Why a pool may drain nothing now: paused, its breaker open, or how long its backlog has waited
     without one request leaving the queue (0 without backlog)."""
@@ -108,7 +109,7 @@ class Stall:
         return None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class KeyLimits:
     """An ingress key's limits over every web process; None means unbounded.
 
@@ -149,7 +150,7 @@ def decide_key(open_count: int, queued_count: int, limits: KeyLimits) -> str | N
     return None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Refusal:
     """Why a submit was refused: the reason, the depth seen, the limit hit and a retry-after hint."""
 

@@ -10,12 +10,12 @@ hold a pool's credit hostage forever.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from runtime.immutable import immutable
 
 __all__ = ["CostModel", "request_cost", "token_cost"]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CostModel:
     """Weights of the cost estimate and the range every cost is clamped into."""
 

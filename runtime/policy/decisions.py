@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from runtime.immutable import immutable
+
 POLICY_DRR = "drr"
 POLICY_FIFO = "fifo"
 POLICIES = (POLICY_DRR, POLICY_FIFO)
@@ -33,7 +35,7 @@ SKIP_REASONS = (
 GLOBAL_REASONS = frozenset((SKIP_GROUP_CAP, SKIP_LOCAL_CAPACITY))
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class PoolPolicy:
     """Scheduling settings of one pool (lane)."""
 
@@ -45,7 +47,7 @@ class PoolPolicy:
     paused: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class GroupPolicy:
     """Scheduling settings of a fabric group; ``pools`` order is the DRR ring order."""
 
@@ -54,7 +56,7 @@ class GroupPolicy:
     pools: tuple[PoolPolicy, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class HeadItem:
     """One peeked request at the head of a pool's queue."""
 
@@ -62,7 +64,7 @@ class HeadItem:
     enqueued_at: float
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class PoolObservation:
     """What the dispatcher sees of one pool right now."""
 
@@ -73,7 +75,7 @@ class PoolObservation:
     blocked: str | None = None  # external refusal reason, e.g. "breaker_open"; the pool can't launch
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class PolicyIndex:
     """Data derived from a GroupPolicy, cached on the state by identity."""
 
@@ -113,7 +115,7 @@ class SchedulerState:
         self.refunded.pop(pool_id, None)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Launch:
     """Claim the item at ``index`` of ``pool_id``'s peeked heads."""
 
@@ -122,7 +124,7 @@ class Launch:
     cost: int
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Decision:
     """The result of one :func:`decide` call."""
 

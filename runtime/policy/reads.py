@@ -16,8 +16,8 @@ only as many heads as it has probe slots left, so nothing is claimed that it wou
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
+from runtime.immutable import immutable
 from runtime.policy.scheduler import (
     SKIP_BREAKER_OPEN,
     SKIP_GROUP_CAP,
@@ -34,7 +34,7 @@ DEEP_READ_MAX = 128
 DEEP_READ_BYTES = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class PoolRead:
     """What to read of one pool: up to ``depth`` heads, and none while it is at ``pool_max``."""
 
@@ -44,7 +44,7 @@ class PoolRead:
     display_head: bool = False  # read the first item even if the pool cannot launch (nothing cached)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ReadPlan:
     reads: tuple[PoolRead, ...]
     refusals: Mapping[str, str]  # pool id -> why it cannot launch whatever it holds (skip reason)

@@ -13,9 +13,8 @@ The caller draws the jitter (a float in [0, 1)) so that the decision stays a fun
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from runtime.errors import BackendHTTPError, DispatchError
+from runtime.immutable import immutable
 
 RETRY = "retry"
 NOT_RETRYABLE = "not_retryable"
@@ -26,7 +25,7 @@ DEADLINE = "deadline"
 TRANSIENT_ERROR_TYPES = frozenset({"backend_connect_error", "backend_timeout", "breaker_open"})
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class RetryPolicy:
     """A pool's retry settings: ``max_attempts`` 1 means no retry."""
 
@@ -43,7 +42,7 @@ class RetryPolicy:
             )
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Failure:
     """What the decision needs to know of one failed attempt."""
 
@@ -59,7 +58,7 @@ class Failure:
         return cls(error.error_type, cut_by_deadline=cut_by_deadline)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class RetryDecision:
     """``retry`` with the time the next attempt is due, or why the failure is final."""
 

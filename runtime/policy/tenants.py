@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+
+from runtime.immutable import immutable
 
 __all__ = [
     "MODES",
@@ -45,7 +46,7 @@ def validate_tenant_weight(weight: float) -> float:
     return float(weight)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class TenantCost:
     """What one request costs a tenant in a pool's ``tenant_fairness`` mode."""
 

@@ -9,6 +9,7 @@ from typing import Any
 from opentelemetry import trace
 
 from runtime.errors import Cancelled, DispatchError, QueueFull, error_from_type
+from runtime.immutable import immutable
 from runtime.telemetry import semconv
 from runtime.wire.contract import Metadata, Reply, Timing
 
@@ -23,7 +24,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CompletionResult:
     """What ``submit`` returns, the same on the queued and the direct path."""
 

@@ -7,10 +7,9 @@ envelope still carries the tenant, for history. A fair pool's push goes to the t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from opentelemetry import trace
 
+from runtime.immutable import immutable
 from runtime.policy.tenants import OFF, validate_tenant_weight
 from runtime.queue.keys import UNTAGGED
 from runtime.queue.tenants import TenantPush
@@ -21,7 +20,7 @@ from runtime.wire.tenant import check_tenant
 __all__ = ["UNTAGGED_TAG", "TenantTag", "fair_push", "tag_span", "withdraw_member"]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class TenantTag:
     """A submit's tenant (None: untagged) and its weight (its ingress key's ``tenant_weight``)."""
 

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from runtime.errors import QueueFull
+from runtime.immutable import immutable
 from runtime.policy.admission import (
     KEY_RETRY_AFTER_S,
     REASON_KEY_IN_FLIGHT,
@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class KeyLease:
     """One request's place among its key's open requests: the key's limits, the set and the member."""
 

@@ -20,9 +20,10 @@ Plain data and the script's KEYS/ARGV, no I/O: :class:`runtime.queue.dispatching
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from runtime.immutable import immutable
 from runtime.policy.reads import PoolRead
 from runtime.queue import turn
 from runtime.queue.dispatch_requests import QueueView, ScriptArgs
@@ -36,7 +37,7 @@ TURN_NONE = 0  # it allows none: the turn was given back
 TURN_ELSEWHERE = -1  # another dispatcher holds the turn: nothing was read
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class NextRound:
     """What ROUND reads for the next decision, and who asks."""
 
@@ -50,7 +51,7 @@ class NextRound:
     fair: frozenset[str] = frozenset()  # the pools read by tenant
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class RoundSeen:
     """ROUND's answer."""
 

@@ -7,9 +7,10 @@ Plain data, no I/O: :mod:`runtime.queue.dispatching` runs the scripts.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from runtime.immutable import immutable
 from runtime.queue import scripts
 from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
 from runtime.queue.leases import LeaseRecord, item_digest
@@ -28,7 +29,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class QueueView:
     """What one observation saw of one pool."""
 
@@ -39,7 +40,7 @@ class QueueView:
     display_head: bytes | None = None  # the first item, read only to show its age (pool can't launch)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Observation:
     views: dict[str, QueueView]
     group_in_flight: int
@@ -48,7 +49,7 @@ class Observation:
     fair: dict[str, FairView] = field(default_factory=dict)  # fair pools' tenants (their views have no heads)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ClaimRequest:
     pool_id: str
     raw: bytes
@@ -66,7 +67,7 @@ class ClaimRequest:
     backend_limit: int | None = None  # its fleet-wide in-flight limit now (None: not checked)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class TurnEnd:
     """Giving the group's scheduling turn back (see :mod:`runtime.queue.turn`)."""
 

@@ -7,7 +7,7 @@ several installations can share one server; it is empty by default.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from runtime.immutable import immutable
 
 # Liveness: a dead producer is noticed within one TTL; the producer refreshes several times per TTL.
 PRODUCER_ALIVE_TTL_S = 12.0
@@ -31,7 +31,7 @@ SPAN_STREAM_MAXLEN = 200_000
 UNTAGGED = "*"
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class KeySpace:
     """Builds key names; ``prefix`` (e.g. ``"prod:"``) is prepended to every one."""
 

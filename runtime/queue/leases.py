@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import orjson
 
+from runtime.immutable import immutable
 from runtime.telemetry.spans import Subject
 from runtime.wire.contract import Envelope
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class LeaseRecord:
     request_id: str
     producer_id: str

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from runtime.immutable import immutable
 from runtime.queue import scripts
 from runtime.queue.keys import UNTAGGED, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
 
@@ -49,7 +49,7 @@ def view_width(depth: int) -> int:
     return max(2, min(TENANT_VIEW_WIDTH, depth))
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class TenantHeads:
     """One viewed tenant: its counter and weight, how many it has queued, its first heads."""
 
@@ -60,7 +60,7 @@ class TenantHeads:
     heads: tuple[bytes, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class FairView:
     """What one observation saw of a fair pool's tenants."""
 
@@ -68,7 +68,7 @@ class FairView:
     horizon: tuple[float, str] | None  # (counter, tenant) of the first tenant left out of the view
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class FairPick:
     """A planned head of a fair pool: whose it is, what its launch charges, what it was estimated at."""
 

@@ -14,10 +14,10 @@ never comes here: its push is the seed's.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import QueueFull
+from runtime.immutable import immutable
 from runtime.policy.admission import AdmissionLimits
 from runtime.queue.admission import KeyLease, admission_args, queue_full
 from runtime.queue.keys import UNTAGGED, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
@@ -35,7 +35,7 @@ REASON_TENANT_QUEUED = "max_queued_per_tenant"
 TENANT_RETRY_AFTER_S = 1.0  # a tenant at its cap waits for one of its own requests to start
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class TenantPush:
     """Who a fair pool's push is for, and that pool's per-tenant cap."""
 

@@ -8,14 +8,13 @@ once Valkey answers again, gives each one that ran back to the head of its list.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from runtime.immutable import immutable
 from runtime.queue.dispatch_requests import ClaimRequest, ScriptArgs
 from runtime.queue.keys import KeySpace
 from runtime.queue.tenant_dispatch import FairPick, claim_keys
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class UnansweredClaim:
     request: ClaimRequest  # a launch
     pick: FairPick | None  # a fair pool's head: its tenant and charge (None: the pool's own list)

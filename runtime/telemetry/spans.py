@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,6 +17,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from runtime.immutable import immutable
 from runtime.telemetry import semconv
 from runtime.wire.contract import ChatCall, CompletionsCall, Envelope
 
@@ -24,14 +25,14 @@ _propagator = TraceContextTextMapPropagator()
 _NO_PARENT = Context()  # what the propagator extracts from a request without trace context
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Identity:
     group_id: str
     gateway_id: str
     dispatcher_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Subject:
     """The request a span is about: what history needs of it, without the call's content.
 
@@ -65,7 +66,7 @@ class Subject:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Outcome:
     status: str  # "ok" | "error" | "dropped"
     started_at: float  # wall-clock seconds: execution start, or drop time

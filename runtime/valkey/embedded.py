@@ -22,8 +22,9 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
+
+from runtime.immutable import immutable
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class EmbeddedValkeyError(RuntimeError):
     """The embedded Valkey server could not be started."""
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class EmbeddedValkey:
     pid: int
     port: int

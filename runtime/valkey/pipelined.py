@@ -32,7 +32,6 @@ import collections
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import hiredis
@@ -41,6 +40,8 @@ from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocket
 from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, InvalidResponse, ReadOnlyError
+
+from runtime.immutable import immutable
 
 __all__ = ["PipelinedConnection", "Target"]
 
@@ -52,7 +53,7 @@ DEFAULT_HEALTH_S = 5.0
 HEALTH_CHECKS = 4  # silence is looked at this many times per health_s: found within 1.25 health_s
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Target:
     """Where and as whom to connect (read from a redis-py connection pool's settings)."""
 

@@ -17,9 +17,10 @@ usually run without one. ``redis+sentinel://`` is the same; ``valkeys+sentinel:/
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+
+from runtime.immutable import immutable
 
 SENTINEL_SCHEMES = {
     "redis+sentinel": False,
@@ -37,7 +38,7 @@ class InvalidValkeyUrl(ValueError):
     """``VALKEY_URL`` is not a form this project reads; the message never repeats a password."""
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class SentinelUrl:
     """A primary found through sentinels (see the module docstring)."""
 

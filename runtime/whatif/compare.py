@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
+from runtime.immutable import immutable
 from runtime.whatif.engine import LEVELS, PoolOutcome, Replay, replay
 from runtime.whatif.service import ServiceFit, Turnaround
 from runtime.whatif.trace import Trace, percentile
@@ -21,7 +21,7 @@ from runtime.wire.groupconfig import GroupConfig
 __all__ = ["Recorded", "WhatIf", "format_table", "what_if"]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Recorded:
     """What history recorded for one pool over the window."""
 
@@ -31,7 +31,7 @@ class Recorded:
     wait: dict[float, float | None]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class WhatIf:
     trace: Trace
     current: Replay

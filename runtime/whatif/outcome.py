@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 from array import array
-from dataclasses import dataclass
 
+from runtime.immutable import immutable
 from runtime.whatif.trace import Trace, percentile
 
 __all__ = ["DEPTH_BUCKETS", "LEVELS", "PoolOutcome", "PoolTally", "Replay", "summarize"]
@@ -17,7 +17,7 @@ DEPTH_BUCKETS = 120  # points of each pool's queue-depth chart
 LEVELS = (0.5, 0.95, 0.99)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class PoolOutcome:
     """What the replay predicts for one pool over the window."""
 
@@ -32,7 +32,7 @@ class PoolOutcome:
     depth: tuple[int, ...]  # the largest queue depth in each of DEPTH_BUCKETS slices of the window
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Replay:
     pools: tuple[PoolOutcome, ...]
     launch_order: array[int]  # request indices in the order they were launched
@@ -47,7 +47,7 @@ class Replay:
         return next(p for p in self.pools if p.pool_id == pool_id)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class PoolTally:
     """One replayed pool's counts at the window's end."""
 

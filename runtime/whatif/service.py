@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from runtime.immutable import immutable
 
 __all__ = ["ServiceFit", "Turnaround", "fit", "in_flight_at_start", "turnaround"]
 
@@ -27,7 +28,7 @@ MAX_TURNAROUND_S = 1.0  # a longer gap is the group idling, not the dispatcher r
 FLOOR_SHARE = 0.05
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ServiceFit:
     """``execution_s ~= intercept + slope * in_flight`` for one backend, and how well it fits."""
 
@@ -103,7 +104,7 @@ def in_flight_at_start(starts: Sequence[float], ends: Sequence[float]) -> list[i
     return counts
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Turnaround:
     """How long a freed slot stays idle before the dispatcher fills it again: the FINISH, the wake
     and the next round. ``gaps`` are the measured ones in recorded order (the replay's rounds take them

@@ -17,6 +17,8 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from runtime.immutable import immutable
+
 __all__ = ["MAX_REQUESTS", "Arrival", "Trace", "TraceTooLarge"]
 
 # Half a day of the demo's traffic (~20 MB of arrays; a replay of it takes about 15 s of CPU). More is
@@ -29,7 +31,7 @@ class TraceTooLarge(ValueError):
     """The window holds more requests than a replay takes; ask for a shorter window."""
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Arrival:
     """One recorded request, as read from history (the input rows of :meth:`Trace.build`)."""
 

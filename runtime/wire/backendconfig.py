@@ -7,15 +7,16 @@ variable, fleet-wide in-flight cap, load thresholds and breaker settings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
+
+from runtime.immutable import immutable
 
 # Each kind but openai names its load gauges in runtime.backends.metrics.METRIC_NAMES; openai: any
 # OpenAI-compatible server without load metrics (Ollama, a hosted API), gated on max_in_flight and 429s.
 KINDS = ("vllm", "sglang", "llamacpp", "tgi", "openai")
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class BreakerPolicy:
     """When a backend's breaker opens, how long it stays open, how many probes it tries half-open
     (configuration: :mod:`runtime.backends.breaker` applies it)."""
@@ -36,7 +37,7 @@ class BreakerPolicy:
             raise ValueError(f"BreakerPolicy.half_open_probes must be >= 1, got {self.half_open_probes}")
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class GateSettings:
     """A backend's gating settings, from its admin row (:mod:`runtime.backends.gate` applies them)."""
 
@@ -57,7 +58,7 @@ class GateSettings:
             raise ValueError(f"metrics_max_age_s must be positive, got {self.metrics_max_age_s}")
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class BackendConfig:
     backend_id: str
     base_url: str

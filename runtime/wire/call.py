@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, ClassVar
 
+from runtime.immutable import immutable
 from runtime.policy.tokens import TokenCount, estimate_tokens
 from runtime.wire.fields import _NUMBER, _expect, _fail
 
@@ -152,7 +153,7 @@ def _check_messages(messages: list[Any]) -> int:
     return images
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ChatCall:
     """A normalized OpenAI-compatible chat-completion call (non-streaming).
 

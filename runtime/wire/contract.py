@@ -9,12 +9,13 @@ shows which request it was in logs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import orjson
 
 from runtime.errors import EnvelopeTooLarge
+from runtime.immutable import immutable
 from runtime.wire.call import (
     CHAT_COMPLETIONS,
     COMPLETIONS,
@@ -83,7 +84,7 @@ __all__ = [
 DEFAULT_MAX_ENVELOPE_BYTES = 8 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Metadata:
     """What the scheduler and history need to know about a request besides the call itself."""
 
@@ -132,7 +133,7 @@ class Metadata:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Envelope:
     """One queued request, as it sits in ``list:llm:requests:{pool_id}``."""
 
@@ -244,7 +245,7 @@ def envelope_prefix(request_id: str, producer_id: str) -> bytes:
     )  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class StreamOptions:
     """A streamed call: ``include_usage`` asks for the final usage-only chunk, as OpenAI's option does."""
 

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from runtime.errors import MalformedEnvelope
+from runtime.immutable import immutable
 from runtime.policy.admission import AdmissionLimits
 from runtime.policy.retry import RetryPolicy
 from runtime.policy.scheduler import GroupPolicy, PoolPolicy
@@ -37,7 +38,7 @@ def _tenant_cost(mode: str, input_weight: float, output_weight: float) -> Tenant
     return TenantCost(mode, input_weight, output_weight)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class PoolConfig:
     """One pool as dispatchers and producers see it. ``endpoint_url`` is resolved from the pool's
     backend (or the group's) at publication, so tools reading the seed's field keep working."""
@@ -100,7 +101,7 @@ class PoolConfig:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ModelAlias:
     """A model name clients may send instead of a pool header: ``alias`` routes to ``pool_id`` and
     reaches the backend as ``model`` (LiteLLM's ``model_list`` entry, per group)."""

@@ -9,9 +9,10 @@ the class by it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, ClassVar, Self
 
+from runtime.immutable import immutable
 from runtime.policy.tokens import MAX_TOKENS, TokenCount, estimate_input_tokens, estimate_output_tokens
 from runtime.wire.call import (
     CHAT_COMPLETIONS,
@@ -163,7 +164,7 @@ class _TextCall:
         return 0
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class EmbeddingsCall(_TextCall):
     """A normalized ``POST /v1/embeddings`` call. It costs its input: an embedding has no output tokens."""
 
@@ -193,7 +194,7 @@ class EmbeddingsCall(_TextCall):
         return TokenCount(estimate_input_tokens(self.input), 0)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CompletionsCall(_TextCall):
     """A normalized legacy ``POST /v1/completions`` call (text in, text out; vLLM clients use it)."""
 

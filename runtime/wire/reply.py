@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import orjson
 
+from runtime.immutable import immutable
 from runtime.wire.fields import _NUMBER, CONTRACT_VERSION, _expect, _fail, _load, _non_empty_str
 
 STATUS_OK = "ok"
@@ -15,7 +16,7 @@ STATUS_ERROR = "error"
 STATUS_CHUNK = "chunk"  # one streamed chunk, relayed ahead of the request's final reply
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class StreamChunk:
     """One chunk of a streamed completion on its way to the producer (OpenAI's chunk object as is).
 
@@ -54,7 +55,7 @@ def decode_reply_item(raw: bytes | str) -> Reply | StreamChunk:
 _TIMING_FIELDS = tuple((name, f"reply.timing.{name}") for name in ("queue_wait_s", "execution_s", "total_s"))
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Timing:
     """Seconds spent waiting in the queue, executing against the backend, and in all."""
 
@@ -73,7 +74,7 @@ class Timing:
         return cls(*(float(_expect(get(name, 0.0), _NUMBER, label)) for name, label in _TIMING_FIELDS))
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class BackendAnswer:
     """A backend's failed HTTP answer as a reply carries it: its status, its ``Retry-After`` and its
     own message (never its address), so an API client can be shown what the backend said."""
@@ -96,7 +97,7 @@ class BackendAnswer:
         return cls(status, message, retry_after)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Reply:
     """The answer routed back to ``list:llm:replies:{producer_id}``; ``backend`` only when a backend's
     HTTP answer was the error."""

@@ -3,7 +3,7 @@
 Its packages form layers, and an import only ever points down (or within its own layer):
 
     0  runtime.errors, runtime.backoff, runtime.eventloop,     leaves
-       runtime.gc_tuning
+       runtime.gc_tuning, runtime.immutable
     1  runtime.policy                                          pure rules (no I/O)
     2  runtime.wire                                            the contract and configuration objects
     3  runtime.valkey, runtime.telemetry.{semconv,spans}       the connection, span records
@@ -37,7 +37,7 @@ print(len(names), leaked)
 """
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("runtime.errors", "runtime.backoff", "runtime.eventloop", "runtime.gc_tuning"),
+    ("runtime.errors", "runtime.backoff", "runtime.eventloop", "runtime.gc_tuning", "runtime.immutable"),
     ("runtime.policy",),
     ("runtime.wire",),
     ("runtime.valkey", "runtime.telemetry.semconv", "runtime.telemetry.spans"),
