@@ -15,7 +15,7 @@ from runtime.backends.redact import redact_url
 from runtime.errors import DeadlineExceeded, DispatchError
 from runtime.wire.backendconfig import BreakerPolicy
 
-# The state of a URL with no history; frozen, so one instance serves every lookup.
+# The state of a URL with no history; immutable, so one instance serves every lookup.
 NO_HISTORY = BreakerState()
 
 
