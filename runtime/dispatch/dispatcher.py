@@ -48,6 +48,7 @@ from runtime.dispatch.peek import PeekCache, PeekedItem
 from runtime.dispatch.rounds import Rounds
 from runtime.dispatch.snapshot import DispatcherSnapshot, SnapshotSink, SnapshotStore, build_snapshot
 from runtime.dispatch.stats import DispatcherStats
+from runtime.dispatch.upkeep import Upkeep
 from runtime.dispatch.wakeup import WakeLists, WakeWaiter
 from runtime.errors import DispatchError
 from runtime.policy import scheduler
@@ -61,13 +62,11 @@ from runtime.wire.groupconfig import GroupConfig
 log = logging.getLogger(__name__)
 CONFIG_POLL_S = 1.0
 HELPER_EXIT_S = 5.0
-# Due retries are moved back into their lists this often: a retry waits its backoff, plus at most this.
-RETRY_POLL_S = 0.05
 
 __all__ = ["Dispatcher"]
 
 
-class Dispatcher(Rounds, Configuring):
+class Dispatcher(Rounds, Configuring, Upkeep):
     """Schedules one fabric group's pools onto their backends. ``await run()`` until stopped."""
 
     def __init__(
@@ -347,12 +346,9 @@ class Dispatcher(Rounds, Configuring):
         if self.running.get(run.member) is run:
             self.finishing[run.member] = self.running.pop(run.member)
 
-    # --- background helpers -----------------------------------------------------------------------
-    async def _pause(self, seconds: float) -> bool:
-        """Sleeps up to ``seconds``; True once the dispatcher has finished and helpers should return."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._finished.wait(), seconds)
-        return self._finished.is_set()
+    # --- background helpers (their loops: runtime.dispatch.upkeep) -----------------------------------
+    def snapshot(self) -> DispatcherSnapshot:
+        return build_snapshot(self, now=time.time())
 
     def _channels(self) -> frozenset[str]:
         """The config channel and the group's cancel channel (wake-ups travel as tokens, not messages)."""
@@ -370,33 +366,3 @@ class Dispatcher(Rounds, Configuring):
             return
         if channel == self.keys.cancel_channel(self.settings.group_id):
             self.executor.cancel(data.decode())
-
-    async def _renew_leases(self) -> None:
-        while not await self._pause(self.settings.lease_s / 3):
-            runs = [*self.running.values(), *self.finishing.values()]
-            leases = [(r.pool_id, r.member, r.backend_id) for r in runs]
-            try:
-                await self.queue.renew(leases, self.settings.lease_s)
-                await self.give_back_unanswered()
-            except REDIS_ERRORS as exc:
-                self._valkey_lost(exc)
-
-    async def _promote_retries(self) -> None:
-        """Moves due retries back into their pools' lists (nothing to do in a group without retries)."""
-        while not await self._pause(RETRY_POLL_S):
-            try:
-                if await self.redeliveries.promote(self.config):
-                    self._wake.set()
-            except REDIS_ERRORS as exc:
-                self._valkey_lost(exc)
-
-    async def _publish_snapshots(self) -> None:
-        while not await self._pause(self.settings.snapshot_interval_s):
-            await self._publish_snapshot_once()
-
-    def snapshot(self) -> DispatcherSnapshot:
-        return build_snapshot(self, now=time.time())
-
-    async def _publish_snapshot_once(self) -> None:
-        if self.config is not None:
-            await self.publisher.publish(self.snapshot(), self.stats)
