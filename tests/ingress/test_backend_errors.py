@@ -10,17 +10,47 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 import openai
+import orjson
 import pytest
 
-from tests.support.ingress_stack import Stack
+from tests.support.ingress_stack import GROUP, Stack
+from tests.support.waiting import wait_until_sync
 
 pytestmark = pytest.mark.slow
 HELLO = [{"role": "user", "content": "Hello"}]
+# The module's tests send nine retryable failures (429 and 5xx, each tried three times by the SDK)
+# within the breaker's 30 s window. With the default five the breaker opened and held each later call
+# for its 10 s (breaker_open_s): what these tests check is how an error reads, not the breaker, which
+# tests/runtime/test_backend_gating.py covers.
+BREAKER_FAILURES = 1000
+RAISE_BREAKER = """
+from pools import services
+from pools.models import Backend
+backend = Backend.objects.get(backend_id="ing-sim")
+backend.breaker_failures = {failures}
+[result] = services.backend_save(backend=backend)
+assert not result.error, result.error
+print(result.version)
+"""
 
 
 def sdk(stack: Stack, key: str) -> openai.OpenAI:
     """The SDK exactly as a client would make it: default retries, default timeouts."""
     return openai.OpenAI(base_url=f"{stack.url}/v1", api_key=key)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def breaker_out_of_the_way(stack: Stack) -> None:
+    """The backend's breaker opens only after :data:`BREAKER_FAILURES`, once the dispatcher runs the
+    configuration that says so (its snapshot's ``config_version``). The module's stack ends with it."""
+    version = int(stack.manage("shell", "-c", RAISE_BREAKER.format(failures=BREAKER_FAILURES)).split()[-1])
+
+    def applied() -> bool:
+        with stack.valkey() as client:
+            raw = [client.get(key) for key in client.scan_iter(stack.keys.snapshot_pattern(GROUP))]
+        return any(r and orjson.loads(r)["config_version"] >= version for r in raw)
+
+    wait_until_sync(applied, what=f"the dispatcher running configuration version {version}")
 
 
 def assert_no_address(stack: Stack, error: openai.APIStatusError) -> None:
