@@ -333,7 +333,7 @@ async def one_run(paths: Paths, order: list[str], quick: bool, out: dict[str, li
     def note(name: str, value: float) -> None:
         out.setdefault(name, []).append(value)
 
-    streams = 20 if quick else 60
+    streams = 5 if quick else 60  # quick: a smoke run, every figure once end to end
     for level in (1, 16, SLOTS):
         for name in order:
             async with paths.caller(name, level) as caller:
