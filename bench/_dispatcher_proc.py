@@ -3,7 +3,8 @@
 Usage: ``python -m bench._dispatcher_proc VALKEY_URL KEY_PREFIX GROUP_ID CONCURRENCY DISPATCHER_ID``.
 Prints ``ready`` once it runs. ``BENCH_LEASE_S`` sets its in-flight lease (default: the setting's).
 With ``BENCH_PROFILE=path`` it writes a cProfile (CPU time) of its whole run there; with
-``BENCH_STATS=path`` it writes its CPU seconds and completions there on exit.
+``BENCH_STATS=path`` it writes its CPU seconds and completions there on exit; with
+``BENCH_PATH_STAMPS=path`` it stamps each call's path there (:mod:`bench._path_stamps`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from runtime.valkey.client import connect
 
 
 async def main(url: str, prefix: str, group_id: str, concurrency: int, dispatcher_id: str) -> None:
+    if os.environ.get("BENCH_PATH_STAMPS"):
+        from bench import _path_stamps
+
+        _path_stamps.install(os.environ["BENCH_PATH_STAMPS"])
     conn = connect(url)
     lease = {"lease_s": float(os.environ["BENCH_LEASE_S"])} if os.environ.get("BENCH_LEASE_S") else {}
     settings = DispatcherSettings(

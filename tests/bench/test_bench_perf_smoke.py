@@ -1,15 +1,17 @@
-"""Smoke runs of the issue-13 benchmarks' --quick modes: they run end to end with sane numbers.
+"""Smoke runs of the hot-path benchmarks' --quick modes and of the c1 path probe: they run end to end with
+sane numbers.
 
 Not performance tests: the bounds only catch a broken benchmark (NaN, zero, a missing path).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 
-from bench import bench_dispatcher_cpu, bench_longcalls
+from bench import _path_stamps, bench_dispatcher_cpu, bench_longcalls, probe_c1_path
 
 pytestmark = pytest.mark.slow
 
@@ -28,3 +30,12 @@ def test_quick_dispatcher_cpu_compares_a_variant_with_this_checkout() -> None:
     for level in bench_dispatcher_cpu.LEVELS:
         assert summary[f"{level}:after (this checkout)"]["cpu_ms"] > 0
         assert summary[f"{level}:before (HEAD, asyncio)"]["x_direct"] > 0
+
+
+@pytest.mark.timeout(90)
+def test_quick_c1_path_probe_places_every_event_in_path_order() -> None:
+    summary = probe_c1_path.main(["--quick"])
+    at = [summary[f"at:{event}"] for event, _ in _path_stamps.EVENTS]
+    assert at[0] == 0 and all(a < b for a, b in itertools.pairwise(at)), at
+    assert summary["typical_share"] > 0.5
+    assert 0 < summary["direct:http"] < summary["direct:e2e"] < summary["queued:e2e"]

@@ -1,0 +1,125 @@
+"""Timestamps along each call's path inside one process, for ``bench/probe_c1_path.py``.
+
+:func:`install` wraps a handful of the dispatcher's and the HTTP pool's methods so that each writes
+``<event> <time.time()>`` to a file as it runs: no change to the code measured, and a few µs per stamp.
+At concurrency 1 the calls do not overlap, so the events between one ``start`` and the next are that
+call's (plus the next call's wake-up and claim, which happen before its ``start``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from statistics import median
+from typing import IO, Any
+
+# In the order one call meets them at concurrency 1 (the wake-up and claim of the next call last).
+EVENTS = (
+    ("start", "the claimed call handed to `_start`"),
+    ("execute", "the execute task's first step"),
+    ("http_sent", "the backend request written"),
+    ("http_answer", "the first bytes of the backend's answer read"),
+    ("answered", "the answer parsed (`_call_backend` returns)"),
+    ("finish_sent", "FINISH handed to its batcher"),
+    ("finish_done", "FINISH answered"),
+    ("span", "the span recorded"),
+    ("token", "the next call's wake token read"),
+    ("round", "its scheduling round entered"),
+    ("claim_sent", "its claim handed to the queue"),
+    ("claim_done", "its claim answered"),
+)
+
+
+def install(path: str) -> None:
+    """Stamps the dispatcher process's path to ``path`` (line-buffered, appended)."""
+    from runtime.backends.http import pool
+    from runtime.dispatch import dispatcher, execution, rounds
+    from runtime.queue import dispatching, finishing
+
+    out = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's whole life
+    Dispatcher = dispatcher.Dispatcher
+    _wrap(Dispatcher, "_start", "start", out)
+    _wrap(Dispatcher, "_woken", "token", out)
+    _wrap_async(rounds.Rounds, "schedule_round", "round", out)
+    _wrap_async(execution.Executor, "execute", "execute", out)
+    _wrap_async(execution.Executor, "_call_backend", "answered", out, after=True)
+    _wrap_async(finishing.Finishing, "finish", "finish_sent", out, done="finish_done")
+    _wrap_async(dispatching.QueueOps, "claim", "claim_sent", out, done="claim_done")
+    original_record = execution.record_span
+
+    def record_span(*args: Any, **kwargs: Any) -> Any:
+        result = original_record(*args, **kwargs)
+        out.write(f"span {time.time():.6f}\n")
+        return result
+
+    execution.record_span = record_span
+    stamp_http(pool, lambda event: out.write(f"{event} {time.time():.6f}\n"))
+
+
+def stamp_http(pool: Any, note: Callable[[str], None]) -> None:
+    """``http_sent`` as a pooled connection writes a request, ``http_answer`` at its answer's first bytes."""
+    connection = pool._Connection
+    send, received = connection.send, connection.data_received
+
+    def stamped_send(self: Any, request: bytes) -> Any:
+        note("http_sent")
+        self.bench_first_read = True
+        return send(self, request)
+
+    def stamped_received(self: Any, data: bytes) -> None:
+        if getattr(self, "bench_first_read", False):
+            self.bench_first_read = False
+            note("http_answer")
+        received(self, data)
+
+    connection.send, connection.data_received = stamped_send, stamped_received
+
+
+def _wrap(owner: type, name: str, event: str, out: IO[str]) -> None:
+    original = getattr(owner, name)
+
+    def stamped(*args: Any, **kwargs: Any) -> Any:
+        out.write(f"{event} {time.time():.6f}\n")
+        return original(*args, **kwargs)
+
+    setattr(owner, name, stamped)
+
+
+def _wrap_async(
+    owner: type, name: str, event: str, out: IO[str], *, after: bool = False, done: str = ""
+) -> None:
+    original = getattr(owner, name)
+
+    async def stamped(*args: Any, **kwargs: Any) -> Any:
+        if not after:
+            out.write(f"{event} {time.time():.6f}\n")
+        result = await original(*args, **kwargs)
+        if after or done:
+            out.write(f"{done or event} {time.time():.6f}\n")
+        return result
+
+    setattr(owner, name, stamped)
+
+
+def offsets(lines: list[str]) -> tuple[dict[str, float], int, int]:
+    """Each event's median time after its call's ``start`` (ms), over the calls whose events came in
+    the most common order; with how many calls that is, out of how many."""
+    calls: list[list[tuple[str, float]]] = []
+    for line in lines:
+        event, at = line.split()
+        if event == "start":
+            calls.append([])
+        if calls:
+            calls[-1].append((event, float(at)))
+    calls = calls[:-1]  # the last call's next wake-up never came
+    if not calls:
+        return {}, 0, 0
+    orders = Counter(tuple(event for event, _ in call) for call in calls)
+    order, count = orders.most_common(1)[0]
+    typical = [call for call in calls if tuple(event for event, _ in call) == order]
+    result: dict[str, float] = {}
+    for i, event in enumerate(order):
+        if event not in result:  # an event met twice in a call (a second claim) keeps its first time
+            result[event] = median([(call[i][1] - call[0][1]) * 1000 for call in typical])
+    return result, count, len(calls)
