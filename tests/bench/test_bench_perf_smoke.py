@@ -39,3 +39,4 @@ def test_quick_c1_path_probe_places_every_event_in_path_order() -> None:
     assert at[0] == 0 and all(a < b for a, b in itertools.pairwise(at)), at
     assert summary["typical_share"] > 0.5
     assert 0 < summary["direct:http"] < summary["direct:e2e"] < summary["queued:e2e"]
+    assert summary["direct_gapped:http"] > 0 and summary["gap_ms"] > 0
