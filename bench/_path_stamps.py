@@ -8,9 +8,10 @@ call's (plus the next call's wake-up and claim, which happen before its ``start`
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from statistics import median
 from typing import IO, Any
 
@@ -41,11 +42,11 @@ def install(path: str) -> None:
     Dispatcher = dispatcher.Dispatcher
     _wrap(Dispatcher, "_start", "start", out)
     _wrap(Dispatcher, "_woken", "token", out)
-    _wrap_async(rounds.Rounds, "schedule_round", "round", out)
-    _wrap_async(execution.Executor, "execute", "execute", out)
-    _wrap_async(execution.Executor, "_call_backend", "answered", out, after=True)
-    _wrap_async(finishing.Finishing, "finish", "finish_sent", out, done="finish_done")
-    _wrap_async(dispatching.QueueOps, "claim", "claim_sent", out, done="claim_done")
+    _wrap_async(rounds.Rounds, "schedule_round", out, before="round")
+    _wrap_async(execution.Executor, "execute", out, before="execute")
+    _wrap_async(execution.Executor, "_call_backend", out, after="answered")
+    _wrap_async(finishing.Finishing, "finish", out, before="finish_sent", after="finish_done")
+    _wrap_async(dispatching.QueueOps, "claim", out, before="claim_sent", after="claim_done")
     original_record = execution.record_span
 
     def record_span(*args: Any, **kwargs: Any) -> Any:
@@ -54,11 +55,22 @@ def install(path: str) -> None:
         return result
 
     execution.record_span = record_span
-    stamp_http(pool, lambda event: out.write(f"{event} {time.time():.6f}\n"))
+    _patch_http(pool, lambda event: out.write(f"{event} {time.time():.6f}\n"))  # for the process's life
 
 
-def stamp_http(pool: Any, note: Callable[[str], None]) -> None:
-    """``http_sent`` as a pooled connection writes a request, ``http_answer`` at its answer's first bytes."""
+@contextlib.contextmanager
+def stamp_http(pool: Any, note: Callable[[str], None]) -> Iterator[None]:
+    """``http_sent`` as a pooled connection writes a request, ``http_answer`` at its answer's first
+    bytes, until the block ends."""
+    restore = _patch_http(pool, note)
+    try:
+        yield
+    finally:
+        restore()
+
+
+def _patch_http(pool: Any, note: Callable[[str], None]) -> Callable[[], None]:
+    """Stamps the pool's connections (see :func:`stamp_http`); returns what undoes it."""
     connection = pool._Connection
     send, received = connection.send, connection.data_received
 
@@ -75,6 +87,11 @@ def stamp_http(pool: Any, note: Callable[[str], None]) -> None:
 
     connection.send, connection.data_received = stamped_send, stamped_received
 
+    def restore() -> None:
+        connection.send, connection.data_received = send, received
+
+    return restore
+
 
 def _wrap(owner: type, name: str, event: str, out: IO[str]) -> None:
     original = getattr(owner, name)
@@ -86,17 +103,16 @@ def _wrap(owner: type, name: str, event: str, out: IO[str]) -> None:
     setattr(owner, name, stamped)
 
 
-def _wrap_async(
-    owner: type, name: str, event: str, out: IO[str], *, after: bool = False, done: str = ""
-) -> None:
+def _wrap_async(owner: type, name: str, out: IO[str], *, before: str = "", after: str = "") -> None:
+    """Stamps ``before`` as the coroutine starts and ``after`` as it returns (either may be empty)."""
     original = getattr(owner, name)
 
     async def stamped(*args: Any, **kwargs: Any) -> Any:
-        if not after:
-            out.write(f"{event} {time.time():.6f}\n")
+        if before:
+            out.write(f"{before} {time.time():.6f}\n")
         result = await original(*args, **kwargs)
-        if after or done:
-            out.write(f"{done or event} {time.time():.6f}\n")
+        if after:
+            out.write(f"{after} {time.time():.6f}\n")
         return result
 
     setattr(owner, name, stamped)

@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import _path_stamps
 from bench._common import (
     CALL,
-    ROOT,
     client,
     closed_loop,
+    dispatcher_procs,
     hot_path_group,
     machine,
     median,
@@ -35,8 +35,6 @@ from bench._common import (
     publish,
     scratch,
     simulator_proc,
-    spawn,
-    stop_proc,
 )
 from runtime.backends.adapter import OpenAIBackend
 from runtime.backends.http import pool
@@ -83,16 +81,12 @@ async def one_run(calls: int, http: list[tuple[str, float]]) -> dict[str, float]
         config = hot_path_group(sim_url, SLOTS)
         async with client(url) as conn:
             await publish(conn, keys, config)
-            args = ["-m", "bench._dispatcher_proc", url, keys.prefix, config.group_id, str(SLOTS), "d0"]
-            proc = spawn(args, env={"BENCH_PATH_STAMPS": str(stamps)}, root=ROOT)
-            try:
-                assert proc.stdout is not None and "ready" in proc.stdout.readline()
+            env = {"BENCH_PATH_STAMPS": str(stamps)}
+            with dispatcher_procs(url, keys.prefix, config.group_id, 1, SLOTS, env=env):
                 async with Producer(conn, keys=keys) as producer:
                     await closed_loop(producer, "default", 1, WARMUP)
                     stamps.write_text("")
                     queued_latency, _ = await closed_loop(producer, "default", 1, calls)
-            finally:
-                stop_proc(proc)
         at, typical, total = _path_stamps.offsets(stamps.read_text().splitlines())
         figures["queued:e2e"] = median(queued_latency) * 1000
         # What the backend idles between two queued calls: the whole call but its own answer.
@@ -130,8 +124,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parser.parse_args(argv)
     calls, runs = (200, 1) if args.quick else (args.calls, args.runs)
     http: list[tuple[str, float]] = []
-    _path_stamps.stamp_http(pool, lambda event: http.append((event, time.perf_counter())))
-    return report([asyncio.run(one_run(calls, http)) for _ in range(runs)])
+    with _path_stamps.stamp_http(pool, lambda event: http.append((event, time.perf_counter()))):
+        return report([asyncio.run(one_run(calls, http)) for _ in range(runs)])
 
 
 if __name__ == "__main__":
