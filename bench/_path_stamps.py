@@ -119,23 +119,24 @@ def _wrap_async(owner: type, name: str, out: IO[str], *, before: str = "", after
 
 
 def offsets(lines: list[str]) -> tuple[dict[str, float], int, int]:
-    """Each event's median time after its call's ``start`` (ms), over the calls whose events came in
-    the most common order; with how many calls that is, out of how many."""
-    calls: list[list[tuple[str, float]]] = []
+    """Each event's median time after its call's ``start`` (ms), over the calls that met the most
+    common set of events; with how many calls that is, out of how many.
+
+    A set, not an order: the next call's wake token races FINISH's answer (two connections that become
+    readable in the same loop turn), so one path comes in two orders, and medians must be taken over
+    the same calls for events that follow one another to keep their order."""
+    calls: list[dict[str, float]] = []
     for line in lines:
         event, at = line.split()
         if event == "start":
-            calls.append([])
+            calls.append({})
         if calls:
-            calls[-1].append((event, float(at)))
+            calls[-1].setdefault(event, float(at))  # an event met twice (a second claim) keeps its first
     calls = calls[:-1]  # the last call's next wake-up never came
     if not calls:
         return {}, 0, 0
-    orders = Counter(tuple(event for event, _ in call) for call in calls)
-    order, count = orders.most_common(1)[0]
-    typical = [call for call in calls if tuple(event for event, _ in call) == order]
-    result: dict[str, float] = {}
-    for i, event in enumerate(order):
-        if event not in result:  # an event met twice in a call (a second claim) keeps its first time
-            result[event] = median([(call[i][1] - call[0][1]) * 1000 for call in typical])
+    kinds = Counter(frozenset(call) for call in calls)
+    kind, count = kinds.most_common(1)[0]
+    typical = [call for call in calls if frozenset(call) == kind]
+    result = {event: median([(call[event] - call["start"]) * 1000 for call in typical]) for event in kind}
     return result, count, len(calls)

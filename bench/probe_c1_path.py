@@ -100,7 +100,7 @@ async def one_run(calls: int, http: list[tuple[str, float]]) -> dict[str, float]
 def report(runs: list[dict[str, float]]) -> dict[str, float]:
     summary = {name: median([run[name] for run in runs if name in run]) for name in runs[0]}
     print(f"# one call's path at concurrency 1, medians of {len(runs)} run(s); {machine()}")
-    print(f"# calls in the most common order of events: {summary['typical_share']:.0%}")
+    print(f"# calls that met the most common set of events: {summary['typical_share']:.0%}")
     print("| event | ms after `start` |")
     print("|---|---|")
     for event, what in _path_stamps.EVENTS:
