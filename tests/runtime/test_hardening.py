@@ -242,8 +242,9 @@ async def test_reply_lost_to_valkey_is_recorded_as_undelivered(private_valkey, k
     provider, exporter = spans
     client = connect(private_valkey.url)
     try:
+        # FINISH gives up after finish_retry_s (15 s by default); what is tested is what history says then.
         async with running_dispatcher(
-            client, keys, one_pool_group(sim.url), tracer=provider.get_tracer("d")
+            client, keys, one_pool_group(sim.url), tracer=provider.get_tracer("d"), finish_retry_s=1.0
         ) as dispatcher:
             await client.set(keys.producer_alive("p"), b"1", px=60_000)
             await client.rpush(keys.requests("default"), envelope("p", call=slow_call(1500)))
