@@ -189,8 +189,20 @@ def simulator_process(
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time a process has used so far (Linux /proc)."""
+    user, system, _ = cpu_split(pid)
+    return user + system
+
+
+def cpu_split(pid: int) -> tuple[float, float, int]:
+    """User and system CPU seconds a process has used so far, and its voluntary context switches
+    (each a sleep in the kernel: a loop turn that waited for I/O)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    switches = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            switches = int(line.split()[1])
+    return int(fields[11]) / tick, int(fields[12]) / tick, switches
 
 
 def tree_cpu_seconds(pid: int) -> float:

@@ -29,7 +29,7 @@ from bench._common import (
     ROOT,
     client,
     closed_loop,
-    cpu_seconds,
+    cpu_split,
     hot_path_group,
     new_keys,
     private_valkey,
@@ -93,14 +93,20 @@ async def run(args: argparse.Namespace) -> None:
                     await closed_loop(producer, "default", args.level, args.warmup, tenants=tenants)
                     if args.callgrind:
                         control(proc.pid, "--zero")
-                    before = cpu_seconds(proc.pid)
+                    before = cpu_split(proc.pid)
                     _, wall = await closed_loop(producer, "default", args.level, args.calls, tenants=tenants)
-                    cpu_ms = (cpu_seconds(proc.pid) - before) * 1000 / args.calls
+                    user, system, switches = (
+                        (b - a) / args.calls for a, b in zip(before, cpu_split(proc.pid), strict=True)
+                    )
                     if args.callgrind:
                         control(proc.pid, "--dump")
             finally:
                 stop_proc(proc, timeout=120)
-        line = f"level {args.level}: {args.calls} calls in {wall:.1f} s, dispatcher CPU {cpu_ms:.3f} ms/call"
+        line = (
+            f"level {args.level}: {args.calls} calls in {wall:.1f} s, dispatcher CPU"
+            f" {(user + system) * 1000:.3f} ms/call (user {user * 1000:.3f}, system {system * 1000:.3f};"
+            f" {switches:.2f} voluntary context switches/call)"
+        )
         if args.callgrind:
             dumps = sorted(tmp.glob("callgrind.out.*.1"))
             total = callgrind_total(dumps[0])
