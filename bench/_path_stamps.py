@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator
 from statistics import median
 from typing import IO, Any
 
-# In the order one call meets them at concurrency 1 (the wake-up and claim of the next call last).
+# In the order one call meets them at concurrency 1 (the wake-up and claim of the next call last;
+# the wake token may come before FINISH's answer, see :func:`offsets`).
 EVENTS = (
     ("start", "the claimed call handed to `_start`"),
     ("execute", "the execute task's first step"),

@@ -33,7 +33,7 @@ def test_quick_dispatcher_cpu_compares_a_variant_with_this_checkout() -> None:
 
 
 @pytest.mark.timeout(90)
-def test_quick_c1_path_probe_places_every_event_in_path_order() -> None:
+def test_quick_c1_path_probe_places_every_event_after_its_cause() -> None:
     summary = probe_c1_path.main(["--quick"])
     at = {event: summary[f"at:{event}"] for event, _ in _path_stamps.EVENTS}
     assert at["start"] == 0
