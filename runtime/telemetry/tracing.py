@@ -97,9 +97,42 @@ def scrub_value(value: Any) -> Any:
 
 
 def _attrs(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
-    return {
-        str(k): scrub_value(v if not isinstance(v, tuple) else list(v)) for k, v in (attributes or {}).items()
-    }
+    """Attributes as the span's JSON carries them: sequences as lists, credential URLs redacted."""
+    out: dict[str, Any] = {}
+    if not attributes:
+        return out
+    for key, value in attributes.items():
+        kind = type(value)
+        # Most values are plain scalars: taken as they are, without scrub_value's checks (a span
+        # holds ~25 attributes, and this runs once per span in the export thread).
+        if kind is str:
+            out[str(key)] = scrub_text(value) if "://" in value else value
+        elif kind is int or kind is float or kind is bool:
+            out[str(key)] = value
+        else:
+            out[str(key)] = scrub_value(list(value) if isinstance(value, tuple) else value)
+    return out
+
+
+class _ResourceDocs:
+    """The resource's attributes as JSON values, worked out once per resource object: every span of a
+    provider has the same, immutable resource. One entry, replaced when another resource comes."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple[Resource | None, dict[str, Any]] = (None, {})
+
+    def of(self, resource: Resource | None) -> dict[str, Any]:
+        last = self._last  # one read: another exporter's thread may replace it meanwhile
+        if resource is None:
+            return {}
+        if last[0] is not resource:
+            last = self._last = (resource, _attrs(resource.attributes))
+        return last[1]
+
+
+_resource_docs = _ResourceDocs()
 
 
 def _hex_span_id(span_id: int | None) -> str:
@@ -124,7 +157,7 @@ def encode_span(span: ReadableSpan) -> bytes:
         "status_code": _STATUS_NAMES.get(span.status.status_code, "Unset"),
         "status_message": scrub_text(span.status.description or ""),
         "attributes": _attrs(span.attributes),
-        "resource": _attrs(span.resource.attributes if span.resource else None),
+        "resource": _resource_docs.of(span.resource),
         "scope": {"name": scope.name if scope else "", "version": (scope.version or "") if scope else ""},
         "events": [
             {"ts_ns": ev.timestamp, "name": ev.name, "attributes": _attrs(ev.attributes)}
@@ -174,21 +207,33 @@ class ValkeyStreamSpanExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if self._shutdown or not spans:
             return SpanExportResult.SUCCESS
+        payloads = []
+        for span in spans:
+            try:
+                payloads.append(encode_span(span))
+            except Exception as exc:  # e.g. an int attribute beyond 64 bits: this span alone is lost
+                self.failed += 1
+                self._warn("a span did not encode", exc)
+        if not payloads:
+            return SpanExportResult.FAILURE
         try:
-            payloads = [encode_span(span) for span in spans]
             deleted = self._script(
                 keys=[self.keys.span_stream(), self.keys.span_trim_counter()], args=[*payloads, self.maxlen]
             )
-        except Exception as exc:  # Valkey down, timeout, or a span that does not encode: count, never raise
-            self.failed += len(spans)
-            now = time.monotonic()
-            if now - self._last_log >= self._log_every_s:
-                self._last_log = now
-                log.warning("span export to Valkey failed (%d spans lost so far): %s", self.failed, exc)
+        except Exception as exc:  # Valkey down or a timeout: count, never raise
+            self.failed += len(payloads)
+            self._warn("span export to Valkey failed", exc)
             return SpanExportResult.FAILURE
-        self.exported += len(spans)
+        self.exported += len(payloads)
         self.trimmed += int(deleted or 0)
-        return SpanExportResult.SUCCESS
+        return SpanExportResult.SUCCESS if len(payloads) == len(spans) else SpanExportResult.FAILURE
+
+    def _warn(self, what: str, exc: Exception) -> None:
+        """At most one warning every ``log_every_s``: an outage fails every export."""
+        now = time.monotonic()
+        if now - self._last_log >= self._log_every_s:
+            self._last_log = now
+            log.warning("%s (%d spans lost so far): %s", what, self.failed, exc)
 
     def shutdown(self) -> None:
         self._shutdown = True
