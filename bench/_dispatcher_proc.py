@@ -4,7 +4,9 @@ Usage: ``python -m bench._dispatcher_proc VALKEY_URL KEY_PREFIX GROUP_ID CONCURR
 Prints ``ready`` once it runs. ``BENCH_LEASE_S`` sets its in-flight lease (default: the setting's).
 With ``BENCH_PROFILE=path`` it writes a cProfile (CPU time) of its whole run there; with
 ``BENCH_STATS=path`` it writes its CPU seconds and completions there on exit; with
-``BENCH_PATH_STAMPS=path`` it stamps each call's path there (:mod:`bench._path_stamps`).
+``BENCH_PATH_STAMPS=path`` it stamps each call's path there (:mod:`bench._path_stamps`); with
+``BENCH_TRACING=1`` it exports its spans to the Valkey span stream as ``manage.py rundispatcher`` does
+(without it, its spans are OpenTelemetry's no-op ones: what history costs is left out).
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ async def main(url: str, prefix: str, group_id: str, concurrency: int, dispatche
         from bench import _path_stamps
 
         _path_stamps.install(os.environ["BENCH_PATH_STAMPS"])
+    if os.environ.get("BENCH_TRACING"):
+        from runtime.telemetry.tracing import configure_tracing
+
+        configure_tracing(redis_url=url, keys=KeySpace(prefix), service_name="llm-dispatch-dispatcher")
     conn = connect(url)
     lease = {"lease_s": float(os.environ["BENCH_LEASE_S"])} if os.environ.get("BENCH_LEASE_S") else {}
     settings = DispatcherSettings(

@@ -80,6 +80,8 @@ async def run(args: argparse.Namespace) -> None:
         wrapper: list[str] = []
         if args.profile:
             env["BENCH_PROFILE"] = str(Path(args.profile).resolve())
+        if args.tracing:
+            env["BENCH_TRACING"] = "1"
         if args.callgrind:
             out = tmp / "callgrind.out"
             wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", "--dump-instr=no"]
@@ -139,6 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slots", type=int, default=SLOTS, help="the group's and the dispatcher's slots")
     parser.add_argument("--latency-ms", type=float, default=0, help="the simulator's latency per call")
     parser.add_argument("--fair", action="store_true", help="the pool's tenants share it (tenant_fairness)")
+    parser.add_argument(
+        "--tracing", action="store_true", help="spans exported to Valkey for history, as rundispatcher does"
+    )
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run(args))
