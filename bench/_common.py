@@ -205,6 +205,17 @@ def cpu_split(pid: int) -> tuple[float, float, int]:
     return int(fields[11]) / tick, int(fields[12]) / tick, switches
 
 
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """User + system CPU seconds of each of a process's live threads so far, by thread id."""
+    tick = os.sysconf("SC_CLK_TCK")
+    seconds: dict[int, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended since the listing
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            seconds[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return seconds
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds of a process and its live descendants (a server that forks workers)."""
     children: dict[int, list[int]] = {}

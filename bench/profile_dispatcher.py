@@ -38,6 +38,7 @@ from bench._common import (
     simulator_proc,
     spawn,
     stop_proc,
+    thread_cpu_seconds,
 )
 from runtime.producer import Producer
 
@@ -95,11 +96,17 @@ async def run(args: argparse.Namespace) -> None:
                     await closed_loop(producer, "default", args.level, args.warmup, tenants=tenants)
                     if args.callgrind:
                         control(proc.pid, "--zero")
-                    before = cpu_split(proc.pid)
+                    before, threads_before = cpu_split(proc.pid), thread_cpu_seconds(proc.pid)
                     _, wall = await closed_loop(producer, "default", args.level, args.calls, tenants=tenants)
                     user, system, switches = (
                         (b - a) / args.calls for a, b in zip(before, cpu_split(proc.pid), strict=True)
                     )
+                    # The main thread (the event loop) has the process's id; the others are the span
+                    # export's and the SDK's (with --tracing).
+                    threads = {
+                        tid: (t - threads_before.get(tid, 0.0)) / args.calls
+                        for tid, t in thread_cpu_seconds(proc.pid).items()
+                    }
                     if args.callgrind:
                         control(proc.pid, "--dump")
             finally:
@@ -109,6 +116,9 @@ async def run(args: argparse.Namespace) -> None:
             f" {(user + system) * 1000:.3f} ms/call (user {user * 1000:.3f}, system {system * 1000:.3f};"
             f" {switches:.2f} voluntary context switches/call)"
         )
+        others = sum(ms for tid, ms in threads.items() if tid != proc.pid)
+        if others:
+            line += f", of which threads besides the event loop's {others * 1000:.3f} ms/call"
         if args.callgrind:
             dumps = sorted(tmp.glob("callgrind.out.*.1"))
             total = callgrind_total(dumps[0])
