@@ -104,7 +104,7 @@ def _attrs(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
     for key, value in attributes.items():
         kind = type(value)
         # Most values are plain scalars: taken as they are, without scrub_value's checks (a span
-        # holds ~25 attributes, and this runs once per span in the export thread).
+        # holds ~23 attributes, and this runs once per span in the export thread).
         if kind is str:
             out[str(key)] = scrub_text(value) if "://" in value else value
         elif kind is int or kind is float or kind is bool:
