@@ -41,8 +41,9 @@ from opentelemetry.sdk.environment_variables import OTEL_PYTHON_SDK_INTERNAL_MET
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Sampler
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from runtime.backends.redact import redact_url, url_has_credentials
@@ -307,6 +308,43 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
             log.exception("span processor failed")
 
 
+class SampledSpanProcessor(SpanProcessor):
+    """Hands ``inner`` only the spans ``sampler`` keeps, asked once a span ends (its parent, trace id,
+    name, kind, attributes and links: a ratio or parent-based sampler decides as it would have at the
+    start).
+
+    The provider records every span, because history is the record of every call. What an
+    ``OTEL_TRACES_SAMPLER`` asks for (a ratio, or the parent's "not sampled") then applies to what an
+    OTLP collector gets, where it is meant to, and not to history.
+    """
+
+    def __init__(self, inner: SpanProcessor, sampler: Sampler) -> None:
+        self.inner = inner
+        self.sampler = sampler
+
+    def on_end(self, span: ReadableSpan) -> None:
+        ctx = span.get_span_context()
+        if ctx is None:
+            return
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(span.parent)) if span.parent else None
+        result = self.sampler.should_sample(
+            parent, ctx.trace_id, span.name, span.kind, span.attributes, list(span.links)
+        )
+        if result.decision.is_sampled():
+            self.inner.on_end(span)
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+def env_sampler() -> Sampler:
+    """The sampler the SDK builds from ``OTEL_TRACES_SAMPLER`` (and its argument), or its default."""
+    return TracerProvider(shutdown_on_exit=False).sampler
+
+
 def otlp_configured(environ: Mapping[str, str]) -> bool:
     """Whether the environment names an OTLP collector for traces (the exporter reads the rest itself)."""
     return any(
@@ -345,7 +383,9 @@ def configure_tracing(
         "telemetry.sdk.name": "opentelemetry",
         **(resource_attributes or {}),
     }
-    provider = TracerProvider(resource=Resource(attributes))
+    # Every span is recorded, whatever the parent's flag or OTEL_TRACES_SAMPLER: history must hold every
+    # call (counts, costs, the what-if replay). The sampler they ask for thins only the OTLP export.
+    provider = TracerProvider(resource=Resource(attributes), sampler=ALWAYS_ON)
     client = sync_connect(redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
     exporter = ValkeyStreamSpanExporter(client, keys=keys, maxlen=maxlen)
     processor = CountingBatchSpanProcessor(
@@ -358,7 +398,8 @@ def configure_tracing(
     if otlp:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(), max_queue_size=max_queue_size))
+        otlp_processor = BatchSpanProcessor(OTLPSpanExporter(), max_queue_size=max_queue_size)
+        provider.add_span_processor(SampledSpanProcessor(otlp_processor, env_sampler()))
         log.info("tracing: also exporting spans over OTLP/HTTP (OTEL_EXPORTER_OTLP_* settings)")
     provider.store_content = store_content  # type: ignore[attr-defined]
     provider.span_exporter = exporter  # type: ignore[attr-defined]

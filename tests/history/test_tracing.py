@@ -270,6 +270,52 @@ def test_otlp_exporter_reads_its_own_environment(
     shutdown_tracing(tp, 2.0)
 
 
+def test_history_keeps_a_span_whose_parent_was_not_sampled(
+    valkey_url: str, keys: KeySpace, sredis: redis.Redis
+) -> None:
+    """A request whose trace context says "not sampled" (a producer inside an application that
+    samples its own traces) is still one history row: history is the record of every call."""
+    tp = configure_tracing(redis_url=valkey_url, keys=keys, service_name="s", install_global=False)
+    unsampled = span_from_context({"traceparent": f"00-{'a' * 32}-{'b' * 16}-00"})
+    tp.get_tracer("test").start_span("chat m", context=unsampled).end()
+    tp.force_flush()
+    (doc,) = _entries(sredis, keys)
+    assert doc["trace_id"] == "a" * 32 and doc["parent_span_id"] == "b" * 16
+    shutdown_tracing(tp, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("sampler", "parent_flags", "sent"),
+    [
+        ("always_off", "01", 0),
+        ("always_on", "00", 1),
+        ("parentbased_always_on", "00", 0),  # the SDK's default: a parent's "not sampled" holds
+        ("parentbased_always_on", "01", 1),
+    ],
+)
+def test_otel_traces_sampler_thins_what_otlp_gets_not_history(
+    valkey_url: str,
+    keys: KeySpace,
+    sredis: redis.Redis,
+    otlp_server: tuple[str, list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+    sampler: str,
+    parent_flags: str,
+    sent: int,
+) -> None:
+    url, paths = otlp_server
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", url)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+    tp = configure_tracing(redis_url=valkey_url, keys=keys, service_name="s", install_global=False, otlp=True)
+    parent = span_from_context({"traceparent": f"00-{'a' * 32}-{'b' * 16}-{parent_flags}"})
+    for _ in range(3):
+        tp.get_tracer("test").start_span("x", context=parent).end()
+    tp.force_flush()
+    assert len(paths) == sent  # one OTLP batch, or none
+    assert sredis.xlen(keys.span_stream()) == 3
+    shutdown_tracing(tp, 2.0)
+
+
 _CREDENTIAL_URLS = st.sampled_from(
     ["https://bob:hunter2@llm.example/v1", "http://h/?api_key=zzz&x=1", "http://plain.example/v1"]
 )
