@@ -14,7 +14,9 @@ Valkey's from ``INFO cpu``, and Valkey's commands (and scripts) per call from ``
 (the producer's share is the same for every variant; unlike CPU time, these do not move with the
 machine's load). At concurrency 1 each run also measures a bare Valkey hop
 (``bench._bare_hop_proc``: RPUSH, a worker's BLPOP and RPUSH of the reply, the caller's BLPOP), the
-floor the added latency is compared with. With ``--backend-row`` the pool's calls go through a
+floor the added latency is compared with, and the same hop with its worker on the dispatcher's own
+Valkey client and loop; each worker's CPU per hop (two round trips and nothing else) is the floor
+the dispatcher's CPU at concurrency 1 is read against. With ``--backend-row`` the pool's calls go through a
 backend row, as the demo's and the admin's do (kind vLLM: load gate, shared breaker, the fleet's
 scraper on the simulator's ``/metrics``), its gate set never to hold, so that only what a backend row
 costs each round shows; without it, through a bare endpoint URL. With ``--fair`` the pool shares
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -52,6 +55,7 @@ from bench._common import (
     measured_load,
     median,
     new_keys,
+    oncpu_seconds,
     private_valkey,
     publish,
     simulator_proc,
@@ -66,6 +70,10 @@ from runtime.producer import Producer
 LEVELS = (1, 16, 64)
 SLOTS = 64
 BARE = "bare Valkey hop"
+# The same hop answered by a worker on the dispatcher's own Valkey client and loop: its CPU per hop is
+# what two Valkey round trips cost a process built as the dispatcher is, with no logic around them.
+BARE_AS_DISPATCHER = "bare hop, the dispatcher's client"
+BARE_WORKERS = {BARE: [], BARE_AS_DISPATCHER: ["--dispatcher-client"]}
 
 
 def calls_at(level: int, quick: bool) -> int:
@@ -131,23 +139,37 @@ async def measure(
             for producer, _ in paths.values():
                 await closed_loop(producer, "default", SLOTS, 4 * SLOTS, tenants=tenants)
             names = list(paths)
-            requests = f"bare:{uuid.uuid4().hex}"
-            stack.enter_context(worker(["-m", "bench._bare_hop_proc", valkey_url, requests]))
-            bare = BareHop(valkey_url, requests)
-            await closed_loop(bare, "default", 1, 100)
+            hops = await bare_hops(stack, valkey_url)
             for run in range(runs):
                 for level in LEVELS:
                     shift = run % len(names)
                     if level == 1:
-                        sample = await measured_load(bare, 1, calls_at(1, quick), no_cpu)
-                        results.setdefault((1, BARE), []).append(sample)
+                        for bare_name, (bare, worker_cpu) in hops.items():
+                            sample = await measured_load(bare, 1, calls_at(1, quick), worker_cpu)
+                            results.setdefault((1, bare_name), []).append(sample)
                     for name in names[shift:] + names[:shift]:
                         producer, cpu_fn = paths[name]
                         sample = await measured_load(producer, level, calls_at(level, quick), cpu_fn, tenants)
                         results.setdefault((level, name), []).append(sample)
-            await bare.aclose()
+            for bare, _ in hops.values():
+                await bare.aclose()
         await backend.aclose()
     return results
+
+
+async def bare_hops(stack: contextlib.ExitStack, valkey_url: str) -> dict[str, tuple[BareHop, Any]]:
+    """Each bare hop's caller (warmed up) and the CPU meter of its worker, by name."""
+    hops: dict[str, tuple[BareHop, Any]] = {}
+    for name, flags in BARE_WORKERS.items():
+        requests = f"bare:{uuid.uuid4().hex}"
+        proc = stack.enter_context(worker(["-m", "bench._bare_hop_proc", valkey_url, requests, *flags]))
+
+        async def worker_cpu(pid: int = proc.pid) -> dict[str, float]:
+            return {"worker_ms": oncpu_seconds(pid) * 1000}
+
+        hops[name] = (BareHop(valkey_url, requests), worker_cpu)
+        await closed_loop(hops[name][0], "default", 1, 100)
+    return hops
 
 
 async def valkey_commands(conn: aioredis.Redis) -> tuple[float, float]:
@@ -162,13 +184,13 @@ async def valkey_commands(conn: aioredis.Redis) -> tuple[float, float]:
 
 
 @contextlib.contextmanager
-def worker(args: list[str]) -> Iterator[None]:
+def worker(args: list[str]) -> Iterator[subprocess.Popen[str]]:
     proc = spawn(args)
     try:
         assert proc.stdout is not None
         if "ready" not in proc.stdout.readline():
             raise RuntimeError(f"{args[1]} did not start")
-        yield
+        yield proc
     finally:
         stop_proc(proc)
 
@@ -217,7 +239,12 @@ def report(
             }
     hop = results[(1, BARE)]
     hop50, hop99 = median([s["p50"] for s in hop]), median([s["p99"] for s in hop])
-    summary["1:bare"] = {"p50": hop50, "p99": hop99}
+    summary["1:bare"] = {"p50": hop50, "p99": hop99, "worker_ms": median([s["worker_ms"] for s in hop])}
+    as_dispatcher = results[(1, BARE_AS_DISPATCHER)]
+    summary["1:bare_as_dispatcher"] = {
+        "p50": median([s["p50"] for s in as_dispatcher]),
+        "worker_ms": median([s["worker_ms"] for s in as_dispatcher]),
+    }
     print(
         table(
             [
@@ -233,7 +260,12 @@ def report(
             rows,
         )
     )
-    print(f"bare Valkey hop at concurrency 1 (same run): p50 {hop50:.2f} ms, p99 {hop99:.2f} ms")
+    print(
+        f"bare Valkey hop at concurrency 1 (same run): p50 {hop50:.2f} ms, p99 {hop99:.2f} ms;"
+        f" its worker's CPU {summary['1:bare']['worker_ms']:.3f} ms per hop (redis-py),"
+        f" {summary['1:bare_as_dispatcher']['worker_ms']:.3f} ms on the dispatcher's client and loop"
+        f" (hop p50 {summary['1:bare_as_dispatcher']['p50']:.2f} ms): two Valkey round trips, no logic"
+    )
     for name in variants:
         at1 = summary[f"1:{name}"]
         print(

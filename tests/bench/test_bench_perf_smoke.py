@@ -30,6 +30,9 @@ def test_quick_dispatcher_cpu_compares_a_variant_with_this_checkout() -> None:
     for level in bench_dispatcher_cpu.LEVELS:
         assert summary[f"{level}:after (this checkout)"]["cpu_ms"] > 0
         assert summary[f"{level}:before (HEAD, asyncio)"]["x_direct"] > 0
+    # Each bare hop's worker ran: its CPU per hop was read, to the nanosecond, above nothing.
+    for bare in ("1:bare", "1:bare_as_dispatcher"):
+        assert 0 < summary[bare]["worker_ms"] < 50 and summary[bare]["p50"] > 0
 
 
 @pytest.mark.timeout(90)
