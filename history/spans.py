@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from runtime.telemetry.tracing import scrub_text, scrub_value
+from runtime.telemetry.span_json import scrub_text, scrub_value
 
 # Spans repeat the same few backend URLs; long texts (messages) are rarely repeated and not kept.
 _scrub_url = functools.lru_cache(maxsize=4096)(scrub_text)

@@ -22,12 +22,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from runtime.queue.keys import KeySpace
-from runtime.telemetry import tracing
+from runtime.telemetry import span_json, tracing
+from runtime.telemetry.span_json import scrub_text
 from runtime.telemetry.tracing import (
     CountingBatchSpanProcessor,
     configure_tracing,
     otlp_configured,
-    scrub_text,
     shutdown_tracing,
     span_from_context,
 )
@@ -345,7 +345,7 @@ def test_encoded_attributes_and_resource_are_each_value_scrubbed(attributes: dic
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     provider.get_tracer("test").start_span("chat m", attributes=attributes).end()
     (span,) = exporter.get_finished_spans()
-    doc = orjson.loads(tracing.encode_span(span))
+    doc = orjson.loads(span_json.encode_span(span))
 
     def expected(values: Any) -> dict[str, Any]:
         return {
