@@ -1,14 +1,15 @@
 """Where one dispatcher process spends its CPU at a fixed workload: cProfile or callgrind.
 
 Run: ``python bench/profile_dispatcher.py --level 16 --calls 3500 [--root DIR] [--profile OUT.prof]
-[--backend-row] [--fair] [--slots N] [--latency-ms MS]``
+[--backend-row] [--fair] [--slots N] [--latency-ms MS] [--valkey]``
 or ``... --callgrind`` (the dispatcher under ``valgrind --tool=callgrind``; its instruction count
 over the measured calls only, zeroed after the warm-up and dumped after the last call).
 
 One private Valkey, one zero-latency simulator, one dispatcher (64 slots, FIFO group), this process
 the producer (closed loop at ``--level``). ``--root`` runs another checkout's dispatcher (e.g. an
 export of ``main``). The instruction count does not move with the machine's load, unlike CPU time:
-it is the before/after figure of a hot-path change on a shared machine.
+it is the before/after figure of a hot-path change on a shared machine. ``--valkey`` also prints
+Valkey's CPU and each command's calls and time per call over the measured calls (``INFO`` deltas).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import redis.asyncio as aioredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -39,6 +42,7 @@ from bench._common import (
     spawn,
     stop_proc,
     thread_cpu_seconds,
+    valkey_cpu_ms,
 )
 from runtime.producer import Producer
 
@@ -69,6 +73,40 @@ def callgrind_total(path: Path) -> int:
     raise RuntimeError(f"no totals in {path}")
 
 
+async def valkey_usage(conn: aioredis.Redis) -> dict[str, tuple[int, float]]:
+    """Each command's calls and microseconds so far (``INFO commandstats``; a script's own commands
+    count under their names as well as in its ``evalsha``), and Valkey's CPU microseconds as ``cpu``."""
+    usage = {
+        name.removeprefix("cmdstat_"): (int(v["calls"]), float(v["usec"]))
+        for name, v in (await conn.info("commandstats")).items()
+    }
+    usage["cpu"] = (0, await valkey_cpu_ms(conn) * 1000)
+    return usage
+
+
+def valkey_report(
+    before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]], calls: int
+) -> str:
+    """Valkey's CPU per call, and each command's calls and microseconds per call, most costly first.
+
+    Why: at concurrency 1 the commands' own time is about a third of Valkey's CPU; the rest is its
+    event loop, socket reads and writes and wake-ups, which only fewer trips cut (RESULTS, session 19)."""
+    rows = []
+    for name, (n, usec) in after.items():
+        n0, usec0 = before.get(name, (0, 0.0))
+        if name != "cpu" and n > n0:
+            rows.append((usec - usec0, name, n - n0))
+    cpu = (after["cpu"][1] - before["cpu"][1]) / calls
+    lines = [
+        f"Valkey CPU {cpu / 1000:.3f} ms/call; commands per call (calls, microseconds of Valkey's time):"
+    ]
+    lines += [
+        f"  {name:<22} {n / calls:6.2f}  {usec / calls:7.2f} us"
+        for usec, name, n in sorted(rows, reverse=True)
+    ]
+    return "\n".join(lines)
+
+
 async def run(args: argparse.Namespace) -> None:
     root = Path(args.root).resolve() if args.root else ROOT
     latency = ("--latency-ms", str(args.latency_ms)) if args.latency_ms else ()
@@ -97,6 +135,7 @@ async def run(args: argparse.Namespace) -> None:
                     if args.callgrind:
                         control(proc.pid, "--zero")
                     before, threads_before = cpu_split(proc.pid), thread_cpu_seconds(proc.pid)
+                    valkey_before = await valkey_usage(conn) if args.valkey else None
                     _, wall = await closed_loop(producer, "default", args.level, args.calls, tenants=tenants)
                     user, system, switches = (
                         (b - a) / args.calls for a, b in zip(before, cpu_split(proc.pid), strict=True)
@@ -109,6 +148,7 @@ async def run(args: argparse.Namespace) -> None:
                     }
                     if args.callgrind:
                         control(proc.pid, "--dump")
+                    valkey_after = await valkey_usage(conn) if args.valkey else None
             finally:
                 stop_proc(proc, timeout=120)
         line = (
@@ -136,6 +176,8 @@ async def run(args: argparse.Namespace) -> None:
                 f" ({stats.get('stale_tokens', 0) / calls:.3f} stale)"
             )
         print(line, flush=True)
+        if valkey_before is not None and valkey_after is not None:
+            print(valkey_report(valkey_before, valkey_after, args.calls), flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -151,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slots", type=int, default=SLOTS, help="the group's and the dispatcher's slots")
     parser.add_argument("--latency-ms", type=float, default=0, help="the simulator's latency per call")
     parser.add_argument("--fair", action="store_true", help="the pool's tenants share it (tenant_fairness)")
+    parser.add_argument("--valkey", action="store_true", help="Valkey's CPU and commands per call")
     parser.add_argument(
         "--tracing", action="store_true", help="spans exported to Valkey for history, as rundispatcher does"
     )
