@@ -8,6 +8,7 @@ shares the result through a real Valkey, and the gate, the status words and a re
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -28,7 +29,14 @@ from runtime.wire.groupconfig import GroupConfig, PoolConfig
 from simulator.server import SimulatorConfig, SimulatorServer
 from tests.support.dispatcher_process import start_dispatcher, stop_dispatcher
 from tests.support.dispatching import CALL, running_dispatcher
-from tests.support.hostile_metrics import MetricsServer, body, drip, streamed, vllm_text
+from tests.support.hostile_metrics import (
+    MetricsServer,
+    ThreadedMetricsServer,
+    body,
+    drip,
+    streamed,
+    vllm_text,
+)
 from tests.support.waiting import wait_until
 
 
@@ -99,11 +107,17 @@ async def test_an_old_vllm_is_read_by_its_old_gauge_name_and_says_so(
 
 class LoopWatch:
     """The longest stretch of CPU the event loop's thread spent between two of its ticks: CPU time,
-    so a busy machine (other processes) does not count, only work done on this loop."""
+    so a busy machine (other processes) does not count, only work done on this loop.
+
+    The cyclic collector is paused while it watches: a full collection walks the whole test process's
+    heap (a thousand tests' worth in a CI worker), a pause that says nothing of the code watched. The
+    server a test scrapes runs on a thread of its own (``ThreadedMetricsServer``) for the same reason.
+    """
 
     def __init__(self) -> None:
         self.longest = 0.0
         self._task: asyncio.Task[None] | None = None
+        self._collecting = False
 
     async def _tick(self) -> None:
         last = time.thread_time()
@@ -114,12 +128,16 @@ class LoopWatch:
             last = now
 
     def __enter__(self) -> LoopWatch:
+        self._collecting = gc.isenabled()
+        gc.disable()
         self._task = asyncio.get_running_loop().create_task(self._tick())
         return self
 
     def __exit__(self, *exc: object) -> None:
         assert self._task is not None
         self._task.cancel()
+        if self._collecting:
+            gc.enable()
 
 
 @pytest.mark.parametrize(
@@ -136,7 +154,7 @@ async def test_a_huge_body_is_refused_at_the_cap_and_never_stalls_the_loop(
     aredis: aioredis.Redis, keys: KeySpace, scraper: BackendScraper, handler: Callable[..., object], why: str
 ) -> None:
     """Before: a 10 MB body was read whole and parsed on the loop (seconds of CPU in one callback)."""
-    async with MetricsServer(handler) as server:  # type: ignore[arg-type]
+    with ThreadedMetricsServer(handler) as server:  # type: ignore[arg-type]
         backend = BackendConfig("big", "http://127.0.0.1:9/v1", metrics_url=server.url)
         scraper.configure([backend])
         with LoopWatch() as watch:
@@ -150,7 +168,7 @@ async def test_a_body_just_under_the_cap_is_parsed_without_stalling_the_loop(
     aredis: aioredis.Redis, keys: KeySpace, scraper: BackendScraper
 ) -> None:
     filler = "".join(f'other_metric{{i="{i}"}} {i}\n' for i in range(30_000))  # ~0.9 MB to skip
-    async with MetricsServer(body(filler + vllm_text(running="3"))) as server:
+    with ThreadedMetricsServer(body(filler + vllm_text(running="3"))) as server:
         backend = BackendConfig("wide", "http://127.0.0.1:9/v1", metrics_url=server.url)
         scraper.configure([backend])
         with LoopWatch() as watch:
