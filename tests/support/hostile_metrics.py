@@ -106,6 +106,7 @@ class ThreadedMetricsServer:
     def __init__(self, handler: Handler) -> None:
         self.server = MetricsServer(handler)
         self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
         self._started = threading.Event()
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, name="metrics-server", daemon=True)
@@ -114,25 +115,19 @@ class ThreadedMetricsServer:
     def url(self) -> str:
         return self.server.url
 
-    @property
-    def scrapes(self) -> int:
-        return self.server.scrapes
+    async def _run(self) -> None:
+        async with self.server:
+            self._started.set()
+            await self._stop.wait()
 
     def _serve(self) -> None:
-        loop = self._loop
         try:
-            loop.run_until_complete(self.server.__aenter__())
+            self._loop.run_until_complete(self._run())
         except BaseException as exc:  # told to the test's thread, which raises it
             self._failure = exc
-            self._started.set()
-            loop.close()
-            return
-        self._started.set()
-        try:
-            loop.run_forever()
         finally:
-            loop.run_until_complete(self.server.__aexit__(None, None, None))
-            loop.close()
+            self._started.set()
+            self._loop.close()
 
     def __enter__(self) -> ThreadedMetricsServer:
         self._thread.start()
@@ -144,5 +139,7 @@ class ThreadedMetricsServer:
 
     def __exit__(self, *exc: object) -> None:
         if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop.call_soon_threadsafe(self._stop.set)
             self._thread.join(10)
+        if self._failure is not None:
+            raise self._failure
