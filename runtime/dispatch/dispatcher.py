@@ -42,7 +42,7 @@ from runtime.config import DispatcherSettings
 from runtime.dispatch import redelivery
 from runtime.dispatch.configuring import Configuring
 from runtime.dispatch.drops import DropRecorder
-from runtime.dispatch.execution import Executor, Running
+from runtime.dispatch.execution import Executor, Running, RunningCalls
 from runtime.dispatch.listener import ChangeListener
 from runtime.dispatch.peek import PeekCache, PeekedItem
 from runtime.dispatch.rounds import Rounds
@@ -118,7 +118,7 @@ class Dispatcher(Rounds, Configuring, Upkeep):
         self.valkey_ok = True
         self.last_views: dict[str, QueueView] = {}
         self.group_in_flight = 0
-        self.running: dict[str, Running] = {}  # by lease member
+        self.running = RunningCalls()  # by lease member
         self.finishing: dict[str, Running] = {}  # done, FINISH waiting for Valkey: no slot, lease renewed
         self._heads_seen: dict[str, tuple[bytes, ...]] = {}
         self._deeper: dict[str, int] = {}

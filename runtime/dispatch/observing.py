@@ -16,7 +16,7 @@ from runtime.backends.fleet import BackendFleet
 from runtime.config import DispatcherSettings
 from runtime.dispatch import redelivery, tenant_round
 from runtime.dispatch.drops import DropRecorder
-from runtime.dispatch.execution import Executor, Running
+from runtime.dispatch.execution import Executor, Running, RunningCalls
 from runtime.dispatch.peek import PeekCache
 from runtime.dispatch.stats import DispatcherStats
 from runtime.policy import scheduler
@@ -43,7 +43,7 @@ class Observing:
     redeliveries: redelivery.Redeliveries
     executor: Executor
     identity: Identity
-    running: dict[str, Running]
+    running: RunningCalls
     finishing: dict[str, Running]
     group_in_flight: int
     last_views: dict[str, QueueView]
@@ -80,13 +80,11 @@ class Observing:
                 return None
             raw, pick = hint
             self.queue.fair_picks = {pool_id: {raw: pick}}
-        in_flight: dict[str, int] = {}  # a plain loop: Counter's constructor costs more than the count
-        for run in self.running.values():
-            in_flight[run.pool_id] = in_flight.get(run.pool_id, 0) + 1
+        in_pool = self.running.in_pool
         views = {
-            p.pool_id: QueueView(1, (raw,), in_flight.get(p.pool_id, 0))
+            p.pool_id: QueueView(1, (raw,), in_pool(p.pool_id))
             if p.pool_id == pool_id
-            else QueueView(0, (), in_flight.get(p.pool_id, 0))
+            else QueueView(0, (), in_pool(p.pool_id))
             for p in policy.pools
         }
         self.group_in_flight = len(self.running)

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 
 from runtime.backends.redact import redact_url
 from runtime.config import DispatcherSettings
-from runtime.dispatch.execution import Running
+from runtime.dispatch.execution import RunningCalls
 from runtime.dispatch.peek import PeekedItem
 from runtime.dispatch.stats import DispatcherStats
 from runtime.queue.dispatching import QueueView
@@ -117,7 +117,7 @@ class SnapshotSource(Protocol):
     @property
     def stats(self) -> DispatcherStats: ...
     @property
-    def running(self) -> Mapping[str, Running]: ...
+    def running(self) -> RunningCalls: ...
     @property
     def last_views(self) -> Mapping[str, QueueView]: ...
     @property
@@ -143,9 +143,7 @@ def build_snapshot(dispatcher: SnapshotSource, *, now: float) -> DispatcherSnaps
     skips: dict[str, dict[str, int]] = {}
     for (pool_id, reason), count in stats.skips.items():
         skips.setdefault(pool_id, {})[reason] = count
-    local_by_pool: dict[str, int] = {}
-    for run in dispatcher.running.values():
-        local_by_pool[run.pool_id] = local_by_pool.get(run.pool_id, 0) + 1
+    local_by_pool = dispatcher.running.by_pool()
     pools: list[PoolSnapshot] = []
     for pool in config.pools:
         view = dispatcher.last_views.get(pool.pool_id)

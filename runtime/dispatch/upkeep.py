@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from runtime.config import DispatcherSettings
 from runtime.dispatch import redelivery
-from runtime.dispatch.execution import Running
+from runtime.dispatch.execution import Running, RunningCalls
 from runtime.dispatch.snapshot import DispatcherSnapshot, SnapshotStore
 from runtime.dispatch.stats import DispatcherStats
 from runtime.queue.dispatching import QueueOps
@@ -36,7 +36,7 @@ class Upkeep:
     stats: DispatcherStats
     redeliveries: redelivery.Redeliveries
     publisher: SnapshotStore
-    running: dict[str, Running]
+    running: RunningCalls
     finishing: dict[str, Running]
     _finished: asyncio.Event
     _wake: asyncio.Event
