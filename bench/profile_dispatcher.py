@@ -165,7 +165,7 @@ async def run(args: argparse.Namespace) -> None:
             if args.keep:
                 shutil.copy(dumps[0], args.keep)
             line += f", {total / args.calls / 1e6:.3f} M instructions/call ({total} over the measured calls)"
-        if stats_path.exists():  # whole run, warm-up included: rounds and round trips per call
+        if stats_path.exists():  # whole run, warm-up included: rounds, round trips and FINISH trips per call
             stats = json.loads(stats_path.read_text())
             calls = max(1, stats["completed"])
             line += (
@@ -173,7 +173,9 @@ async def run(args: argparse.Namespace) -> None:
                 f" {stats['round_trips'] / calls:.2f} round trips"
                 f" (+{max(0, stats.get('backend_reads', 0)) / calls:.2f} for backend readings alone),"
                 f" {stats['wake_tokens'] / calls:.2f} wake tokens"
-                f" ({stats.get('stale_tokens', 0) / calls:.3f} stale)"
+                f" ({stats.get('stale_tokens', 0) / calls:.3f} stale),"
+                f" {stats['finish_trips'] / calls:.2f} FINISH trips"
+                f" ({stats['finishes'] / max(1, stats['finish_trips']):.1f} finishes each)"
             )
         print(line, flush=True)
         if valkey_before is not None and valkey_after is not None:

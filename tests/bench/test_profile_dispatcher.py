@@ -39,3 +39,7 @@ def test_a_short_run_reports_the_scripts_every_call_makes(capsys: pytest.Capture
     assert scripts is not None
     # The producer's push is a script and so is the dispatcher's FINISH: more than one per call.
     assert float(scripts.group(1)) > 1.0 and float(scripts.group(2)) > 0
+    # Every completion's FINISH rides in some trip, and a trip carries at least one of them.
+    finishing = re.search(r" ([0-9.]+) FINISH trips \(([0-9.]+) finishes each\)", out)
+    assert finishing is not None
+    assert 0 < float(finishing.group(1)) <= 1.0 and float(finishing.group(2)) >= 1.0
