@@ -42,10 +42,11 @@ from runtime.config import DispatcherSettings
 from runtime.dispatch import redelivery
 from runtime.dispatch.configuring import Configuring
 from runtime.dispatch.drops import DropRecorder
-from runtime.dispatch.execution import Executor, Running, RunningCalls
+from runtime.dispatch.execution import Executor
 from runtime.dispatch.listener import ChangeListener
 from runtime.dispatch.peek import PeekCache, PeekedItem
 from runtime.dispatch.rounds import Rounds
+from runtime.dispatch.running import Running, RunningCalls
 from runtime.dispatch.snapshot import DispatcherSnapshot, SnapshotSink, SnapshotStore, build_snapshot
 from runtime.dispatch.stats import DispatcherStats
 from runtime.dispatch.upkeep import Upkeep

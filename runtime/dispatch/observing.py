@@ -16,8 +16,9 @@ from runtime.backends.fleet import BackendFleet
 from runtime.config import DispatcherSettings
 from runtime.dispatch import redelivery, tenant_round
 from runtime.dispatch.drops import DropRecorder
-from runtime.dispatch.execution import Executor, Running, RunningCalls
+from runtime.dispatch.execution import Executor
 from runtime.dispatch.peek import PeekCache
+from runtime.dispatch.running import Running, RunningCalls
 from runtime.dispatch.stats import DispatcherStats
 from runtime.policy import scheduler
 from runtime.policy.reads import PoolRead, ReadPlan, base_depth, next_depth, plan_reads

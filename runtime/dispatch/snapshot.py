@@ -18,8 +18,8 @@ import redis.asyncio as aioredis
 
 from runtime.backends.redact import redact_url
 from runtime.config import DispatcherSettings
-from runtime.dispatch.execution import RunningCalls
 from runtime.dispatch.peek import PeekedItem
+from runtime.dispatch.running import RunningCalls
 from runtime.dispatch.stats import DispatcherStats
 from runtime.queue.dispatching import QueueView
 from runtime.queue.keys import KeySpace

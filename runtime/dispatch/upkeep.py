@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from runtime.config import DispatcherSettings
 from runtime.dispatch import redelivery
-from runtime.dispatch.execution import Running, RunningCalls
+from runtime.dispatch.running import Running, RunningCalls
 from runtime.dispatch.snapshot import DispatcherSnapshot, SnapshotStore
 from runtime.dispatch.stats import DispatcherStats
 from runtime.queue.dispatching import QueueOps

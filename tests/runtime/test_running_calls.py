@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.dispatch.execution import Running, RunningCalls
+from runtime.dispatch.running import Running, RunningCalls
 from runtime.wire.contract import ChatCall, Envelope
 
 POOLS = ("interactive", "batch", "bulk")
