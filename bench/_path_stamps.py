@@ -3,7 +3,9 @@
 :func:`install` wraps a handful of the dispatcher's and the HTTP pool's methods so that each writes
 ``<event> <time.time()>`` to a file as it runs: no change to the code measured, and a few µs per stamp.
 At concurrency 1 the calls do not overlap, so the events between one ``start`` and the next are that
-call's (plus the next call's wake-up and claim, which happen before its ``start``).
+call's (plus the next call's wake-up, and on the wake-token path its round and claim, which happen
+before its ``start``). With claim tickets on (the default, :mod:`runtime.dispatch.tickets`) the next
+call's request arrives claimed in the dispatcher's inbox: its wake-up leads straight to ``start``.
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ EVENTS = (
     ("finish_sent", "FINISH handed to its batcher"),
     ("finish_done", "FINISH answered"),
     ("span", "the span recorded"),
-    ("token", "the next call's wake token read"),
-    ("round", "its scheduling round entered"),
-    ("claim_sent", "its claim handed to the queue"),
-    ("claim_done", "its claim answered"),
+    ("token", "the next call's wake-up read (its request from the ticket's inbox, or a wake token)"),
+    ("round", "its scheduling round entered (wake-token path only)"),
+    ("claim_sent", "its claim handed to the queue (wake-token path only)"),
+    ("claim_done", "its claim answered (wake-token path only)"),
 )
 
 

@@ -63,6 +63,9 @@ class DispatcherSettings:
     # Idle poll, shared by the fleet (one poll per interval per group): for producers that push without
     # a wake-up token, deadlines, expired leases and breakers.
     idle_poll_s: float = 0.05
+    # Standing claim tickets (runtime.dispatch.tickets): at low concurrency a push claims its request for
+    # an idle dispatcher, saving the claim's round trip. Off: every call is claimed by a round.
+    claim_tickets: bool = True
     # How many items of each pool's head are read per scheduling round.
     peek_depth: int = 8
     reconnect_backoff_s: tuple[float, float] = (0.1, 5.0)

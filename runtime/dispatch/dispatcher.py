@@ -13,6 +13,9 @@ A fleet of dispatchers in one group behaves as one: a round runs only in the gro
 first that allows none),
 each dispatcher keeps to its share of the group's slots, the claim checks the protected slots owed
 to the group's other pools, and idle dispatchers wait for wake tokens (:mod:`runtime.dispatch.wakeup`).
+At low concurrency an idle dispatcher also leaves a standing claim ticket, and a push claims its request
+for that dispatcher's inbox: the call starts without a round (:mod:`runtime.dispatch.tickets`,
+:mod:`runtime.dispatch.ticketing`).
 
 Failures are explicit and counted (see :mod:`runtime.dispatch.stats`): malformed items, producers
 gone before execution or before the reply, expired deadlines, duplicates, calls lost with a dead
@@ -49,6 +52,8 @@ from runtime.dispatch.rounds import Rounds
 from runtime.dispatch.running import Running, RunningCalls
 from runtime.dispatch.snapshot import DispatcherSnapshot, SnapshotSink, SnapshotStore, build_snapshot
 from runtime.dispatch.stats import DispatcherStats
+from runtime.dispatch.ticketing import Ticketing
+from runtime.dispatch.tickets import Tickets
 from runtime.dispatch.upkeep import Upkeep
 from runtime.dispatch.wakeup import WakeLists, WakeWaiter
 from runtime.errors import DispatchError
@@ -67,7 +72,7 @@ HELPER_EXIT_S = 5.0
 __all__ = ["Dispatcher"]
 
 
-class Dispatcher(Rounds, Configuring, Upkeep):
+class Dispatcher(Rounds, Configuring, Upkeep, Ticketing):
     """Schedules one fabric group's pools onto their backends. ``await run()`` until stopped."""
 
     def __init__(
@@ -125,6 +130,8 @@ class Dispatcher(Rounds, Configuring, Upkeep):
         self._deeper: dict[str, int] = {}
         self._head_token: tuple[str, bytes] | None = None  # the last wake token's request, by pool
         self._wake_lists_of = WakeLists(keys)
+        self.tickets = Tickets(keys, settings.dispatcher_id, settings.group_id, settings.lease_s)
+        self._waited: tuple[GroupConfig | None, tuple[str, ...]] = (None, ())  # BLPOP's keys, by config
         self._rejected_config: bytes | str | None = None
         self._policy: scheduler.GroupPolicy | None = None
         self._state = scheduler.SchedulerState()
@@ -142,8 +149,9 @@ class Dispatcher(Rounds, Configuring, Upkeep):
             backoff_s=settings.reconnect_backoff_s,
         )  # fmt: skip
         self.waiter = WakeWaiter(
-            client, keys=self._wake_lists, idle=self._idle, finished=self._finished, on_wake=self._woken,
-            on_error=self._valkey_lost, backoff_s=settings.reconnect_backoff_s,
+            client, keys=self._wake_lists, prelude=self._ticket_commands, unsent=self.tickets.unsent,
+            idle=self._idle, finished=self._finished, on_wake=self._woken, on_error=self._valkey_lost,
+            backoff_s=settings.reconnect_backoff_s,
         )  # fmt: skip
 
     def __repr__(self) -> str:
@@ -194,12 +202,14 @@ class Dispatcher(Rounds, Configuring, Upkeep):
                     ),
                 ]
                 await self._schedule_loop()
+                await self._withdraw_tickets()
                 await self._drain()
                 # Helpers leave their loops on their own: cancelling redis-py mid-command can hang.
                 self._finished.set()
                 _, stuck = await asyncio.wait(helpers, timeout=HELPER_EXIT_S)
                 for task in stuck:
                     task.cancel()
+            await self._withdraw_tickets()  # what arrived while calls drained (the waiter no longer takes)
             await self._publish_snapshot_once()
         finally:
             if install_signal_handlers:
@@ -276,6 +286,15 @@ class Dispatcher(Rounds, Configuring, Upkeep):
             self._idle.clear()
 
     def _woken(self, wake_list: bytes, token: bytes) -> None:
+        pool_id = self.tickets.pools.get(wake_list)
+        if pool_id is not None:  # a request claimed against our ticket: it starts now, no round
+            try:
+                self._ticketed(pool_id, token)
+            except Exception:  # the waiter carries on; the request's requeue entry stands for REAP
+                self._internal_error(f"starting a request claimed by a ticket of pool {pool_id} failed")
+            if len(self.running) >= self._slots:
+                self._idle.clear()
+            return
         self._idle.clear()  # one token per wait: the next is for another dispatcher
         if token != b"1" and self.config is not None:  # a push's request, maybe claimable at once
             pool_id = self._wake_lists_of.of(self.config).pools.get(wake_list)
@@ -357,8 +376,12 @@ class Dispatcher(Rounds, Configuring, Upkeep):
         return frozenset([self.keys.config_channel(group_id), self.keys.cancel_channel(group_id)])
 
     def _wake_lists(self) -> tuple[str, ...]:
-        """The wake-up token list of every enabled pool of the group."""
-        return self._wake_lists_of.of(self.config).names
+        """Our inbox and the wake-up token list of every enabled pool of the group (inboxes first)."""
+        config, names = self._waited
+        if config is not self.config or not names:
+            names = self.tickets.of(self.config).inboxes + self._wake_lists_of.of(self.config).names
+            self._waited = (self.config, names)
+        return names
 
     def _on_message(self, channel: str, data: bytes) -> None:
         if channel == self.keys.config_channel(self.settings.group_id):

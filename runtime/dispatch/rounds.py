@@ -26,6 +26,7 @@ from runtime.backends.gate import SKIP_BACKEND_CAP, SKIP_BACKEND_RETRY_AFTER, SK
 from runtime.dispatch import tenant_round
 from runtime.dispatch.claiming import Claiming
 from runtime.dispatch.peek import PeekedItem, usable_heads
+from runtime.dispatch.tickets import Tickets
 from runtime.policy import scheduler
 from runtime.policy.reads import unread_skip
 from runtime.queue import scripts
@@ -52,6 +53,7 @@ class Rounds(Claiming):
     _head_token: tuple[str, bytes] | None  # the last wake token's request (pool id, bytes), if any
     _slots: int
     _wake: asyncio.Event  # set: the scheduling loop runs a round rather than wait
+    tickets: Tickets  # this dispatcher's standing claim tickets
 
     async def schedule_round(self) -> bool:
         """One decide → claim round; True if the round left work a round of its own should take.
@@ -67,7 +69,8 @@ class Rounds(Claiming):
         self.stats.rounds += 1
         await self.give_back_unanswered()
         policy = self._policy
-        planned_free = max(0, self._slots - len(self.running))
+        # A standing ticket holds a slot: its push's claim may start a call at any moment.
+        planned_free = max(0, self._slots - len(self.running) - self.tickets.holding())
         await self.fleet.refresh_unless_fresh()  # mostly read by the last pipeline (queue.riding)
         plan = self._plan(policy, planned_free)
         # A pool whose backend has no room is refused for the backend's own reason (breaker open,

@@ -93,6 +93,8 @@ class DispatcherSnapshot(TypedDict):
     internal_errors: int
     config_rejected: int
     claims_given_back: int  # claims run after their answers were lost, undone (runtime.queue.unanswered)
+    ticket_claims: int  # calls a push claimed against this dispatcher's ticket (runtime.dispatch.tickets)
+    tickets_given_back: int  # ... that it did not run, back at the head of their list
     breakers: dict[str, dict[str, object]]
     pools: list[PoolSnapshot]
     active: list[ActiveRequest]
@@ -198,6 +200,8 @@ def build_snapshot(dispatcher: SnapshotSource, *, now: float) -> DispatcherSnaps
         "internal_errors": stats.internal_errors,
         "config_rejected": stats.config_rejected,
         "claims_given_back": stats.claims_given_back,
+        "ticket_claims": stats.ticket_claims,
+        "tickets_given_back": stats.tickets_given_back,
         "breakers": dispatcher.breakers.modes(),
         "pools": pools,
         "active": [

@@ -40,6 +40,8 @@ class DispatcherStats:
     claim_lost: int = 0  # peeked item taken by someone else before our claim
     turn_busy: int = 0  # rounds skipped because another dispatcher of the group was deciding
     stale_tokens: int = 0  # a wake token's request was no longer its list's head (taken meanwhile)
+    ticket_claims: int = 0  # calls a push claimed against this dispatcher's ticket (runtime.dispatch.tickets)
+    tickets_given_back: int = 0  # ... that it did not run: back at the head of their list
     claims_given_back: int = 0  # claims run after their answers were lost, undone (runtime.queue.unanswered)
     retried: int = 0  # failed attempts put in the delayed set for another attempt
     requeued: int = 0  # durable requests put back at the head of their list after a lease expired

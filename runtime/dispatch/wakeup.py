@@ -24,6 +24,10 @@ request's tenant is the pool's pick. A dispatcher that gets no token still polls
 ``idle_poll_s`` (deadlines, expired leases and breakers wake nobody).
 
 The token push is one fragment (``runtime/queue/lua/_wake.lua``) that every waking script includes.
+
+Before each BLPOP the waiter sends its ``prelude``: at low concurrency, the dispatcher's standing claim
+tickets (:mod:`runtime.dispatch.tickets`), whose claimed requests arrive in inboxes the BLPOP watches
+ahead of the wake lists.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from runtime.queue.keys import KeySpace
 from runtime.valkey.client import REDIS_ERRORS, dedicated_connection, failing_over
 from runtime.wire.groupconfig import GroupConfig
 
+Command = tuple[Any, ...]
 # How long one BLPOP blocks; short, so a finished dispatcher's waiter returns soon.
 WAKE_BLOCK_S = 0.5
 
@@ -82,6 +87,8 @@ class WakeWaiter:
         client: aioredis.Redis,
         *,
         keys: Callable[[], Sequence[str]],
+        prelude: Callable[[bool], list[Command]] = lambda idle: [],
+        unsent: Callable[[list[Command]], None] = lambda commands: None,
         idle: asyncio.Event,
         finished: asyncio.Event,
         on_wake: Callable[[bytes, bytes], None],
@@ -90,6 +97,8 @@ class WakeWaiter:
     ) -> None:
         self.client = client
         self.keys = keys
+        self.prelude = prelude
+        self.unsent = unsent
         self.idle = idle
         self.finished = finished
         self.on_wake = on_wake
@@ -111,6 +120,7 @@ class WakeWaiter:
     async def _loop(self, own: Any) -> None:
         while not self.finished.is_set():
             if not self.idle.is_set():
+                await self._send(own, self.prelude(False))
                 # asyncio.timeout, not wait_for: no task per wait, and this wait runs once per call.
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(WAKE_BLOCK_S):
@@ -118,9 +128,12 @@ class WakeWaiter:
             keys = self.keys()
             if not self.idle.is_set() or not keys:
                 continue
+            prelude = self.prelude(True)
+            commands = [*prelude, ("BLPOP", *keys, WAKE_BLOCK_S)]
             try:
-                [token] = await own.execute([("BLPOP", *keys, WAKE_BLOCK_S)], block_s=WAKE_BLOCK_S)
+                *_, token = await own.execute(commands, block_s=WAKE_BLOCK_S)
             except REDIS_ERRORS as exc:
+                self.unsent(prelude)
                 self.on_error(exc)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
@@ -131,3 +144,13 @@ class WakeWaiter:
             if token is not None:
                 self.tokens += 1
                 self.on_wake(*token)
+
+    async def _send(self, own: Any, commands: list[Command]) -> None:
+        """Sends ``commands`` (a ticket's withdrawal, accepts) without a BLPOP behind them."""
+        if not commands:
+            return
+        try:
+            await own.execute(commands)
+        except REDIS_ERRORS as exc:
+            self.unsent(commands)
+            self.on_error(exc)

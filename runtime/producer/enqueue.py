@@ -22,7 +22,7 @@ from runtime.producer.tenancy import UNTAGGED_TAG, TenantTag, fair_push
 from runtime.queue.admission import KeyLease, KeyLeases
 from runtime.queue.keys import KeySpace
 from runtime.queue.leases import lease_member
-from runtime.queue.producing import ProducerOps
+from runtime.queue.producing import Claimable, ProducerOps
 from runtime.telemetry.tracing import span_carrier
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.valkey.persisted import PERSISTED, PersistedPusher
@@ -123,7 +123,12 @@ class Enqueuer:
                     self.stats.unpersisted_pushes += 1
                     self.unpersisted[(group.group_id, outcome)] += 1
             else:
-                await self.queue.push(pool_id, raw, limits, lease, tenant)
+                claimable = (
+                    Claimable(group.group_id, self.producer_id, lease_member(pool_id, request_id))
+                    if group is not None and tenant is None
+                    else None
+                )
+                await self.queue.push(pool_id, raw, limits, lease, tenant, claimable)
         except REDIS_ERRORS as exc:
             raise QueueUnavailable(f"could not enqueue request {request_id}: {exc}") from exc
         if lease is not None:

@@ -98,6 +98,14 @@ class KeySpace:
         """Wake-up tokens of a pool: pushed with a request or a freed slot, BLPOPed by one idle dispatcher."""
         return f"{self.prefix}list:llm:wake:{pool_id}"
 
+    def tickets(self, pool_id: str) -> str:
+        """Standing claim tickets of a pool's idle dispatchers, oldest first (runtime.dispatch.tickets)."""
+        return f"{self.prefix}list:llm:tickets:{pool_id}"
+
+    def inbox(self, dispatcher_id: str, pool_id: str) -> str:
+        """Requests a push claimed against a dispatcher's ticket, waiting for that dispatcher's BLPOP."""
+        return f"{self.prefix}list:llm:inbox:{dispatcher_id}:{pool_id}"
+
     def schedule_turn(self, group_id: str) -> str:
         """Short lease of the dispatcher whose scheduling round is running (one at a time per group)."""
         return f"{self.prefix}key:llm:turn:{group_id}"
@@ -229,6 +237,10 @@ WAKE_TOKEN_TTL_MS = 5_000
 # trip instead of reading the head first (runtime.dispatch.wakeup). The claim still checks the list's
 # real head by digest. One token per pool at most: this bounds the copy.
 WAKE_HEAD_MAX_BYTES = 65_536
+# A standing claim ticket is posted again before every BLPOP of its dispatcher's wake waiter (at most
+# runtime.dispatch.wakeup.WAKE_BLOCK_S apart): one a stopped or killed dispatcher left lapses after
+# this, and so does an inbox nobody takes from (REAP requeues what it held).
+TICKET_TTL_MS = 2_000
 # A pool's drain hash outlives the ring's window by far: a stalled pool's last drain must still be known.
 DRAIN_TTL_S = 3600
 # The open-requests set of an ingress key nobody uses any more goes away after this (its members

@@ -9,6 +9,7 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from runtime.errors import Cancelled
+from runtime.immutable import immutable
 from runtime.policy.admission import AdmissionLimits
 from runtime.queue import registry
 from runtime.queue.admission import KeyLease, admission_args, admit_and_push, queue_full
@@ -23,7 +24,17 @@ from runtime.queue.tenants import (
 from runtime.valkey.persisted import PersistedPusher
 from runtime.wire.contract import envelope_prefix
 
-__all__ = ["ProducerOps"]
+__all__ = ["Claimable", "ProducerOps"]
+
+
+@immutable
+class Claimable:
+    """What a push needs to claim its request against a dispatcher's standing ticket: a plain pool's
+    request (not fair) in a group in lists mode (``lua/push.lua``)."""
+
+    group_id: str
+    producer_id: str
+    lease_member: str
 
 
 class ProducerOps:
@@ -51,8 +62,11 @@ class ProducerOps:
         limits: AdmissionLimits,
         lease: KeyLease | None = None,
         tenant: TenantPush | None = None,
+        claimable: Claimable | None = None,
     ) -> int:
-        """Queues the envelope; returns the list's new length (a fair pool's: its queued count). Raises
+        """Queues the envelope; returns the list's new length (a fair pool's: its queued count; 0: claimed
+        at once against a dispatcher's standing ticket, possible only with ``claimable``: the group id
+        a plain pool's in lists mode). Raises
         QueueFull (nothing queued) when the pool's limits, or those of the ingress key holding ``lease``,
         or ``tenant``'s cap in a fair pool (``tenant`` given only for one), refuse it."""
         if tenant is not None:
@@ -68,13 +82,19 @@ class ProducerOps:
             # The limits are checked and the request pushed (and counted against its key) in one
             # script: racing producers never take the queue past max_queued, nor a key past its own.
             return await admit_and_push(self._admit, self.keys, pool_id, raw, limits, lease)
-        # One script: the push, and a wake-up token only when the list was empty (wake one, not all).
-        return int(
-            await self._push(
-                keys=[self.keys.requests(pool_id), self.keys.wake_list(pool_id)],
-                args=[raw, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS],
-            )
-        )
+        # One script: the push, and, only when the list was empty, the claim against a standing ticket
+        # or else a wake-up token (wake one, not all).
+        script_keys = [self.keys.requests(pool_id), self.keys.wake_list(pool_id)]
+        push_args: list[bytes | str | int] = [raw, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS]
+        if claimable is not None:
+            group_id = claimable.group_id
+            script_keys += [
+                self.keys.tickets(pool_id), self.keys.producer_alive(claimable.producer_id),
+                self.keys.pool_inflight(pool_id), self.keys.pool_drain(pool_id),
+                self.keys.group_inflight(group_id), self.keys.durable_leases(group_id),
+            ]  # fmt: skip
+            push_args.append(claimable.lease_member)
+        return int(await self._push(keys=script_keys, args=push_args))
 
     async def push_persisted(
         self,

@@ -22,7 +22,7 @@ from importlib import resources
 from string import Template
 
 from runtime.policy.admission import DRAIN_WINDOW_S, REASON_KEY_IN_FLIGHT, REASON_KEY_QUEUED
-from runtime.queue.keys import DRAIN_TTL_S, KEY_SET_TTL_S, WAKE_HEAD_MAX_BYTES
+from runtime.queue.keys import DRAIN_TTL_S, KEY_SET_TTL_S, TICKET_TTL_MS, WAKE_HEAD_MAX_BYTES
 from runtime.queue.turn import TURN_LEASE_MS
 from runtime.valkey.lua import LuaScript
 
@@ -37,6 +37,7 @@ CONSTANTS: dict[str, object] = {
     "KEY_SET_TTL_S": KEY_SET_TTL_S,
     "REASON_KEY_IN_FLIGHT": REASON_KEY_IN_FLIGHT,
     "REASON_KEY_QUEUED": REASON_KEY_QUEUED,
+    "TICKET_TTL_MS": TICKET_TTL_MS,
     "TURN_LEASE_MS": TURN_LEASE_MS,
     "WAKE_HEAD_MAX_BYTES": WAKE_HEAD_MAX_BYTES,
 }

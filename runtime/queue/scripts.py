@@ -54,6 +54,7 @@ TENANT_FORGET = source("tenant_forget")
 TENANT_BURY = source("tenant_bury")
 ANSWER_GONE = source("answer_gone")  # error replies for calls dropped as producer_gone (never run)
 GIVE_BACK = source("give_back")  # undoes a launch claim whose answer was lost (runtime.queue.unanswered)
+TICKET_RETURN = source("ticket_return")  # a request claimed against a ticket, given back unrun
 TENANT_DEAD_LETTER_TAKE = source("tenant_dead_letter_take")
 
 # --- producer side ---------------------------------------------------------------------------------

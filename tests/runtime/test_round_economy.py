@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import pytest
+
 from runtime.producer import Producer
 from runtime.queue import groups
 from runtime.wire.backendconfig import BackendConfig
@@ -29,7 +31,8 @@ from tests.support.dispatching import (
 
 
 async def test_one_round_per_call_when_the_queue_empties(aredis, keys) -> None:
-    async with one_pool_stack(aredis, keys, **NO_POLL) as (dispatcher, producer):
+    # Without claim tickets (at concurrency 1 they take the rounds' place: test_round_trip.py).
+    async with one_pool_stack(aredis, keys, claim_tickets=False, **NO_POLL) as (dispatcher, producer):
         await producer.submit(CALL, pool_id="default", timeout=10)
         rounds = dispatcher.stats.rounds
         await submit_one_at_a_time(producer, 20)
@@ -79,13 +82,19 @@ async def test_a_burst_into_free_slots_starts_in_a_handful_of_rounds(aredis, key
     assert len({r.request_id for r in results}) == burst
 
 
-async def test_a_pool_a_new_configuration_adds_is_woken_by_its_own_tokens(aredis, keys) -> None:
+@pytest.mark.parametrize("claim_tickets", [False, True])
+async def test_a_pool_a_new_configuration_adds_is_woken_by_its_own_tokens(
+    aredis, keys, claim_tickets
+) -> None:
     """The wake lists are built once per configuration: one that adds a pool has the waiter block on
     the new pool's list too, and its tokens' requests are claimed at once (one round trip each), not
-    left for the minute-long poll."""
+    left for the minute-long poll; with claim tickets, a ticket stands in the new pool too, and its
+    pushes claim their requests for the dispatcher's inbox (no round at all)."""
     async with (
         SimulatorServer(SimulatorConfig()) as sim,
-        running_dispatcher(aredis, keys, one_pool_group(sim.url), **NO_POLL) as dispatcher,
+        running_dispatcher(
+            aredis, keys, one_pool_group(sim.url), claim_tickets=claim_tickets, **NO_POLL
+        ) as dispatcher,
         Producer(aredis, keys=keys) as producer,
     ):
         await producer.submit(CALL, pool_id="default", timeout=10)
@@ -94,13 +103,23 @@ async def test_a_pool_a_new_configuration_adds_is_woken_by_its_own_tokens(aredis
         await groups.publish(aredis, keys, added)
         await wait_until(lambda: dispatcher.config is not None and dispatcher.config.version == 2)
         assert keys.wake_list("added") in dispatcher._wake_lists()
+        assert keys.inbox(dispatcher.identity.dispatcher_id, "added") in dispatcher._wake_lists()
         await producer.submit(CALL, pool_id="added", timeout=10)  # the first round after the change
-        rounds, trips = dispatcher.stats.rounds, dispatcher.queue.trips
+        rounds, trips, claims = (
+            dispatcher.stats.rounds,
+            dispatcher.queue.trips,
+            dispatcher.stats.ticket_claims,
+        )
         async with asyncio.timeout(20):  # a request whose token nobody waits for stalls for the poll
             for _ in range(10):
                 await producer.submit(CALL, pool_id="added", timeout=10)
-        assert dispatcher.stats.rounds - rounds == 10
-        assert dispatcher.queue.trips - trips == 10  # each claimed from its wake token, no read first
+        if claim_tickets:
+            assert dispatcher.stats.ticket_claims - claims == 10, dispatcher.stats
+            assert dispatcher.stats.rounds - rounds == 0
+            assert dispatcher.queue.trips - trips == 0
+        else:
+            assert dispatcher.stats.rounds - rounds == 10
+            assert dispatcher.queue.trips - trips == 10  # each claimed from its wake token, no read first
 
 
 async def test_a_backend_row_costs_its_rounds_no_round_trip_of_their_own(aredis, keys) -> None:

@@ -109,7 +109,8 @@ async def test_a_push_that_fills_an_empty_list_wakes_with_the_request_itself(are
 
 
 async def test_a_lone_dispatcher_takes_one_round_trip_per_call_at_concurrency_one(aredis, keys) -> None:
-    async with one_pool_stack(aredis, keys, **NO_POLL) as (dispatcher, producer):
+    """Without claim tickets (runtime.dispatch.tickets): each push's wake token brings one round."""
+    async with one_pool_stack(aredis, keys, claim_tickets=False, **NO_POLL) as (dispatcher, producer):
         await producer.submit(CALL, pool_id="default", timeout=10)
         # (The first use of a script after a SCRIPT FLUSH may run ROUND before the claim it follows,
         # whose NOSCRIPT retry comes after: the warm-up call takes that, a claim lost at worst.)
@@ -120,11 +121,30 @@ async def test_a_lone_dispatcher_takes_one_round_trip_per_call_at_concurrency_on
         assert dispatcher.stats.claim_lost == lost, dispatcher.stats
 
 
+async def test_with_claim_tickets_a_call_at_concurrency_one_takes_no_round_and_no_claim_trip(
+    aredis, keys
+) -> None:
+    """Each push claims its request against the dispatcher's standing ticket: the call starts from the
+    waiter's BLPOP, and the rounds' connection carries nothing but FINISH."""
+    async with one_pool_stack(aredis, keys, **NO_POLL) as (dispatcher, producer):
+        await producer.submit(CALL, pool_id="default", timeout=10)
+        trips, rounds, claims = (
+            dispatcher.queue.trips,
+            dispatcher.stats.rounds,
+            dispatcher.stats.ticket_claims,
+        )
+        await submit_one_at_a_time(producer, 20)
+        assert dispatcher.stats.ticket_claims - claims == 20, dispatcher.stats
+        assert dispatcher.stats.rounds - rounds == 0
+        assert dispatcher.queue.trips - trips == 0
+        assert dispatcher.stats.tickets_given_back == 0
+
+
 async def test_a_wake_tokens_claim_sends_round_behind_it_only_when_the_reap_is_due(aredis, keys) -> None:
     """The claim reports the backlog its pop left (none here), so ROUND behind it would find the list
     empty: it rides along to reap (every REAP_INTERVAL_S), or while a call still runs (here: the last
     one's span after its reply, now and then). Before: one ROUND per call."""
-    async with one_pool_stack(aredis, keys, **NO_POLL) as (dispatcher, producer):
+    async with one_pool_stack(aredis, keys, claim_tickets=False, **NO_POLL) as (dispatcher, producer):
         await producer.submit(CALL, pool_id="default", timeout=10)
         sent, started = dispatcher.queue.rounds_sent, time.monotonic()
         await submit_one_at_a_time(producer, 20)

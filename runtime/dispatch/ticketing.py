@@ -1,0 +1,128 @@
+"""The dispatcher's side of its standing claim tickets (:mod:`runtime.dispatch.tickets`): what its wake
+waiter sends before each BLPOP, a request that arrives claimed in its inbox started (or given back), and
+the tickets withdrawn when it stops.
+
+:class:`Ticketing` is a part of :class:`~runtime.dispatch.dispatcher.Dispatcher`, kept in a module of
+its own; the attributes it reads are declared here and set by the dispatcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+
+from runtime.backends.fleet import BackendFleet
+from runtime.config import DispatcherSettings
+from runtime.dispatch.peek import PeekCache
+from runtime.dispatch.running import RunningCalls
+from runtime.dispatch.stats import DispatcherStats
+from runtime.dispatch.tickets import TICKET_MAX_RUNNING, TICKET_MIN_FREE, Tickets, split_inbox_item
+from runtime.queue.dispatching import QueueOps
+from runtime.queue.leases import LeaseRecord
+from runtime.telemetry.spans import Identity
+from runtime.valkey.client import REDIS_ERRORS
+from runtime.wire.groupconfig import GroupConfig
+
+__all__ = ["Ticketing"]
+
+
+class Ticketing:
+    """The tickets' half of the dispatcher (see the module doc)."""
+
+    client: aioredis.Redis
+    config: GroupConfig | None
+    settings: DispatcherSettings
+    identity: Identity
+    stats: DispatcherStats
+    queue: QueueOps
+    fleet: BackendFleet
+    running: RunningCalls
+    tickets: Tickets
+    _peek: PeekCache
+    _slots: int
+    _stopping: asyncio.Event
+    _tasks: set[asyncio.Task[None]]
+    _start: Callable[..., None]
+    _refusal: Callable[[str], str | None]
+    _reap: Callable[[asyncio.Task[None]], None]
+    _valkey_lost: Callable[[BaseException], None]
+
+    def _ticket_commands(self, idle: bool) -> list[tuple[object, ...]]:
+        """What the wake waiter sends before its next BLPOP: our tickets while we wait with room for
+        them (else their withdrawal), and the accepts of requests that arrived."""
+        tickets = self.tickets.of(self.config)
+        running = len(self.running)
+        offer = (
+            idle
+            and self.settings.claim_tickets
+            and not self._stopping.is_set()
+            and running <= TICKET_MAX_RUNNING
+            and self._slots - running >= TICKET_MIN_FREE
+        )
+        refused = [p for p in tickets.offered if self._refusal(p) is not None] if offer else ()
+        return tickets.commands(offer=offer, refused=refused)
+
+    def _ticketed(self, pool_id: str, item: bytes) -> None:
+        """Starts a request a push claimed against our ticket, or gives it back when it may not run."""
+        self.tickets.received(pool_id)
+        member, raw = split_inbox_item(item)
+        peeked = self._peek.get(raw)
+        self._peek.forget(raw)
+        envelope, config = peeked.envelope, self.config
+        runnable = (
+            envelope is not None
+            and config is not None
+            and not self._stopping.is_set()
+            and pool_id in self.tickets.offered
+            and (envelope.deadline is None or envelope.deadline > time.time())
+        )
+        if runnable:
+            assert config is not None
+            route = config.route(pool_id)
+            runnable = self.fleet.acquire_now(route.backend_id, route.endpoint) is True
+        if not runnable:
+            self._give_back_ticketed([(pool_id, member, raw)])
+            return
+        assert envelope is not None
+        record = LeaseRecord.encode_of(
+            envelope, pool_id=pool_id, claimed_at=time.time(), dispatcher_id=self.identity.dispatcher_id,
+            cost=peeked.cost,
+        )  # fmt: skip
+        self.tickets.accepted(pool_id, member, record)
+        self.stats.ticket_claims += 1
+        self._start(envelope, pool_id, member, peeked.cost)
+
+    def _give_back_ticketed(self, returns: list[tuple[str, str, bytes]]) -> None:
+        task = asyncio.create_task(self._return_ticketed(returns))
+        self._tasks.add(task)
+        task.add_done_callback(self._reap)
+
+    async def _return_ticketed(self, returns: list[tuple[str, str, bytes]]) -> None:
+        try:
+            self.stats.tickets_given_back += await self.queue.return_ticketed(returns)
+        except REDIS_ERRORS as exc:  # their leases' requeue entries stand: REAP puts them back
+            self._valkey_lost(exc)
+
+    async def _withdraw_tickets(self) -> None:
+        """Stopping: our tickets withdrawn, and what our inboxes still hold given back. On a Valkey
+        error the tickets lapse and REAP requeues what the inboxes held once their leases expire."""
+        commands = self.tickets.withdrawal()
+        inboxes = self.tickets.inboxes
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for command in commands:
+                    pipe.execute_command(*command)
+                answers = await pipe.execute()
+            left = answers[len(answers) - len(inboxes) :]
+            returns = [
+                (self.tickets.pools[inbox.encode()], *split_inbox_item(item))
+                for inbox, items in zip(inboxes, left, strict=True)
+                for item in items or ()
+            ]
+            if returns:
+                await self._return_ticketed(returns)
+        except REDIS_ERRORS as exc:
+            self._valkey_lost(exc)

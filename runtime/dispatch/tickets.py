@@ -1,0 +1,173 @@
+"""Standing claim tickets: an idle dispatcher's offer to take a pool's next request the moment it is pushed.
+
+A wake token carries the pushed request, and the dispatcher it wakes still spends a CLAIM round trip and
+a round before the call starts: at concurrency 1 that was a third of the added latency and of the
+dispatcher's CPU per call (bench/RESULTS.md, session 24). A ticket moves the claim into the push:
+
+* while it waits with free slots and at most :data:`TICKET_MAX_RUNNING` calls running, the dispatcher's
+  wake waiter posts its ticket in the pool's ticket list, pipelined before each BLPOP (so at most
+  :data:`~runtime.dispatch.wakeup.WAKE_BLOCK_S` apart; a ticket lapses after
+  :data:`~runtime.queue.keys.TICKET_TTL_MS`);
+* a push that makes the list non-empty takes the oldest ticket, checks the caps, the duplicate lease and
+  its producer's liveness as CLAIM does, takes the lease and hands the request to that dispatcher's
+  inbox (``lua/push.lua``), which the waiter BLPOPs ahead of the wake lists;
+* the dispatcher accepts it: the call starts, and the lease record and the end of the claim's requeue
+  entry ride before the waiter's next BLPOP. Until then the request is its lease's envelope to requeue,
+  so one claimed for a dispatcher that died goes back to the head of its list when its lease expires
+  (REAP), instead of being lost;
+* one it cannot run (stopping, its pool disabled, malformed, its breaker opened) it gives back to the
+  head of its list (``lua/ticket_return.lua``), where a round takes it or drops it, counted;
+* stopping, it withdraws its tickets and gives back what its inbox still holds.
+
+Beyond one call in flight rounds batch their claims (one trip for several calls), and a ticket's one
+claim per trip costs more than it saves, so tickets stand only at low concurrency. A standing ticket
+holds one of the dispatcher's free slots (rounds plan without it), so a ticket's claim never takes the
+dispatcher past its slots. Where a claim needs what only a round knows, no ticket stands (see
+:func:`ticket_pools`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+
+from runtime.queue.keys import TICKET_TTL_MS, KeySpace
+from runtime.wire.groupconfig import OFF, GroupConfig
+
+__all__ = ["TICKET_MAX_RUNNING", "Tickets", "split_inbox_item", "ticket_pools"]
+
+# A ticket stands only while at most this many calls run (see the module doc): at concurrency 1 the
+# next call's request can arrive before the last call's FINISH has been answered.
+TICKET_MAX_RUNNING = 2
+# Free slots a ticket needs: the one it holds, and one left for rounds.
+TICKET_MIN_FREE = 2
+_TTL_S = TICKET_TTL_MS / 1000
+
+Command = tuple[object, ...]
+
+
+def ticket_pools(config: GroupConfig) -> frozenset[str]:
+    """The pools where a ticket may stand: none in durable mode (a claim there also takes a fencing
+    token) or in a group with protected slots (a ticket's claim does not check the slots owed to the
+    other pools); otherwise the enabled, unpaused pools without tenant fairness that call a bare
+    endpoint URL (a backend row's limit, 429 hold and shared breaker are checked by rounds)."""
+    pools = config.enabled_pools
+    if config.durable or any(p.min_concurrent > 0 for p in pools):
+        return frozenset()
+    return frozenset(
+        p.pool_id
+        for p in pools
+        if not p.paused and p.tenant_fairness == OFF and not config.route(p.pool_id).backend_id
+    )
+
+
+def split_inbox_item(item: bytes) -> tuple[str, bytes]:
+    """An inbox item's lease member and request (``lua/push.lua`` joins them with a NUL)."""
+    member, _, raw = item.partition(b"\0")
+    return member.decode(), raw
+
+
+class Tickets:
+    """One dispatcher's tickets: what its waiter sends before each BLPOP, and its inboxes by name."""
+
+    def __init__(self, keys: KeySpace, dispatcher_id: str, group_id: str, lease_s: float) -> None:
+        self.keys = keys
+        self.dispatcher_id = dispatcher_id
+        self.group_id = group_id
+        self.lease_s = lease_s
+        self._config: GroupConfig | None = None
+        self._offers: dict[str, tuple[str, str]] = {}  # pool -> (its ticket list, this dispatcher's ticket)
+        self.inboxes: tuple[str, ...] = ()
+        self.pools: dict[bytes, str] = {}  # inbox name as BLPOP answers it -> pool
+        self._posted: dict[str, float] = {}  # pool -> when its ticket was last posted (monotonic)
+        self._pending: list[Command] = []  # accepts and withdrawals not yet sent
+
+    def __repr__(self) -> str:
+        return f"<Tickets {self.dispatcher_id} posted={sorted(self._posted)} pending={len(self._pending)}>"
+
+    def of(self, config: GroupConfig | None) -> Tickets:
+        """These tickets for ``config`` (by identity), rebuilt first if they follow another one; tickets
+        of pools that no longer qualify are withdrawn before the next BLPOP."""
+        if config is self._config:
+            return self
+        # An inbox lapses (TICKET_TTL_MS) well before its requests' leases expire, so REAP never requeues
+        # a request its dispatcher may still take from the inbox.
+        long_enough = self.lease_s * 1000 > 2 * TICKET_TTL_MS
+        pools = ticket_pools(config) if config is not None and long_enough else frozenset()
+        for pool_id in [p for p in self._posted if p not in pools]:
+            self._withdraw(pool_id)
+        self._offers = {}
+        enabled = config.enabled_pools if config is not None else ()
+        # Every enabled pool's inbox stays watched: a request claimed just before its pool's ticket was
+        # withdrawn (the pool paused, say) still arrives, and is given back.
+        self.pools = {self.keys.inbox(self.dispatcher_id, p.pool_id).encode(): p.pool_id for p in enabled}
+        self.inboxes = tuple(name.decode() for name in self.pools)
+        assert config is not None or not pools
+        for pool in enabled:
+            if pool.pool_id in pools:
+                assert config is not None
+                inbox = self.keys.inbox(self.dispatcher_id, pool.pool_id)
+                ticket = f"{inbox}|{pool.max_concurrent}|{config.total_concurrency}|{self.lease_s}"
+                self._offers[pool.pool_id] = (self.keys.tickets(pool.pool_id), ticket)
+        self._config = config
+        return self
+
+    def commands(self, *, offer: bool, refused: Collection[str] = ()) -> list[Command]:
+        """What to send before the next BLPOP: pending accepts and withdrawals, then this dispatcher's
+        ticket in each pool's list (moved to its tail) when ``offer``, but for pools in ``refused``."""
+        commands, self._pending = self._pending, []
+        now = time.monotonic()
+        for pool_id, (tickets, ticket) in self._offers.items():
+            if offer and pool_id not in refused:
+                commands += [("LREM", tickets, 0, ticket), ("RPUSH", tickets, ticket)]
+                commands.append(("PEXPIRE", tickets, TICKET_TTL_MS))
+                self._posted[pool_id] = now
+            elif pool_id in self._posted:
+                self._withdraw(pool_id)
+                commands += self._pending
+                self._pending = []
+        return commands
+
+    @property
+    def offered(self) -> Collection[str]:
+        """The pools where this dispatcher's tickets may stand under the configuration in force."""
+        return self._offers.keys()
+
+    def unsent(self, commands: list[Command]) -> None:
+        """``commands`` did not reach Valkey: sent again before the next BLPOP."""
+        self._pending = [c for c in commands if c[0] in ("HSET", "HDEL", "LREM")] + self._pending
+
+    def accepted(self, pool_id: str, member: str, record: bytes) -> None:
+        """A request from the pool's inbox is running: its lease record written, its requeue entry gone."""
+        self._posted.pop(pool_id, None)
+        self._pending += [
+            ("HSET", self.keys.lease_records(self.group_id), member, record),
+            ("HDEL", self.keys.durable_leases(self.group_id), member),
+        ]
+
+    def received(self, pool_id: str) -> None:
+        """The pool's ticket was used up (its request arrived)."""
+        self._posted.pop(pool_id, None)
+
+    def holding(self) -> int:
+        """Slots held by tickets that may still stand (one per pool posted within the ticket's TTL)."""
+        if not self._posted:
+            return 0
+        now = time.monotonic()
+        return sum(1 for at in self._posted.values() if now - at < _TTL_S)
+
+    def withdrawal(self) -> list[Command]:
+        """Withdraws every ticket and takes what the inboxes still hold (``LPOP`` after the ``LREM``:
+        a push that took a ticket has delivered by then), for a stopping dispatcher."""
+        commands, self._pending = self._pending, []
+        for pool_id in list(self._posted):
+            self._withdraw(pool_id)
+        commands += self._pending
+        self._pending = []
+        return commands + [("LPOP", inbox, 1000) for inbox in self.inboxes]
+
+    def _withdraw(self, pool_id: str) -> None:
+        self._posted.pop(pool_id, None)
+        offer = self._offers.get(pool_id)
+        if offer is not None:
+            self._pending.append(("LREM", offer[0], 0, offer[1]))
