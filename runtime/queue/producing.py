@@ -65,8 +65,8 @@ class ProducerOps:
         claimable: Claimable | None = None,
     ) -> int:
         """Queues the envelope; returns the list's new length (a fair pool's: its queued count; 0: claimed
-        at once against a dispatcher's standing ticket, possible only with ``claimable``: the group id
-        a plain pool's in lists mode). Raises
+        at once against a dispatcher's standing ticket, possible only with ``claimable``: a plain pool's
+        request in lists mode). Raises
         QueueFull (nothing queued) when the pool's limits, or those of the ingress key holding ``lease``,
         or ``tenant``'s cap in a fair pool (``tenant`` given only for one), refuse it."""
         if tenant is not None:
