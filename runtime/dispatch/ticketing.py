@@ -20,8 +20,9 @@ from runtime.dispatch.peek import PeekCache
 from runtime.dispatch.running import RunningCalls
 from runtime.dispatch.stats import DispatcherStats
 from runtime.dispatch.tickets import TICKET_MAX_RUNNING, TICKET_MIN_FREE, Tickets, split_inbox_item
-from runtime.queue.dispatching import QueueOps
+from runtime.queue.keys import KeySpace
 from runtime.queue.leases import LeaseRecord
+from runtime.queue.ticket_return import return_ticketed
 from runtime.telemetry.spans import Identity
 from runtime.valkey.client import REDIS_ERRORS
 from runtime.wire.groupconfig import GroupConfig
@@ -33,11 +34,11 @@ class Ticketing:
     """The tickets' half of the dispatcher (see the module doc)."""
 
     client: aioredis.Redis
+    keys: KeySpace
     config: GroupConfig | None
     settings: DispatcherSettings
     identity: Identity
     stats: DispatcherStats
-    queue: QueueOps
     fleet: BackendFleet
     running: RunningCalls
     tickets: Tickets
@@ -91,7 +92,7 @@ class Ticketing:
             envelope, pool_id=pool_id, claimed_at=time.time(), dispatcher_id=self.identity.dispatcher_id,
             cost=peeked.cost,
         )  # fmt: skip
-        self.tickets.accepted(pool_id, member, record)
+        self.tickets.accepted(member, record)
         self.stats.ticket_claims += 1
         self._start(envelope, pool_id, member, peeked.cost)
 
@@ -102,7 +103,9 @@ class Ticketing:
 
     async def _return_ticketed(self, returns: list[tuple[str, str, bytes]]) -> None:
         try:
-            self.stats.tickets_given_back += await self.queue.return_ticketed(returns)
+            self.stats.tickets_given_back += await return_ticketed(
+                self.client, self.keys, self.settings.group_id, returns
+            )
         except REDIS_ERRORS as exc:  # their leases' requeue entries stand: REAP puts them back
             self._valkey_lost(exc)
 

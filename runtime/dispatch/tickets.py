@@ -95,20 +95,18 @@ class Tickets:
         long_enough = self.lease_s * 1000 > 2 * TICKET_TTL_MS
         pools = ticket_pools(config) if config is not None and long_enough else frozenset()
         for pool_id in [p for p in self._posted if p not in pools]:
-            self._withdraw(pool_id)
-        self._offers = {}
-        enabled = config.enabled_pools if config is not None else ()
+            self._pending += self._withdraw(pool_id)
+        total = config.total_concurrency if config is not None else 0
         # Every enabled pool's inbox stays watched: a request claimed just before its pool's ticket was
         # withdrawn (the pool paused, say) still arrives, and is given back.
-        self.pools = {self.keys.inbox(self.dispatcher_id, p.pool_id).encode(): p.pool_id for p in enabled}
-        self.inboxes = tuple(name.decode() for name in self.pools)
-        assert config is not None or not pools
-        for pool in enabled:
+        self.pools, self._offers = {}, {}
+        for pool in config.enabled_pools if config is not None else ():
+            inbox = self.keys.inbox(self.dispatcher_id, pool.pool_id)
+            self.pools[inbox.encode()] = pool.pool_id
             if pool.pool_id in pools:
-                assert config is not None
-                inbox = self.keys.inbox(self.dispatcher_id, pool.pool_id)
-                ticket = f"{inbox}|{pool.max_concurrent}|{config.total_concurrency}|{self.lease_s}"
+                ticket = f"{inbox}|{pool.max_concurrent}|{total}|{self.lease_s}"
                 self._offers[pool.pool_id] = (self.keys.tickets(pool.pool_id), ticket)
+        self.inboxes = tuple(name.decode() for name in self.pools)
         self._config = config
         return self
 
@@ -123,9 +121,7 @@ class Tickets:
                 commands.append(("PEXPIRE", tickets, TICKET_TTL_MS))
                 self._posted[pool_id] = now
             elif pool_id in self._posted:
-                self._withdraw(pool_id)
-                commands += self._pending
-                self._pending = []
+                commands += self._withdraw(pool_id)
         return commands
 
     @property
@@ -137,9 +133,8 @@ class Tickets:
         """``commands`` did not reach Valkey: sent again before the next BLPOP."""
         self._pending = [c for c in commands if c[0] in ("HSET", "HDEL", "LREM")] + self._pending
 
-    def accepted(self, pool_id: str, member: str, record: bytes) -> None:
+    def accepted(self, member: str, record: bytes) -> None:
         """A request from the pool's inbox is running: its lease record written, its requeue entry gone."""
-        self._posted.pop(pool_id, None)
         self._pending += [
             ("HSET", self.keys.lease_records(self.group_id), member, record),
             ("HDEL", self.keys.durable_leases(self.group_id), member),
@@ -161,13 +156,11 @@ class Tickets:
         a push that took a ticket has delivered by then), for a stopping dispatcher."""
         commands, self._pending = self._pending, []
         for pool_id in list(self._posted):
-            self._withdraw(pool_id)
-        commands += self._pending
-        self._pending = []
+            commands += self._withdraw(pool_id)
         return commands + [("LPOP", inbox, 1000) for inbox in self.inboxes]
 
-    def _withdraw(self, pool_id: str) -> None:
+    def _withdraw(self, pool_id: str) -> list[Command]:
+        """Forgets the pool's ticket; the LREM that takes it out of its list (none if no longer offered)."""
         self._posted.pop(pool_id, None)
         offer = self._offers.get(pool_id)
-        if offer is not None:
-            self._pending.append(("LREM", offer[0], 0, offer[1]))
+        return [("LREM", offer[0], 0, offer[1])] if offer is not None else []

@@ -127,7 +127,6 @@ class QueueOps(Upkeep, Finishing):
         # the monotonic time it stops being watched (inf until Valkey first answered for it).
         self.unanswered: dict[UnansweredClaim, float] = {}
         self._give_back = script("give_back")
-        self._ticket_return = script("ticket_return")
         self._answer_gone = script("answer_gone")
 
     async def observe(
@@ -388,20 +387,6 @@ class QueueOps(Upkeep, Finishing):
             elif until == math.inf:
                 self.unanswered[claim] = now + watch_s
         return sum(given_back)
-
-    async def return_ticketed(self, returns: Sequence[tuple[str, str, bytes]]) -> int:
-        """Gives back each (pool id, lease member, request) a push claimed against this dispatcher's
-        ticket and that it will not run (lua/ticket_return.lua); how many were given back."""
-
-        def build(pipe: Any) -> None:
-            for pool_id, member, raw in returns:
-                keys = [
-                    self.keys.requests(pool_id), self.keys.wake_list(pool_id), self._group_inflight,
-                    self.keys.pool_inflight(pool_id), self._durable,
-                ]  # fmt: skip
-                self._ticket_return.queue(pipe, keys, [member, raw, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS])
-
-        return sum(int(n) for n in await run_pipeline(self.client, [self._ticket_return], build))
 
     def _queue_forgets(self, pipe: Any, unfair: Sequence[str]) -> None:
         """Each fair pool's idle cleanup, a slice of its counters hash at a time (in reap's interval),

@@ -88,7 +88,7 @@ def test_an_accept_rides_before_the_next_blpop_and_is_sent_again_when_that_write
     tickets = Tickets(KEYS, "d1", "g", lease_s=15.0).of(two_pools())
     tickets.commands(offer=True)
     tickets.received("a")
-    tickets.accepted("a", "a\x1fr1", b"{}")
+    tickets.accepted("a\x1fr1", b"{}")
     accept = [
         ("HSET", KEYS.lease_records("g"), "a\x1fr1", b"{}"),
         ("HDEL", KEYS.durable_leases("g"), "a\x1fr1"),
