@@ -121,20 +121,28 @@ def _wrap_async(owner: type, name: str, out: IO[str], *, before: str = "", after
     setattr(owner, name, stamped)
 
 
+# Events that follow their own call's FINISH: with claim tickets the caller's reply (carried by FINISH)
+# lets its next push reach this dispatcher's inbox before FINISH's answer is read (two connections
+# readable in the same loop turn), so these may come after the next call's ``start``.
+AFTER_FINISH = ("finish_done", "span")
+
+
 def offsets(lines: list[str]) -> tuple[dict[str, float], int, int]:
     """Each event's median time after its call's ``start`` (ms), over the calls that met the most
     common set of events; with how many calls that is, out of how many.
 
-    A set, not an order: the next call's wake token races FINISH's answer (two connections that become
-    readable in the same loop turn), so one path comes in two orders, and medians must be taken over
-    the same calls for events that follow one another to keep their order."""
+    An event belongs to the call that last started, except FINISH's answer and the span
+    (:data:`AFTER_FINISH`): they belong to the call whose FINISH was sent and not yet answered, which
+    may be the one before. Medians are taken over calls that met the same set of events, so that
+    events that follow one another keep their order."""
     calls: list[dict[str, float]] = []
     for line in lines:
         event, at = line.split()
         if event == "start":
             calls.append({})
-        if calls:
-            calls[-1].setdefault(event, float(at))  # an event met twice (a second claim) keeps its first
+        owner = _owner(calls, event)
+        if owner is not None:
+            owner.setdefault(event, float(at))  # an event met twice (a second claim) keeps its first
     calls = calls[:-1]  # the last call's next wake-up never came
     if not calls:
         return {}, 0, 0
@@ -143,3 +151,12 @@ def offsets(lines: list[str]) -> tuple[dict[str, float], int, int]:
     typical = [call for call in calls if frozenset(call) == kind]
     result = {event: median([(call[event] - call["start"]) * 1000 for call in typical]) for event in kind}
     return result, count, len(calls)
+
+
+def _owner(calls: list[dict[str, float]], event: str) -> dict[str, float] | None:
+    if event not in AFTER_FINISH:
+        return calls[-1] if calls else None
+    for call in reversed(calls[-2:]):
+        if "finish_sent" in call and event not in call:
+            return call
+    return None  # before the first stamped call's FINISH: a warm-up call's
