@@ -102,7 +102,7 @@ class BackendFleet:
     async def refresh_unless_fresh(self) -> None:
         """:meth:`refresh`, unless the last reading may still decide a round: at most
         :attr:`status_max_age_s` old, of every backend, refusing none."""
-        if self.clock() - self.read_at > self.status_max_age_s or not self._refuses_none():
+        if self.reads_due() or not self._refuses_none():
             await self.refresh()
 
     def queue_reads(self, pipe: Commands) -> Callable[[list[Any]], None] | None:
@@ -164,6 +164,19 @@ class BackendFleet:
             return status.limit
         backend = self.backends.get(backend_id)
         return backend.max_in_flight if backend else 0
+
+    def ticket_limit(self, backend_id: str) -> int | None:
+        """The in-flight limit a standing claim ticket carries for a pool on this backend
+        (:mod:`runtime.dispatch.tickets`), or None while only a round may claim for it: never read, held
+        (saturated, at its limit, a 429's hold) or its breaker not closed, as last read."""
+        status = self.statuses.get(backend_id)
+        if status is None or status.held or self.breakers.state(backend_id).mode != CLOSED:
+            return None
+        return status.limit
+
+    def reads_due(self) -> bool:
+        """Whether the last reading is too old to decide a round (:data:`STATUS_MAX_AGE_S`)."""
+        return bool(self.backends) and self.clock() - self.read_at > self.status_max_age_s
 
     def skip_reason(self, backend_id: str) -> str:
         """The skip reason when the claim found the backend's limit reached."""

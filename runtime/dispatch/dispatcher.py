@@ -131,6 +131,7 @@ class Dispatcher(Rounds, Configuring, Upkeep, Ticketing):
         self._head_token: tuple[str, bytes] | None = None  # the last wake token's request, by pool
         self._wake_lists_of = WakeLists(keys)
         self.tickets = Tickets(keys, settings.dispatcher_id, settings.group_id, settings.lease_s)
+        self._reading = None
         self._waited: tuple[GroupConfig | None, tuple[str, ...]] = (None, ())  # BLPOP's keys, by config
         self._rejected_config: bytes | str | None = None
         self._policy: scheduler.GroupPolicy | None = None
@@ -149,8 +150,9 @@ class Dispatcher(Rounds, Configuring, Upkeep, Ticketing):
             backoff_s=settings.reconnect_backoff_s,
         )  # fmt: skip
         self.waiter = WakeWaiter(
-            client, keys=self._wake_lists, prelude=self._ticket_commands, unsent=self.tickets.unsent,
-            idle=self._idle, finished=self._finished, on_wake=self._woken, on_error=self._valkey_lost,
+            client, keys=self._wake_lists, prelude=self._ticket_commands, answered=self._ticket_answers,
+            unsent=self._ticket_commands_unsent, idle=self._idle, finished=self._finished,
+            on_wake=self._woken, on_error=self._valkey_lost,
             backoff_s=settings.reconnect_backoff_s,
         )  # fmt: skip
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -25,6 +26,7 @@ from runtime.queue.leases import LeaseRecord
 from runtime.queue.ticket_return import return_ticketed
 from runtime.telemetry.spans import Identity
 from runtime.valkey.client import REDIS_ERRORS
+from runtime.valkey.lua import Commands
 from runtime.wire.groupconfig import GroupConfig
 
 __all__ = ["Ticketing"]
@@ -42,6 +44,7 @@ class Ticketing:
     fleet: BackendFleet
     running: RunningCalls
     tickets: Tickets
+    _reading: tuple[int, Callable[[list[Any]], None]] | None  # the backends' reading on the wire
     _peek: PeekCache
     _slots: int
     _stopping: asyncio.Event
@@ -50,10 +53,13 @@ class Ticketing:
     _refusal: Callable[[str], str | None]
     _reap: Callable[[asyncio.Task[None]], None]
     _valkey_lost: Callable[[BaseException], None]
+    _internal_error: Callable[[str], None]
 
     def _ticket_commands(self, idle: bool) -> list[tuple[object, ...]]:
         """What the wake waiter sends before its next BLPOP: our tickets while we wait with room for
-        them (else their withdrawal), and the accepts of requests that arrived."""
+        them (else their withdrawal), and the accepts of requests that arrived. Behind a backend row a
+        ticket stands only while the backend may take a call as last read, so the backends' reading
+        rides along when it is due: at low concurrency no round reads it."""
         tickets = self.tickets.of(self.config)
         running = len(self.running)
         offer = (
@@ -63,8 +69,36 @@ class Ticketing:
             and running <= TICKET_MAX_RUNNING
             and self._slots - running >= TICKET_MIN_FREE
         )
-        refused = [p for p in tickets.offered if self._refusal(p) is not None] if offer else ()
-        return tickets.commands(offer=offer, refused=refused)
+        if not offer:
+            return tickets.commands(offer=False)
+        refused = [p for p in tickets.offered if self._refusal(p) is not None]
+        if not tickets.backed:
+            return tickets.commands(offer=True, refused=refused)
+        limits = {b: self.fleet.ticket_limit(b) for b in set(tickets.backed.values())}
+        commands = tickets.commands(
+            offer=True, refused=refused, limits={b: n for b, n in limits.items() if n is not None}
+        )
+        if self.fleet.reads_due():
+            reads = Commands()
+            take = self.fleet.queue_reads(reads)
+            if take is not None:
+                commands += reads.calls
+                self._reading = (len(reads.calls), take)
+        return commands
+
+    def _ticket_answers(self, answers: list[object]) -> None:
+        """The answers to what :meth:`_ticket_commands` sent: the backends' reading, if it rode along."""
+        reading, self._reading = self._reading, None
+        if reading is not None:
+            count, take = reading
+            try:
+                take(answers[len(answers) - count :])
+            except Exception:  # the waiter goes on: the next reading rides the next BLPOP
+                self._internal_error("taking the backends' reading from the wake waiter failed")
+
+    def _ticket_commands_unsent(self, commands: list[tuple[object, ...]]) -> None:
+        self._reading = None
+        self.tickets.unsent(commands)
 
     def _ticketed(self, pool_id: str, item: bytes) -> None:
         """Starts a request a push claimed against our ticket, or gives it back when it may not run."""
@@ -85,7 +119,7 @@ class Ticketing:
             route = config.route(pool_id)
             runnable = self.fleet.acquire_now(route.backend_id, route.endpoint) is True
         if not runnable:
-            self._give_back_ticketed([(pool_id, member, raw)])
+            self._give_back_ticketed([(pool_id, self._backend_of(pool_id), member, raw)])
             return
         assert envelope is not None
         record = LeaseRecord.encode_of(
@@ -96,12 +130,16 @@ class Ticketing:
         self.stats.ticket_claims += 1
         self._start(envelope, pool_id, member, peeked.cost)
 
-    def _give_back_ticketed(self, returns: list[tuple[str, str, bytes]]) -> None:
+    def _backend_of(self, pool_id: str) -> str:
+        """The backend row a request claimed for the pool took a lease of ("" for a bare URL)."""
+        return self.config.route(pool_id).backend_id if self.config is not None else ""
+
+    def _give_back_ticketed(self, returns: list[tuple[str, str, str, bytes]]) -> None:
         task = asyncio.create_task(self._return_ticketed(returns))
         self._tasks.add(task)
         task.add_done_callback(self._reap)
 
-    async def _return_ticketed(self, returns: list[tuple[str, str, bytes]]) -> None:
+    async def _return_ticketed(self, returns: list[tuple[str, str, str, bytes]]) -> None:
         try:
             self.stats.tickets_given_back += await return_ticketed(
                 self.client, self.keys, self.settings.group_id, returns
@@ -120,9 +158,10 @@ class Ticketing:
                     pipe.execute_command(*command)
                 answers = await pipe.execute()
             left = answers[len(answers) - len(inboxes) :]
+            pools = [self.tickets.pools[inbox.encode()] for inbox in inboxes]
             returns = [
-                (self.tickets.pools[inbox.encode()], *split_inbox_item(item))
-                for inbox, items in zip(inboxes, left, strict=True)
+                (pool_id, self._backend_of(pool_id), *split_inbox_item(item))
+                for pool_id, items in zip(pools, left, strict=True)
                 for item in items or ()
             ]
             if returns:

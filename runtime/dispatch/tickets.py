@@ -24,17 +24,27 @@ claim per trip costs more than it saves, so tickets stand only at low concurrenc
 holds one of the dispatcher's free slots (rounds plan without it), so a ticket's claim never takes the
 dispatcher past its slots. Where a claim needs what only a round knows, no ticket stands (see
 :func:`ticket_pools`).
+
+Behind a backend row the ticket also names the backend's fleet lease set, its 429 hold and its shared
+breaker, and carries the in-flight limit the load gate allows as the dispatcher last read it: the push
+takes the backend's lease with the pool's, and claims nothing while the backend is held, at that limit
+or its breaker is not closed. The reading rides before the waiter's BLPOP when it is due (no round
+reads it at concurrency 1), and a ticket stands only while that reading says the backend may take a
+call. A ticket posted before a wait carries that wait's reading, so while its dispatcher idles the limit
+may be up to a BLPOP's wait (:data:`~runtime.dispatch.wakeup.WAKE_BLOCK_S`) older than a round's: one
+call per standing ticket may pass a limit the load gate lowered meanwhile (the fleet-wide in-flight
+count, the hold and the breaker are read by the push itself, fresh).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from runtime.queue.keys import TICKET_TTL_MS, KeySpace
 from runtime.wire.groupconfig import OFF, GroupConfig
 
-__all__ = ["TICKET_MAX_RUNNING", "Tickets", "split_inbox_item", "ticket_pools"]
+__all__ = ["TICKET_MAX_RUNNING", "Tickets", "split_inbox_item", "ticket_pools", "ticket_text"]
 
 # A ticket stands only while at most this many calls run (see the module doc): at concurrency 1 the
 # next call's request can arrive before the last call's FINISH has been answered.
@@ -44,21 +54,25 @@ TICKET_MIN_FREE = 2
 _TTL_S = TICKET_TTL_MS / 1000
 
 Command = tuple[object, ...]
+_NO_LIMITS: Mapping[str, int] = {}
 
 
 def ticket_pools(config: GroupConfig) -> frozenset[str]:
     """The pools where a ticket may stand: none in durable mode (a claim there also takes a fencing
     token) or in a group with protected slots (a ticket's claim does not check the slots owed to the
-    other pools); otherwise the enabled, unpaused pools without tenant fairness that call a bare
-    endpoint URL (a backend row's limit, 429 hold and shared breaker are checked by rounds)."""
+    other pools); otherwise the enabled, unpaused pools without tenant fairness. A pool behind a
+    backend row holds one only while its backend may take a call (:meth:`Tickets.commands`)."""
     pools = config.enabled_pools
     if config.durable or any(p.min_concurrent > 0 for p in pools):
         return frozenset()
-    return frozenset(
-        p.pool_id
-        for p in pools
-        if not p.paused and p.tenant_fairness == OFF and not config.route(p.pool_id).backend_id
-    )
+    return frozenset(p.pool_id for p in pools if not p.paused and p.tenant_fairness == OFF)
+
+
+def ticket_text(fields: tuple[object, ...]) -> str:
+    """A ticket as ``lua/push.lua`` reads it: its fields NUL-separated (no key holds a NUL): the inbox,
+    the pool's max, the group's limit and the lease's seconds; behind a backend row also the backend's
+    lease zset, its 429 hold key, its breaker key and its in-flight limit."""
+    return "\0".join(str(field) for field in fields)
 
 
 def split_inbox_item(item: bytes) -> tuple[str, bytes]:
@@ -76,10 +90,14 @@ class Tickets:
         self.group_id = group_id
         self.lease_s = lease_s
         self._config: GroupConfig | None = None
-        self._offers: dict[str, tuple[str, str]] = {}  # pool -> (its ticket list, this dispatcher's ticket)
+        # pool -> (its ticket list, this dispatcher's ticket; behind a backend row, all of it but the
+        # backend's limit, its last field)
+        self._offers: dict[str, tuple[str, str]] = {}
+        self.backed: dict[str, str] = {}  # pool -> its backend row, for the pools that hold a ticket
         self.inboxes: tuple[str, ...] = ()
         self.pools: dict[bytes, str] = {}  # inbox name as BLPOP answers it -> pool
-        self._posted: dict[str, float] = {}  # pool -> when its ticket was last posted (monotonic)
+        # pool -> when its ticket was last posted (monotonic), its ticket list, the ticket
+        self._posted: dict[str, tuple[float, str, str]] = {}
         self._pending: list[Command] = []  # accepts and withdrawals not yet sent
 
     def __repr__(self) -> str:
@@ -99,27 +117,45 @@ class Tickets:
         total = config.total_concurrency if config is not None else 0
         # Every enabled pool's inbox stays watched: a request claimed just before its pool's ticket was
         # withdrawn (the pool paused, say) still arrives, and is given back.
-        self.pools, self._offers = {}, {}
+        self.pools, self._offers, self.backed = {}, {}, {}
         for pool in config.enabled_pools if config is not None else ():
             inbox = self.keys.inbox(self.dispatcher_id, pool.pool_id)
             self.pools[inbox.encode()] = pool.pool_id
-            if pool.pool_id in pools:
-                ticket = f"{inbox}|{pool.max_concurrent}|{total}|{self.lease_s}"
-                self._offers[pool.pool_id] = (self.keys.tickets(pool.pool_id), ticket)
+            if config is None or pool.pool_id not in pools:
+                continue
+            fields: tuple[object, ...] = (inbox, pool.max_concurrent, total, self.lease_s)
+            backend_id = config.route(pool.pool_id).backend_id
+            if backend_id:
+                self.backed[pool.pool_id] = backend_id
+                fields += (
+                    self.keys.backend_inflight(backend_id), self.keys.backend_hold(backend_id),
+                    self.keys.backend_breaker(backend_id),
+                )  # fmt: skip
+            self._offers[pool.pool_id] = (self.keys.tickets(pool.pool_id), ticket_text(fields))
         self.inboxes = tuple(name.decode() for name in self.pools)
         self._config = config
         return self
 
-    def commands(self, *, offer: bool, refused: Collection[str] = ()) -> list[Command]:
+    def commands(
+        self, *, offer: bool, refused: Collection[str] = (), limits: Mapping[str, int] = _NO_LIMITS
+    ) -> list[Command]:
         """What to send before the next BLPOP: pending accepts and withdrawals, then this dispatcher's
-        ticket in each pool's list (moved to its tail) when ``offer``, but for pools in ``refused``."""
+        ticket in each pool's list (moved to its tail) when ``offer``, but for pools in ``refused``.
+
+        A pool behind a backend row holds one only with its backend's in-flight limit in ``limits``
+        (by backend id), given while its backend may take a call; the ticket carries it, and a ticket
+        posted with another limit is replaced."""
         commands, self._pending = self._pending, []
         now = time.monotonic()
         for pool_id, (tickets, ticket) in self._offers.items():
-            if offer and pool_id not in refused:
-                commands += [("LREM", tickets, 0, ticket), ("RPUSH", tickets, ticket)]
-                commands.append(("PEXPIRE", tickets, TICKET_TTL_MS))
-                self._posted[pool_id] = now
+            if offer and pool_id not in refused and pool_id in self.backed:
+                limit = limits.get(self.backed[pool_id])
+                ticket = f"{ticket}\0{limit}" if limit is not None else ""
+            if offer and pool_id not in refused and ticket:
+                posted = self._posted.get(pool_id)
+                commands.append(("LREM", tickets, 0, posted[2] if posted else ticket))
+                commands += [("RPUSH", tickets, ticket), ("PEXPIRE", tickets, TICKET_TTL_MS)]
+                self._posted[pool_id] = (now, tickets, ticket)
             elif pool_id in self._posted:
                 commands += self._withdraw(pool_id)
         return commands
@@ -149,7 +185,7 @@ class Tickets:
         if not self._posted:
             return 0
         now = time.monotonic()
-        return sum(1 for at in self._posted.values() if now - at < _TTL_S)
+        return sum(1 for at, _, _ in self._posted.values() if now - at < _TTL_S)
 
     def withdrawal(self) -> list[Command]:
         """Withdraws every ticket and takes what the inboxes still hold (``LPOP`` after the ``LREM``:
@@ -160,7 +196,6 @@ class Tickets:
         return commands + [("LPOP", inbox, 1000) for inbox in self.inboxes]
 
     def _withdraw(self, pool_id: str) -> list[Command]:
-        """Forgets the pool's ticket; the LREM that takes it out of its list (none if no longer offered)."""
-        self._posted.pop(pool_id, None)
-        offer = self._offers.get(pool_id)
-        return [("LREM", offer[0], 0, offer[1])] if offer is not None else []
+        """Forgets the pool's ticket; the LREM that takes it out of its list."""
+        posted = self._posted.pop(pool_id, None)
+        return [("LREM", posted[1], 0, posted[2])] if posted is not None else []

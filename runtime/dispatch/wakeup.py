@@ -27,7 +27,8 @@ The token push is one fragment (``runtime/queue/lua/_wake.lua``) that every waki
 
 Before each BLPOP the waiter sends its ``prelude``: at low concurrency, the dispatcher's standing claim
 tickets (:mod:`runtime.dispatch.tickets`), whose claimed requests arrive in inboxes the BLPOP watches
-ahead of the wake lists.
+ahead of the wake lists, and reads whose answers go to ``answered`` before the BLPOP's token is
+handed on.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ class WakeWaiter:
         *,
         keys: Callable[[], Sequence[str]],
         prelude: Callable[[bool], list[Command]] = lambda idle: [],
+        answered: Callable[[list[Any]], None] = lambda answers: None,
         unsent: Callable[[list[Command]], None] = lambda commands: None,
         idle: asyncio.Event,
         finished: asyncio.Event,
@@ -98,6 +100,7 @@ class WakeWaiter:
         self.client = client
         self.keys = keys
         self.prelude = prelude
+        self.answered = answered
         self.unsent = unsent
         self.idle = idle
         self.finished = finished
@@ -131,7 +134,7 @@ class WakeWaiter:
             prelude = self.prelude(True)
             commands = [*prelude, ("BLPOP", *keys, WAKE_BLOCK_S)]
             try:
-                *_, token = await own.execute(commands, block_s=WAKE_BLOCK_S)
+                *answers, token = await own.execute(commands, block_s=WAKE_BLOCK_S)
             except REDIS_ERRORS as exc:
                 self.unsent(prelude)
                 self.on_error(exc)
@@ -141,6 +144,8 @@ class WakeWaiter:
                     )
                 continue
             self.backoff.reset()
+            if prelude:
+                self.answered(answers)
             if token is not None:
                 self.tokens += 1
                 self.on_wake(*token)

@@ -8,13 +8,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import signal
+import time
 
 import orjson
 import pytest
 
+from runtime.backends.breaker import OPEN, BreakerState, encode_state
 from runtime.config import DispatcherSettings
 from runtime.dispatch.dispatcher import Dispatcher
-from runtime.dispatch.tickets import Tickets, split_inbox_item, ticket_pools
+from runtime.dispatch.tickets import Tickets, split_inbox_item, ticket_pools, ticket_text
 from runtime.producer import Producer
 from runtime.queue import groups
 from runtime.queue.keys import TICKET_TTL_MS, KeySpace
@@ -36,9 +38,18 @@ def two_pools(**changes: object) -> GroupConfig:
     return dataclasses.replace(base, **changes)
 
 
+def backed_pools() -> GroupConfig:
+    """Pool a behind the backend row "row", pool b on the bare URL."""
+    return two_pools(
+        pools=(PoolConfig("a", max_concurrent=4, backend_id="row"), PoolConfig("b", max_concurrent=4)),
+        backends=(BackendConfig("row", "http://sim"),),
+    )
+
+
 # --- which pools may hold a ticket --------------------------------------------------------------
-def test_plain_pools_on_bare_endpoints_in_lists_mode_hold_tickets() -> None:
+def test_plain_pools_in_lists_mode_hold_tickets_on_bare_endpoints_and_behind_backend_rows() -> None:
     assert ticket_pools(two_pools()) == {"a", "b"}
+    assert ticket_pools(backed_pools()) == {"a", "b"}
 
 
 @pytest.mark.parametrize(
@@ -53,14 +64,6 @@ def test_plain_pools_on_bare_endpoints_in_lists_mode_hold_tickets() -> None:
         ("a fair pool", two_pools(pools=(PoolConfig("a", tenant_fairness="tokens"), PoolConfig("b"))), {"b"}),
         ("a paused pool", two_pools(pools=(PoolConfig("a", paused=True), PoolConfig("b"))), {"b"}),
         ("a disabled pool", two_pools(pools=(PoolConfig("a", enabled=False), PoolConfig("b"))), {"b"}),
-        (
-            "a backend row: its limit, hold and shared breaker are the rounds'",
-            two_pools(
-                pools=(PoolConfig("a", backend_id="row"), PoolConfig("b")),
-                backends=(BackendConfig("row", "http://sim"),),
-            ),
-            {"b"},
-        ),
     ],
 )
 def test_pools_whose_claims_need_a_round_hold_no_ticket(why: str, config: GroupConfig, expected: set) -> None:
@@ -72,7 +75,8 @@ def test_a_ticket_is_posted_moved_to_the_tail_withdrawn_once_and_holds_a_slot_wh
     tickets = Tickets(KEYS, "d1", "g", lease_s=15.0).of(two_pools())
     assert tickets.holding() == 0
     posted = tickets.commands(offer=True, refused=["b"])
-    ticket = f"{KEYS.inbox('d1', 'a')}|4|8|15.0"
+    ticket = f"{KEYS.inbox('d1', 'a')}\x004\x008\x0015.0"
+    assert ticket == ticket_text((KEYS.inbox("d1", "a"), 4, 8, 15.0))
     assert posted == [
         ("LREM", KEYS.tickets("a"), 0, ticket),
         ("RPUSH", KEYS.tickets("a"), ticket),
@@ -82,6 +86,29 @@ def test_a_ticket_is_posted_moved_to_the_tail_withdrawn_once_and_holds_a_slot_wh
     assert tickets.commands(offer=False) == [("LREM", KEYS.tickets("a"), 0, ticket)]
     assert tickets.commands(offer=False) == []  # withdrawn once
     assert tickets.holding() == 0
+
+
+def test_a_backend_rows_ticket_carries_its_keys_and_limit_and_stands_only_with_a_limit() -> None:
+    tickets = Tickets(KEYS, "d1", "g", lease_s=15.0).of(backed_pools())
+    assert tickets.backed == {"a": "row"}
+    assert [c[1] for c in tickets.commands(offer=True) if c[0] == "RPUSH"] == [KEYS.tickets("b")]
+    posted = tickets.commands(offer=True, limits={"row": 6})
+    fields = (KEYS.inbox("d1", "a"), 4, 8, 15.0)
+    backend = (KEYS.backend_inflight("row"), KEYS.backend_hold("row"), KEYS.backend_breaker("row"))
+    six = ticket_text((*fields, *backend, 6))
+    assert ("RPUSH", KEYS.tickets("a"), six) in posted and tickets.holding() == 2
+    # The gate's limit changed: the ticket posted with the old one is the one taken out.
+    posted = tickets.commands(offer=True, limits={"row": 3})
+    three = ticket_text((*fields, *backend, 3))
+    assert posted[:3] == [
+        ("LREM", KEYS.tickets("a"), 0, six),
+        ("RPUSH", KEYS.tickets("a"), three),
+        ("PEXPIRE", KEYS.tickets("a"), TICKET_TTL_MS),
+    ]
+    # No limit (the backend held, its breaker not closed, never read): withdrawn, b's stays.
+    posted = tickets.commands(offer=True)
+    assert ("LREM", KEYS.tickets("a"), 0, three) in posted and tickets.holding() == 1
+    assert not [c for c in posted if c[0] == "RPUSH" and c[1] == KEYS.tickets("a")]
 
 
 def test_an_accept_rides_before_the_next_blpop_and_is_sent_again_when_that_write_fails() -> None:
@@ -180,6 +207,89 @@ async def test_a_stopping_dispatcher_gives_back_what_its_inbox_holds(aredis, key
         assert await aredis.zcard(keys.pool_inflight("default")) == 0
         assert await aredis.hlen(keys.durable_leases("g")) == 0
         call.cancel()
+
+
+async def _set_breaker(aredis, keys, raw: bytes) -> None:  # type: ignore[no-untyped-def]
+    await aredis.set(keys.backend_breaker("row"), raw)
+
+
+async def _fill_backend(aredis, keys) -> None:  # type: ignore[no-untyped-def]
+    # Another group's two calls in flight to the same backend (max_in_flight 2), leases far from expiry.
+    await aredis.zadd(
+        keys.backend_inflight("row"), {"other\x1fr1": time.time() + 60, "other\x1fr2": time.time() + 60}
+    )
+
+
+REFUSALS = {
+    "a 429's hold, set by another dispatcher": lambda r, k: r.set(k.backend_hold("row"), b"1", px=60_000),
+    "the backend's limit, reached by another group": _fill_backend,
+    "its breaker, opened by another dispatcher": lambda r, k: _set_breaker(
+        r, k, encode_state(BreakerState(mode=OPEN, since=time.time(), trips=1))
+    ),
+    "its breaker's state unreadable": lambda r, k: _set_breaker(r, k, b"{not json"),
+}
+
+
+async def backed_dispatcher(aredis, keys) -> Dispatcher:  # type: ignore[no-untyped-def]
+    """A dispatcher (not running) of a group whose pool goes through the backend row "row" (max 2)."""
+    backend = BackendConfig("row", "http://127.0.0.1:9", kind="openai", load_gating=False, max_in_flight=2)
+    config = dataclasses.replace(
+        one_pool_group(""), default_endpoint_url="", backend_id="row", backends=(backend,)
+    )
+    await groups.publish(aredis, keys, config)
+    dispatcher = Dispatcher(aredis, DispatcherSettings(group_id="g"), keys=keys)
+    await dispatcher._wait_for_config()
+    return dispatcher
+
+
+@pytest.mark.parametrize("refusal", [None, *REFUSALS])
+async def test_a_backend_rows_ticket_claims_only_what_the_backend_may_take_now(aredis, keys, refusal) -> None:
+    """The dispatcher's reading said room when it posted its ticket; what changed since in Valkey is
+    what the push's claim checks: a hold, the fleet-wide limit, the shared breaker. Refused, the
+    request stays queued (for a round, which checks the same), the ticket stands, no lease is taken."""
+    dispatcher = await backed_dispatcher(aredis, keys)
+    await dispatcher.fleet.refresh()
+    commands = dispatcher._ticket_commands(True)
+    assert [c[1] for c in commands if c[0] == "RPUSH"] == [keys.tickets("default")]
+    async with aredis.pipeline(transaction=False) as pipe:
+        for command in commands:
+            pipe.execute_command(*command)
+        await pipe.execute()
+    if refusal is not None:
+        await REFUSALS[refusal](aredis, keys)
+    inbox = keys.inbox(dispatcher.identity.dispatcher_id, "default")
+    async with Producer(aredis, keys=keys) as producer:
+        call = asyncio.create_task(producer.submit(CALL, pool_id="default", timeout=3))
+        try:
+            await wait_until(
+                lambda: aredis.llen(inbox) if refusal is None else aredis.llen(keys.requests("default")),
+                what="the request claimed into the inbox, or queued",
+            )
+            leases = await aredis.zrange(keys.backend_inflight("row"), 0, -1)
+            if refusal is None:
+                [(member, _)] = [split_inbox_item(item) for item in await aredis.lrange(inbox, 0, -1)]
+                assert leases == [member.encode()]  # the backend's lease taken with the pool's
+                assert not await ticket_standing(aredis, keys)  # used up
+            else:
+                assert await aredis.llen(inbox) == 0
+                assert await aredis.zcard(keys.group_inflight("g")) == 0, refusal
+                assert not [m for m in leases if not m.startswith(b"other")], refusal
+                assert await ticket_standing(aredis, keys), refusal  # still standing
+                assert await aredis.llen(keys.wake_list("default")) == 1  # a round is woken instead
+        finally:
+            call.cancel()
+
+
+@pytest.mark.parametrize("refusal", list(REFUSALS)[:3])
+async def test_no_ticket_stands_for_a_backend_row_its_last_reading_refuses(aredis, keys, refusal) -> None:
+    dispatcher = await backed_dispatcher(aredis, keys)
+    assert not [c for c in dispatcher._ticket_commands(True) if c[0] == "RPUSH"]  # never read yet
+    await dispatcher.fleet.refresh()
+    assert [c[1] for c in dispatcher._ticket_commands(True) if c[0] == "RPUSH"] == [keys.tickets("default")]
+    await REFUSALS[refusal](aredis, keys)
+    await dispatcher.fleet.refresh()
+    withdrawn = dispatcher._ticket_commands(True)
+    assert [c[:2] for c in withdrawn if c[0] in ("LREM", "RPUSH")] == [("LREM", keys.tickets("default"))]
 
 
 @pytest.mark.slow

@@ -125,13 +125,14 @@ async def test_a_pool_a_new_configuration_adds_is_woken_by_its_own_tokens(
 async def test_a_backend_row_costs_its_rounds_no_round_trip_of_their_own(aredis, keys) -> None:
     """A pool routed through a backend row (load gate, shared breaker) was read in a pipeline of its own
     before every round: one round trip more per call at concurrency 1. Its reading now rides in the
-    pipelines the rounds send anyway, and decides the next round while young (issue 23)."""
+    pipelines the rounds send anyway, and decides the next round while young (issue 23). (Rounds, so
+    without claim tickets: with them no round runs, see the test below.)"""
     async with SimulatorServer(SimulatorConfig(kind="openai")) as sim:
         backend = BackendConfig("sim", sim.url, kind="openai", load_gating=False, max_in_flight=16)
         plain = one_pool_group(sim.url)
         config = dataclasses.replace(plain, default_endpoint_url="", backend_id="sim", backends=(backend,))
         async with (
-            running_dispatcher(aredis, keys, config, **NO_POLL) as dispatcher,
+            running_dispatcher(aredis, keys, config, claim_tickets=False, **NO_POLL) as dispatcher,
             Producer(aredis, keys=keys) as producer,
         ):
             await producer.submit(CALL, pool_id="default", timeout=10)
@@ -145,3 +146,30 @@ async def test_a_backend_row_costs_its_rounds_no_round_trip_of_their_own(aredis,
             fleet.status_max_age_s = 0.0  # as before: every round reads in a round trip of its own
             await submit_one_at_a_time(producer, 20)
             assert fleet.refreshes - refreshes == 20
+
+
+async def test_a_backend_rows_pool_at_concurrency_1_runs_on_tickets_its_reading_riding_the_waiter(
+    aredis, keys
+) -> None:
+    """Behind a backend row, too, a push claims for the idle dispatcher's ticket: no round, no round
+    trip of the dispatcher's own per call; the backend's reading rides before the waiter's BLPOP when
+    due (here: always), so the ticket's limit and the breaker stay as fresh as a round's."""
+    async with SimulatorServer(SimulatorConfig(kind="openai")) as sim:
+        backend = BackendConfig("sim", sim.url, kind="openai", load_gating=False, max_in_flight=16)
+        plain = one_pool_group(sim.url)
+        config = dataclasses.replace(plain, default_endpoint_url="", backend_id="sim", backends=(backend,))
+        async with (
+            running_dispatcher(aredis, keys, config, **NO_POLL) as dispatcher,
+            Producer(aredis, keys=keys) as producer,
+        ):
+            await producer.submit(CALL, pool_id="default", timeout=10)
+            fleet = dispatcher.fleet
+            fleet.status_max_age_s = 0.0
+            refreshes, trips, rounds = fleet.refreshes, dispatcher.queue.trips, dispatcher.stats.rounds
+            claims, read_at = dispatcher.stats.ticket_claims, fleet.read_at
+            await submit_one_at_a_time(producer, 20)
+            assert dispatcher.stats.ticket_claims - claims == 20, dispatcher.stats
+            assert dispatcher.stats.rounds == rounds and dispatcher.queue.trips == trips
+            assert fleet.refreshes == refreshes and fleet.read_at > read_at  # read by the waiter
+        # Every call's backend lease went with its FINISH: none left to count against the limit.
+        assert await aredis.zcard(keys.backend_inflight("sim")) == 0
