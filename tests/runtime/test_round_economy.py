@@ -165,6 +165,8 @@ async def test_a_backend_rows_pool_at_concurrency_1_runs_on_tickets_its_reading_
             await producer.submit(CALL, pool_id="default", timeout=10)
             fleet = dispatcher.fleet
             fleet.status_max_age_s = 0.0
+            # The first ticket stands once a reading said the backend has room.
+            await wait_until(lambda: aredis.llen(keys.tickets("default")), what="the ticket posted")
             refreshes, trips, rounds = fleet.refreshes, dispatcher.queue.trips, dispatcher.stats.rounds
             claims, read_at = dispatcher.stats.ticket_claims, fleet.read_at
             await submit_one_at_a_time(producer, 20)
