@@ -45,6 +45,7 @@ from runtime.policy.admission import (
     refusal,
 )
 from runtime.queue import registry
+from runtime.queue.claimable import Claimable, claim_keys
 from runtime.queue.keys import DRAIN_TTL_S, KEY_SET_TTL_S, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
 from runtime.queue.registry import DRAIN_RING
 from runtime.queue.scripts import ADMIT_PUSH, KEY_LEASE_RENEW
@@ -119,9 +120,17 @@ class KeyLeases:
 
 
 def admission_args(
-    keys: KeySpace, pool_id: str, raw: bytes, limits: AdmissionLimits, lease: KeyLease | None = None
+    keys: KeySpace,
+    pool_id: str,
+    raw: bytes,
+    limits: AdmissionLimits,
+    lease: KeyLease | None = None,
+    *,
+    filled: bool = False,
 ) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of :data:`ADMIT_PUSH` (``lua/admit_push.lua`` declares them)."""
+    """KEYS and ARGV of :data:`ADMIT_PUSH` (``lua/admit_push.lua`` declares them). ``filled``: the
+    key's place is filled without a ``lease`` too (by a key nobody writes), so that what follows it
+    keeps its place."""
     script_keys = [
         keys.requests(pool_id),
         keys.wake_list(pool_id),
@@ -151,6 +160,9 @@ def admission_args(
             repr(lease.seconds),
             keys.pool_inflight(""),
         ]
+    elif filled:
+        script_keys.append(keys.key_open(""))
+        args += ["", "", "", "0", keys.pool_inflight("")]
     return script_keys, args
 
 
@@ -192,15 +204,20 @@ async def admit_and_push(
     raw: bytes,
     limits: AdmissionLimits,
     lease: KeyLease | None = None,
+    claimable: Claimable | None = None,
 ) -> int:
     """Pushes ``raw`` onto the pool's queue if its limits (and its key's, with ``lease``) admit it;
-    returns the new length.
+    returns the new length (0: claimed at once against a dispatcher's standing ticket, possible only
+    with ``claimable``, as :meth:`~runtime.queue.producing.ProducerOps.push`).
 
     ``script`` is :data:`ADMIT_PUSH` registered on the caller's client (``client.register_script``:
     EVALSHA, loaded again after a Valkey restart). Raises :class:`QueueFull` (nothing queued) when
     refused; Valkey errors propagate.
     """
-    script_keys, args = admission_args(keys, pool_id, raw, limits, lease)
+    script_keys, args = admission_args(keys, pool_id, raw, limits, lease, filled=claimable is not None)
+    if claimable is not None:
+        script_keys += claim_keys(keys, pool_id, claimable)
+        args += ["1" if lease is not None else "", claimable.lease_member]
     result = await script(keys=script_keys, args=args)
     if int(result[0]) != 1:
         raise queue_full(pool_id, limits, result, lease.limits if lease is not None else None)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from runtime.errors import Cancelled
-from runtime.immutable import immutable
 from runtime.policy.admission import AdmissionLimits
 from runtime.queue import registry
 from runtime.queue.admission import KeyLease, admission_args, admit_and_push, queue_full
+from runtime.queue.claimable import Claimable, claim_keys
 from runtime.queue.keys import WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS, KeySpace
 from runtime.queue.tenants import (
     TenantPush,
@@ -25,16 +25,6 @@ from runtime.valkey.persisted import PersistedPusher
 from runtime.wire.contract import envelope_prefix
 
 __all__ = ["Claimable", "ProducerOps"]
-
-
-@immutable
-class Claimable:
-    """What a push needs to claim its request against a dispatcher's standing ticket: a plain pool's
-    request (not fair) in a group in lists mode (``lua/push.lua``)."""
-
-    group_id: str
-    producer_id: str
-    lease_member: str
 
 
 class ProducerOps:
@@ -81,18 +71,13 @@ class ProducerOps:
         if limits.bounded or lease is not None:
             # The limits are checked and the request pushed (and counted against its key) in one
             # script: racing producers never take the queue past max_queued, nor a key past its own.
-            return await admit_and_push(self._admit, self.keys, pool_id, raw, limits, lease)
+            return await admit_and_push(self._admit, self.keys, pool_id, raw, limits, lease, claimable)
         # One script: the push, and, only when the list was empty, the claim against a standing ticket
         # or else a wake-up token (wake one, not all).
         script_keys = [self.keys.requests(pool_id), self.keys.wake_list(pool_id)]
         push_args: list[bytes | str | int] = [raw, WAKE_TOKEN_CAP, WAKE_TOKEN_TTL_MS]
         if claimable is not None:
-            group_id = claimable.group_id
-            script_keys += [
-                self.keys.tickets(pool_id), self.keys.producer_alive(claimable.producer_id),
-                self.keys.pool_inflight(pool_id), self.keys.pool_drain(pool_id),
-                self.keys.group_inflight(group_id), self.keys.durable_leases(group_id),
-            ]  # fmt: skip
+            script_keys += [*claim_keys(self.keys, pool_id, claimable), self.keys.pool_drain(pool_id)]
             push_args.append(claimable.lease_member)
         return int(await self._push(keys=script_keys, args=push_args))
 

@@ -101,11 +101,8 @@ def tenant_push_args(
     if lease is None and cached:
         shared_keys, shared_args = _unleased_push(keys, pool_id, limits)
         return [keys.tenant_requests(pool_id, push.member), *shared_keys], [raw, *shared_args, *own]
-    script_keys, args = admission_args(keys, pool_id, raw, limits, lease)
+    script_keys, args = admission_args(keys, pool_id, raw, limits, lease, filled=True)
     script_keys[0] = keys.tenant_requests(pool_id, push.member)
-    if lease is None:
-        script_keys.append(keys.key_open(""))  # a key nobody writes: the tenant keys keep their places
-        args += ["", "", "", "0", keys.pool_inflight("")]
     script_keys += [
         keys.tenants(pool_id),
         keys.tenant_counters(pool_id),

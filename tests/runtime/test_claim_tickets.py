@@ -17,6 +17,8 @@ from runtime.backends.breaker import OPEN, BreakerState, encode_state
 from runtime.config import DispatcherSettings
 from runtime.dispatch.dispatcher import Dispatcher
 from runtime.dispatch.tickets import Tickets, split_inbox_item, ticket_pools, ticket_text
+from runtime.errors import QueueFull
+from runtime.policy.admission import REASON_KEY_IN_FLIGHT, KeyLimits
 from runtime.producer import Producer
 from runtime.queue import groups
 from runtime.queue.keys import TICKET_TTL_MS, KeySpace
@@ -181,6 +183,47 @@ async def test_a_push_claims_against_the_ticket_only_within_the_pool_cap(aredis,
             assert not await aredis.hexists(keys.durable_leases("g"), member)  # its requeue entry gone
             await asyncio.gather(first, second)
         assert dispatcher.stats.completed == 2
+
+
+KEY = KeyLimits("k1", "key one", max_in_flight=1, max_queued=1)
+
+
+@pytest.mark.parametrize("admitted", ["a bounded pool", "an ingress key with limits"])
+async def test_a_push_through_admission_control_claims_against_the_ticket_too(aredis, keys, admitted) -> None:
+    """ADMIT_PUSH checks the limits, then claims as PUSH does: no round per call at concurrency 1, and
+    the key's lease is taken with the claim, so the key's max_in_flight still counts the running call."""
+    bounded = admitted == "a bounded pool"
+    key = None if bounded else KEY
+    async with SimulatorServer(SimulatorConfig()) as sim:
+        config = one_pool_group(sim.url)
+        if bounded:
+            config = dataclasses.replace(
+                config, pools=(PoolConfig("default", max_queued=4, max_queue_wait_s=30),)
+            )
+        async with (
+            running_dispatcher(aredis, keys, config, **NO_POLL) as dispatcher,
+            Producer(aredis, keys=keys) as producer,
+        ):
+            await wait_until(lambda: ticket_standing(aredis, keys), what="the idle dispatcher's ticket")
+            rounds = dispatcher.stats.rounds
+            for _ in range(5):
+                await producer.submit(CALL, pool_id="default", timeout=10, key=key)
+            assert dispatcher.stats.ticket_claims == 5, dispatcher.stats
+            assert dispatcher.stats.rounds == rounds
+            if bounded:
+                return
+            await wait_until(lambda: ticket_standing(aredis, keys), what="the ticket posted again")
+            slow = asyncio.create_task(
+                producer.submit(slow_call(1500), pool_id="default", timeout=20, key=key)
+            )
+            await wait_until(lambda: len(dispatcher.running) == 1, what="the slow call running")
+            assert dispatcher.stats.ticket_claims == 6
+            assert await aredis.zcard(keys.key_open("k1")) == 1  # the claim's call holds the key's lease
+            with pytest.raises(QueueFull) as refused:
+                await producer.submit(CALL, pool_id="default", timeout=10, key=key)
+            assert refused.value.reason == REASON_KEY_IN_FLIGHT
+            await slow
+        assert await aredis.zcard(keys.key_open("k1")) == 0  # released with its reply
 
 
 async def test_a_stopping_dispatcher_gives_back_what_its_inbox_holds(aredis, keys) -> None:
