@@ -302,10 +302,16 @@ def group(
 FAIR_TENANTS = 16  # the hot-path benchmarks' --fair: closed-loop worker i is tenant t<i mod 16>
 
 
-def hot_path_group(sim_url: str, slots: int, *, backend_row: bool = False, fair: bool = False) -> GroupConfig:
+def hot_path_group(
+    sim_url: str, slots: int, *, backend_row: bool = False, fair: bool = False, bounded: bool = False
+) -> GroupConfig:
     """The hot-path benchmarks' group: one FIFO pool of ``slots``, through a backend row (``backend_row``)
-    or a bare endpoint URL, its tenants sharing it (``fair``: ``tenant_fairness`` ``tokens``) or not."""
-    pool = PoolConfig("default", max_concurrent=slots, tenant_fairness="tokens" if fair else "off")
+    or a bare endpoint URL, its tenants sharing it (``fair``: ``tenant_fairness`` ``tokens``) or not,
+    with a ``max_queued`` it never reaches (``bounded``: every push admitted) or none."""
+    pool = PoolConfig(
+        "default", max_concurrent=slots, tenant_fairness="tokens" if fair else "off",
+        max_queued=1_000_000 if bounded else None,
+    )  # fmt: skip
     config = group(sim_url, [pool], policy="fifo", total=slots)
     return through_backend_row(config, sim_url, 4 * slots) if backend_row else config
 

@@ -1,7 +1,7 @@
 """Dispatcher CPU per call and throughput against direct: this checkout against a "before" variant.
 
 Run: ``python bench/bench_dispatcher_cpu.py [--quick] [--runs N] [--before REF] [--before-loop asyncio]
-[--backend-row] [--fair]``.
+[--backend-row] [--fair] [--bounded]``.
 
 The same-run before/after figure of each hot-path change (issue 13). Variants: ``after`` (this
 checkout) and ``before``: the git revision ``--before`` exported to a scratch directory, and/or this
@@ -21,7 +21,9 @@ backend row, as the demo's and the admin's do (kind vLLM: load gate, shared brea
 scraper on the simulator's ``/metrics``), its gate set never to hold, so that only what a backend row
 costs each round shows; without it, through a bare endpoint URL. With ``--fair`` the pool shares
 itself between its tenants (``tenant_fairness`` ``tokens``), each closed-loop worker a tenant of its
-own (of ``bench._common.FAIR_TENANTS``), as a pool behind the ingress with per-key tenants does.
+own (of ``bench._common.FAIR_TENANTS``), as a pool behind the ingress with per-key tenants does. With
+``--bounded`` the pool has a ``max_queued`` it never reaches, so that each push goes through admission
+control (``lua/admit_push.lua``), as a bounded pool's and a limited ingress key's do.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ async def measure(
     runs: int,
     backend_row: bool = False,
     fair: bool = False,
+    bounded: bool = False,
 ) -> dict:
     results: dict[tuple[int, str], list[dict[str, float]]] = {}
     with private_valkey() as valkey_url, simulator_proc() as sim_url, contextlib.ExitStack() as stack:
@@ -119,7 +122,7 @@ async def measure(
             paths["direct"] = (await producers.enter_async_context(direct), no_cpu)
             for name, (root, env) in variants.items():
                 keys = new_keys()
-                config = hot_path_group(sim_url, SLOTS, backend_row=backend_row, fair=fair)
+                config = hot_path_group(sim_url, SLOTS, backend_row=backend_row, fair=fair, bounded=bounded)
                 await publish(conn, keys, config)
                 (proc,) = stack.enter_context(
                     dispatcher_procs(valkey_url, keys.prefix, config.group_id, 1, SLOTS, env=env, root=root)
@@ -196,7 +199,13 @@ def worker(args: list[str]) -> Iterator[subprocess.Popen[str]]:
 
 
 def report(
-    results: dict, variants: list[str], runs: int, quick: bool, backend_row: bool = False, fair: bool = False
+    results: dict,
+    variants: list[str],
+    runs: int,
+    quick: bool,
+    backend_row: bool = False,
+    fair: bool = False,
+    bounded: bool = False,
 ) -> dict[str, dict[str, float]]:
     print(f"# dispatcher CPU per call and throughput, median of {runs} runs{' (quick)' if quick else ''}")
     print(f"# {machine()}")
@@ -204,6 +213,8 @@ def report(
     print(f"# the pool's calls go through {route}")
     if fair:
         print(f"# the pool is shared fairly by {FAIR_TENANTS} tenants (tenant_fairness tokens), one a worker")
+    if bounded:
+        print("# the pool is bounded (max_queued, never reached): each push goes through admission control")
     rows: list[list[object]] = []
     summary: dict[str, dict[str, float]] = {}
     for level in LEVELS:
@@ -285,6 +296,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         "--backend-row", action="store_true", help="route the pool through a backend row, as the demo does"
     )
     parser.add_argument("--fair", action="store_true", help="the pool's tenants share it (tenant_fairness)")
+    parser.add_argument("--bounded", action="store_true", help="the pool has max_queued: pushes are admitted")
     args = parser.parse_args(argv)
     runs = args.runs or (1 if args.quick else 5)
     with contextlib.ExitStack() as stack:
@@ -299,8 +311,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                 env,
             )
         variants["after (this checkout)"] = (ROOT, {})
-        results = asyncio.run(measure(variants, args.quick, runs, args.backend_row, args.fair))
-    return report(results, list(variants), runs, args.quick, args.backend_row, args.fair)
+        results = asyncio.run(measure(variants, args.quick, runs, args.backend_row, args.fair, args.bounded))
+    return report(results, list(variants), runs, args.quick, args.backend_row, args.fair, args.bounded)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ dispatcher's CPU per call (bench/RESULTS.md, session 24). A ticket moves the cla
   :data:`~runtime.queue.keys.TICKET_TTL_MS`);
 * a push that makes the list non-empty takes the oldest ticket, checks the caps, the duplicate lease and
   its producer's liveness as CLAIM does, takes the lease and hands the request to that dispatcher's
-  inbox (``lua/push.lua``), which the waiter BLPOPs ahead of the wake lists;
+  inbox (``lua/_ticket_claim.lua``, in the plain push and, after its limits admitted the request, in
+  the admitted one: a bounded pool's, a limited ingress key's), which the waiter BLPOPs ahead of the
+  wake lists;
 * the dispatcher accepts it: the call starts, and the lease record and the end of the claim's requeue
   entry ride before the waiter's next BLPOP. Until then the request is its lease's envelope to requeue,
   so one claimed for a dispatcher that died goes back to the head of its list when its lease expires
@@ -69,14 +71,14 @@ def ticket_pools(config: GroupConfig) -> frozenset[str]:
 
 
 def ticket_text(fields: tuple[object, ...]) -> str:
-    """A ticket as ``lua/push.lua`` reads it: its fields NUL-separated (no key holds a NUL): the inbox,
-    the pool's max, the group's limit and the lease's seconds; behind a backend row also the backend's
-    lease zset, its 429 hold key, its breaker key and its in-flight limit."""
+    """A ticket as ``lua/_ticket_claim.lua`` reads it: its fields NUL-separated (no key holds a NUL):
+    the inbox, the pool's max, the group's limit and the lease's seconds; behind a backend row also the
+    backend's lease zset, its 429 hold key, its breaker key and its in-flight limit."""
     return "\0".join(str(field) for field in fields)
 
 
 def split_inbox_item(item: bytes) -> tuple[str, bytes]:
-    """An inbox item's lease member and request (``lua/push.lua`` joins them with a NUL)."""
+    """An inbox item's lease member and request (``lua/_ticket_claim.lua`` joins them with a NUL)."""
     member, _, raw = item.partition(b"\0")
     return member.decode(), raw
 
