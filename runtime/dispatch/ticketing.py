@@ -74,10 +74,12 @@ class Ticketing:
         refused = [p for p in tickets.offered if self._refusal(p) is not None]
         if not tickets.backed:
             return tickets.commands(offer=True, refused=refused)
-        limits = {b: self.fleet.ticket_limit(b) for b in set(tickets.backed.values())}
-        commands = tickets.commands(
-            offer=True, refused=refused, limits={b: n for b, n in limits.items() if n is not None}
-        )
+        limits = {}
+        for backend_id in set(tickets.backed.values()):
+            limit = self.fleet.ticket_limit(backend_id)
+            if limit is not None:
+                limits[backend_id] = limit
+        commands = tickets.commands(offer=True, refused=refused, limits=limits)
         if self.fleet.reads_due():
             reads = Commands()
             take = self.fleet.queue_reads(reads)
@@ -131,7 +133,8 @@ class Ticketing:
         self._start(envelope, pool_id, member, peeked.cost)
 
     def _backend_of(self, pool_id: str) -> str:
-        """The backend row a request claimed for the pool took a lease of ("" for a bare URL)."""
+        """The backend row the pool's calls go to ("" for a bare URL): the lease a give-back removes. After
+        a configuration moved the pool to another row, the old row's lease expires on its own."""
         return self.config.route(pool_id).backend_id if self.config is not None else ""
 
     def _give_back_ticketed(self, returns: list[tuple[str, str, str, bytes]]) -> None:

@@ -152,7 +152,7 @@ class Tickets:
         for pool_id, (tickets, ticket) in self._offers.items():
             if offer and pool_id not in refused and pool_id in self.backed:
                 limit = limits.get(self.backed[pool_id])
-                ticket = f"{ticket}\0{limit}" if limit is not None else ""
+                ticket = ticket_text((ticket, limit)) if limit is not None else ""
             if offer and pool_id not in refused and ticket:
                 posted = self._posted.get(pool_id)
                 commands.append(("LREM", tickets, 0, posted[2] if posted else ticket))
